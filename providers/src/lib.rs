@@ -1,0 +1,98 @@
+//! Side-effect providers for outbox-relay.
+//!
+//! This crate performs effects (an HTTP POST, an SMTP transaction, a charge)
+//! and classifies what happened. It never touches Postgres: the relay hands it
+//! a [`Delivery`] built from a committed claim and stores the [`Outcome`].
+//!
+//! - [`outcome`]: the closed set of outcomes every provider maps to.
+//! - [`keys`]: idempotency keys derived from the intent key, identical on
+//!   every attempt, relay, restart and operator retry.
+//! - [`webhook`]: Standard Webhooks POSTs with a destination guard.
+//! - [`guard`]: the destination guard's pure decision.
+
+pub mod guard;
+pub mod keys;
+pub mod outcome;
+pub mod secret;
+pub mod webhook;
+
+use std::sync::Arc;
+
+pub use outcome::{AmbiguityPolicy, Outcome, Reconciled};
+pub use secret::Secret;
+
+/// Everything a provider may know about one delivery attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery<'a> {
+    /// Database id, for log correlation only.
+    pub intent_id: i64,
+    /// The application's idempotency key; every provider key derives from it.
+    pub key: &'a str,
+    pub kind: &'a str,
+    /// Names a configured endpoint (webhook) instead of an inline address.
+    pub destination: Option<&'a str>,
+    pub payload: &'a serde_json::Value,
+    /// 1 for the first attempt.
+    pub attempt: i32,
+    /// Bumped only when an operator explicitly asks for a new effect; part of
+    /// every derived key so that a new generation is a new operation.
+    pub key_generation: i32,
+}
+
+/// A kind of side effect.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    /// The intent kind this provider serves (`webhook`, `email`, `charge`).
+    fn kind(&self) -> &'static str;
+
+    /// Perform the effect once and classify the result. Never panics on bad
+    /// input: an unusable payload is a [`Outcome::Rejected`] with the reason.
+    async fn deliver(&self, delivery: &Delivery<'_>) -> Outcome;
+
+    /// Ask the provider what happened to an earlier attempt whose outcome was
+    /// lost (its lease expired). The default is "cannot tell".
+    async fn reconcile(&self, _delivery: &Delivery<'_>) -> Reconciled {
+        Reconciled::Unknown
+    }
+
+    /// What to do when an outcome is ambiguous and reconcile cannot tell.
+    fn on_ambiguous(&self) -> AmbiguityPolicy;
+}
+
+/// The providers one relay is configured with, by kind.
+#[derive(Clone, Default)]
+pub struct ProviderSet {
+    providers: Vec<Arc<dyn Provider>>,
+}
+
+impl ProviderSet {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.providers.retain(|p| p.kind() != provider.kind());
+        self.providers.push(provider);
+        self
+    }
+
+    pub fn get(&self, kind: &str) -> Option<&Arc<dyn Provider>> {
+        self.providers.iter().find(|p| p.kind() == kind)
+    }
+
+    pub fn kinds(&self) -> Vec<&'static str> {
+        self.providers.iter().map(|p| p.kind()).collect()
+    }
+}
+
+impl std::fmt::Debug for ProviderSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderSet")
+            .field("kinds", &self.kinds())
+            .finish()
+    }
+}
+
+/// The kinds this product knows about. An intent of another kind is rejected
+/// by the relay with a readable reason.
+pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge"];

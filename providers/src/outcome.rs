@@ -1,0 +1,98 @@
+//! The closed set of things that can happen to one delivery attempt.
+
+use std::time::Duration;
+
+/// What one attempt produced. Providers map every response, error and timeout
+/// to exactly one of these; the relay maps it to the intent's next state.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The effect is confirmed. `reference` is the provider's id for it.
+    Delivered {
+        reference: Option<String>,
+        /// The provider reported this as a replay of an earlier success
+        /// (e.g. `Idempotent-Replayed: true`): no new effect happened now.
+        replayed: bool,
+        status: Option<u16>,
+    },
+    /// A deliberate, repeatable refusal (410 Gone, card declined, mailbox does
+    /// not exist, a payload we cannot use). Re-evaluating gives the same answer.
+    Rejected {
+        reason: String,
+        status: Option<u16>,
+        /// An excerpt of the provider's answer, kept with the intent.
+        response: Option<serde_json::Value>,
+    },
+    /// Nothing happened, or something failed that may succeed later (5xx,
+    /// 429, connection refused). Never terminal on its own.
+    Transient {
+        reason: String,
+        status: Option<u16>,
+        /// The provider asked us to wait at least this long.
+        retry_after: Option<Duration>,
+    },
+    /// The effect may or may not have happened (the request was sent and the
+    /// answer was lost). Resolved by reconcile or by the kind's policy.
+    Ambiguous { reason: String, status: Option<u16> },
+}
+
+impl Outcome {
+    /// The outcome class as stored in `outbox.attempts.outcome`.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Outcome::Delivered { .. } => "delivered",
+            Outcome::Rejected { .. } => "rejected",
+            Outcome::Transient { .. } => "transient",
+            Outcome::Ambiguous { .. } => "ambiguous",
+        }
+    }
+
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Outcome::Delivered { status, .. }
+            | Outcome::Rejected { status, .. }
+            | Outcome::Transient { status, .. }
+            | Outcome::Ambiguous { status, .. } => *status,
+        }
+    }
+
+    /// The readable reason, for everything but a delivery.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Outcome::Delivered { .. } => None,
+            Outcome::Rejected { reason, .. }
+            | Outcome::Transient { reason, .. }
+            | Outcome::Ambiguous { reason, .. } => Some(reason),
+        }
+    }
+
+    /// Shorthand for a rejection of the payload before any network call.
+    pub fn invalid(reason: impl Into<String>) -> Self {
+        Outcome::Rejected {
+            reason: reason.into(),
+            status: None,
+            response: None,
+        }
+    }
+}
+
+/// The provider's answer to "what happened to this intent?".
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciled {
+    /// The effect exists; this is its reference.
+    Found { reference: String },
+    /// The provider can prove the effect does not exist: deliver again.
+    Absent,
+    /// The provider cannot tell.
+    Unknown,
+}
+
+/// What to do with an ambiguous outcome that reconcile cannot settle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AmbiguityPolicy {
+    /// Deliver again under the same idempotency key: safe when the receiver
+    /// dedupes on it (Standard Webhooks receivers dedupe on `webhook-id`).
+    Redeliver,
+    /// Park the intent as `ambiguous` for an operator to resolve.
+    Park,
+}

@@ -1,0 +1,202 @@
+//! Mapping HTTP answers and transport errors to outcomes.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::WebhookConfig;
+use crate::Outcome;
+
+/// What a status code means on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusClass {
+    Delivered,
+    Rejected,
+    Transient,
+}
+
+/// 2xx delivers. 4xx is a deliberate refusal (400, 401, 403, 404, 410, 422,
+/// ...) except the ones that ask to come back later (408 timeout, 409
+/// conflict, 425 too early, 429 slow down). 3xx is not followed and, like 5xx
+/// and anything else, is transient: never terminal.
+pub fn status_class(status: u16) -> StatusClass {
+    match status {
+        200..=299 => StatusClass::Delivered,
+        408 | 409 | 425 | 429 => StatusClass::Transient,
+        400..=499 => StatusClass::Rejected,
+        _ => StatusClass::Transient,
+    }
+}
+
+/// `Retry-After` as delta-seconds or an HTTP date, capped at `max`.
+pub fn retry_after(value: &str, now: std::time::SystemTime, max: Duration) -> Option<Duration> {
+    let value = value.trim();
+    let wait = if let Ok(secs) = value.parse::<u64>() {
+        Duration::from_secs(secs)
+    } else {
+        let at = httpdate::parse_http_date(value).ok()?;
+        at.duration_since(now).unwrap_or(Duration::ZERO)
+    };
+    Some(wait.min(max))
+}
+
+pub async fn response(mut resp: reqwest::Response, id: String, config: &WebhookConfig) -> Outcome {
+    let status = resp.status().as_u16();
+    let replayed = ["idempotent-replayed", "idempotency-replayed"]
+        .iter()
+        .any(|h| {
+            resp.headers()
+                .get(*h)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        });
+    let wait = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| retry_after(v, std::time::SystemTime::now(), config.max_retry_after));
+    let class = status_class(status);
+    // Read a bounded excerpt of the body; a 2xx stays delivered even if the
+    // body cannot be read, because the receiver has answered.
+    let mut excerpt = Vec::new();
+    while excerpt.len() < config.max_response_bytes {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = config.max_response_bytes - excerpt.len();
+                excerpt.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    let excerpt = String::from_utf8_lossy(&excerpt).into_owned();
+    match class {
+        StatusClass::Delivered => Outcome::Delivered {
+            reference: Some(id),
+            replayed,
+            status: Some(status),
+        },
+        StatusClass::Rejected => Outcome::Rejected {
+            reason: format!("receiver refused the webhook with HTTP {status}"),
+            status: Some(status),
+            response: Some(json!({"status": status, "body": excerpt})),
+        },
+        StatusClass::Transient => Outcome::Transient {
+            reason: if (300..400).contains(&status) {
+                format!("receiver answered HTTP {status} (redirects are not followed)")
+            } else {
+                format!("receiver answered HTTP {status}")
+            },
+            status: Some(status),
+            retry_after: wait,
+        },
+    }
+}
+
+/// A transport error. Refusals by the destination guard are rejections; every
+/// other failure (refused connection, reset, timeout) is transient: a
+/// timeout is an absence of information, never a verdict.
+pub fn error(err: &reqwest::Error, target: &str, timeout: Duration) -> Outcome {
+    let mut source = err.source();
+    while let Some(e) = source {
+        if let Some(refused) = e.downcast_ref::<super::resolve::Refused>() {
+            return Outcome::invalid(refused.to_string());
+        }
+        source = e.source();
+    }
+    let reason = if err.is_timeout() {
+        format!("POST {target} timed out after {}", humanize(timeout))
+    } else if err.is_connect() {
+        format!("POST {target}: could not connect: {}", chain(err))
+    } else {
+        format!("POST {target}: {}", chain(err))
+    };
+    Outcome::Transient {
+        reason,
+        status: None,
+        retry_after: None,
+    }
+}
+
+/// The error's causes, without the URL (which may carry tokens in its query).
+fn chain(err: &reqwest::Error) -> String {
+    let mut parts = Vec::new();
+    let mut source = err.source();
+    while let Some(e) = source {
+        let text = e.to_string();
+        if parts.last() != Some(&text) {
+            parts.push(text);
+        }
+        source = e.source();
+    }
+    if parts.is_empty() {
+        "request failed".to_string()
+    } else {
+        parts.join(": ")
+    }
+}
+
+fn humanize(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    #[test]
+    fn status_table() {
+        use StatusClass::*;
+        for (status, class) in [
+            (200, Delivered),
+            (201, Delivered),
+            (204, Delivered),
+            (299, Delivered),
+            (100, Transient),
+            (301, Transient),
+            (302, Transient),
+            (304, Transient),
+            (400, Rejected),
+            (401, Rejected),
+            (403, Rejected),
+            (404, Rejected),
+            (405, Rejected),
+            (410, Rejected),
+            (413, Rejected),
+            (422, Rejected),
+            (408, Transient),
+            (409, Transient),
+            (425, Transient),
+            (429, Transient),
+            (500, Transient),
+            (502, Transient),
+            (503, Transient),
+            (504, Transient),
+        ] {
+            assert_eq!(status_class(status), class, "HTTP {status}");
+        }
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let max = Duration::from_secs(3600);
+        assert_eq!(retry_after("7", now, max), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(" 0 ", now, max), Some(Duration::ZERO));
+        assert_eq!(retry_after("999999", now, max), Some(max));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(120));
+        assert_eq!(
+            retry_after(&later, now, max),
+            Some(Duration::from_secs(120))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(120));
+        assert_eq!(retry_after(&past, now, max), Some(Duration::ZERO));
+        assert_eq!(retry_after("soon", now, max), None);
+        assert_eq!(retry_after("-5", SystemTime::now(), max), None);
+    }
+}

@@ -1,0 +1,147 @@
+//! Webhooks: a JSON POST with Standard Webhooks headers.
+//!
+//! Every attempt of an intent carries the same `webhook-id` (and
+//! `idempotency-key`, equal to it), derived from the intent key, so a
+//! receiver that dedupes on it sees one message however often we retry.
+
+mod classify;
+pub mod request;
+mod resolve;
+pub mod sign;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ipnet::IpNet;
+use reqwest::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
+
+use crate::{keys, AmbiguityPolicy, Delivery, Outcome, Provider, Secret};
+use sign::SigningKey;
+
+/// Webhook settings, already validated by the relay's config loader.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// Standard Webhooks secrets (`whsec_...`); several during a rotation.
+    pub signing_secrets: Vec<Secret>,
+    /// Total time for one attempt, from connect to the last body byte read.
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Exceptions to the destination guard.
+    pub allowed_networks: Vec<IpNet>,
+    /// At most this much of a response body is read (and kept).
+    pub max_response_bytes: usize,
+    /// Named endpoints an intent can target with `destination`.
+    pub endpoints: HashMap<String, String>,
+    /// Longest Retry-After we honour; longer answers are capped to this.
+    pub max_retry_after: Duration,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig {
+            signing_secrets: Vec::new(),
+            timeout: Duration::from_secs(15),
+            connect_timeout: Duration::from_secs(5),
+            allowed_networks: Vec::new(),
+            max_response_bytes: 4096,
+            endpoints: HashMap::new(),
+            max_retry_after: Duration::from_secs(3600),
+        }
+    }
+}
+
+pub struct WebhookProvider {
+    client: reqwest::Client,
+    keys: Vec<SigningKey>,
+    config: WebhookConfig,
+}
+
+impl WebhookProvider {
+    pub fn new(config: WebhookConfig) -> Result<Self, String> {
+        let keys = config
+            .signing_secrets
+            .iter()
+            .map(SigningKey::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("webhook.signing_secrets: {e}"))?;
+        let client = reqwest::Client::builder()
+            // Only the addresses the guard approved are ever connected to.
+            .dns_resolver(Arc::new(resolve::GuardedResolver::new(
+                config.allowed_networks.clone(),
+            )))
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(config.connect_timeout)
+            .timeout(config.timeout)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| format!("webhook HTTP client: {e}"))?;
+        Ok(WebhookProvider {
+            client,
+            keys,
+            config,
+        })
+    }
+
+    async fn send(&self, d: &Delivery<'_>) -> Outcome {
+        let req = match request::parse(d.payload, d.destination, &self.config.endpoints) {
+            Ok(r) => r,
+            Err(reason) => return Outcome::invalid(reason),
+        };
+        // IP literals (including numeric forms like http://2130706433/, which
+        // the URL parser normalizes) never reach the resolver: check them here.
+        if let Some(ip) = resolve::literal_ip(&req.url) {
+            if let Err(reason) = crate::guard::check(ip, &self.config.allowed_networks) {
+                return Outcome::invalid(reason);
+            }
+        }
+        let id = keys::webhook_id(d.key, d.key_generation);
+        let timestamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|t| t.as_secs() as i64)
+            .unwrap_or(0);
+        let mut builder = self
+            .client
+            .post(req.url.clone())
+            .headers(req.headers)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header(
+                USER_AGENT,
+                HeaderValue::from_static(concat!("outbox-relay/", env!("CARGO_PKG_VERSION"))),
+            )
+            .header("webhook-id", &id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("idempotency-key", &id);
+        if !self.keys.is_empty() {
+            builder = builder.header(
+                "webhook-signature",
+                sign::signature_header(&self.keys, &id, timestamp, &req.body),
+            );
+        }
+        let target = request::redacted(&req.url);
+        match builder.body(req.body).send().await {
+            Ok(resp) => classify::response(resp, id, &self.config).await,
+            Err(err) => classify::error(&err, &target, self.config.timeout),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for WebhookProvider {
+    fn kind(&self) -> &'static str {
+        "webhook"
+    }
+
+    async fn deliver(&self, delivery: &Delivery<'_>) -> Outcome {
+        self.send(delivery).await
+    }
+
+    /// Standard Webhooks receivers dedupe on `webhook-id`, which is the same
+    /// on every attempt: redelivering an ambiguous webhook is safe.
+    fn on_ambiguous(&self) -> AmbiguityPolicy {
+        AmbiguityPolicy::Redeliver
+    }
+}

@@ -1,0 +1,240 @@
+//! Turning a webhook intent's payload into a request, before any network call.
+
+use std::collections::HashMap;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+
+/// Headers the relay sets itself; a payload may not override them.
+const RESERVED: &[&str] = &[
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "idempotency-key",
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "host",
+    "connection",
+];
+
+/// A webhook ready to send: where, what, and the caller's extra headers.
+#[derive(Debug)]
+pub struct WebhookRequest {
+    pub url: reqwest::Url,
+    /// The JSON body, serialized once; identical bytes on every attempt
+    /// because the payload comes from jsonb (canonical key order).
+    pub body: Vec<u8>,
+    pub headers: HeaderMap,
+}
+
+/// Parse `{"url": "...", "body": <json>, "headers": {...}?}`, or a payload
+/// without `url` whose `destination` names a configured endpoint.
+pub fn parse(
+    payload: &Value,
+    destination: Option<&str>,
+    endpoints: &HashMap<String, String>,
+) -> Result<WebhookRequest, String> {
+    let obj = payload.as_object().ok_or_else(|| {
+        format!(
+            "webhook payload must be a JSON object, not {}",
+            type_name(payload)
+        )
+    })?;
+    if let Some(unknown) = obj
+        .keys()
+        .find(|k| !matches!(k.as_str(), "url" | "body" | "headers"))
+    {
+        return Err(format!(
+            "webhook payload has an unknown field {unknown:?} (expected url, body, headers)"
+        ));
+    }
+    let url_text = match (obj.get("url"), destination) {
+        (Some(Value::String(u)), _) => u.clone(),
+        (Some(other), _) => {
+            return Err(format!(
+                "webhook \"url\" must be a string, not {}",
+                type_name(other)
+            ))
+        }
+        (None, Some(name)) => endpoints.get(name).cloned().ok_or_else(|| {
+            format!("webhook destination {name:?} is not a configured endpoint (webhook.endpoints)")
+        })?,
+        (None, None) => {
+            return Err("webhook payload has no \"url\" and the intent names no destination".into())
+        }
+    };
+    let url = parse_url(&url_text)?;
+    let body = obj
+        .get("body")
+        .ok_or("webhook payload has no \"body\" (use null for an empty body)")?;
+    let body = serde_json::to_vec(body).map_err(|e| format!("webhook body: {e}"))?;
+    let headers = match obj.get("headers") {
+        None | Some(Value::Null) => HeaderMap::new(),
+        Some(Value::Object(map)) => {
+            let mut headers = HeaderMap::new();
+            for (name, value) in map {
+                let lname = name.to_ascii_lowercase();
+                if RESERVED.contains(&lname.as_str()) {
+                    return Err(format!(
+                        "webhook header {name:?} is set by the relay and cannot be overridden"
+                    ));
+                }
+                let Value::String(value) = value else {
+                    return Err(format!("webhook header {name:?} must be a string"));
+                };
+                let hname = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                    format!("webhook header name {name:?} is not a valid HTTP header name")
+                })?;
+                let hvalue = HeaderValue::from_str(value).map_err(|_| {
+                    format!("webhook header {name:?} has a value with control characters")
+                })?;
+                headers.append(hname, hvalue);
+            }
+            headers
+        }
+        Some(other) => {
+            return Err(format!(
+                "webhook \"headers\" must be an object, not {}",
+                type_name(other)
+            ))
+        }
+    };
+    Ok(WebhookRequest { url, body, headers })
+}
+
+/// http(s) only, a host, no credentials in the URL.
+pub fn parse_url(text: &str) -> Result<reqwest::Url, String> {
+    let url =
+        reqwest::Url::parse(text).map_err(|e| format!("webhook url is not a valid URL: {e}"))?;
+    match url.scheme() {
+        "http" | "https" => {}
+        other => {
+            return Err(format!(
+                "webhook url scheme {other:?} is not allowed (use http or https)"
+            ))
+        }
+    }
+    if url.host().is_none() {
+        return Err("webhook url has no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "webhook url must not carry credentials; use headers or a configured endpoint".into(),
+        );
+    }
+    Ok(url)
+}
+
+/// The URL without query, fragment or credentials, for logs and errors.
+pub fn redacted(url: &reqwest::Url) -> String {
+    format!(
+        "{}://{}{}",
+        url.scheme(),
+        url.host_str().unwrap_or(""),
+        url.port().map(|p| format!(":{p}")).unwrap_or_default()
+    ) + url.path()
+}
+
+pub fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn p(v: Value) -> Result<WebhookRequest, String> {
+        parse(&v, None, &HashMap::new())
+    }
+
+    #[test]
+    fn accepts_the_contract_shape() {
+        let r = p(
+            json!({"url": "https://example.com/hook?x=1", "body": {"b": 1, "a": [1]},
+                         "headers": {"X-Tenant": "t1"}}),
+        )
+        .unwrap();
+        assert_eq!(r.url.as_str(), "https://example.com/hook?x=1");
+        assert_eq!(r.body, br#"{"a":[1],"b":1}"#);
+        assert_eq!(r.headers["x-tenant"], "t1");
+        assert_eq!(redacted(&r.url), "https://example.com/hook");
+    }
+
+    #[test]
+    fn destination_names_an_endpoint() {
+        let endpoints =
+            HashMap::from([("billing".to_string(), "https://example.com/b".to_string())]);
+        let r = parse(&json!({"body": null}), Some("billing"), &endpoints).unwrap();
+        assert_eq!(r.url.as_str(), "https://example.com/b");
+        assert_eq!(r.body, b"null");
+        let err = parse(&json!({"body": 1}), Some("nope"), &endpoints).unwrap_err();
+        assert!(
+            err.contains("\"nope\" is not a configured endpoint"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn refuses_bad_payloads_with_a_reason() {
+        let cases = [
+            (json!([1, 2]), "must be a JSON object, not an array"),
+            (json!("x"), "not a string"),
+            (json!({"body": 1}), "no \"url\""),
+            (json!({"url": 5, "body": 1}), "\"url\" must be a string"),
+            (json!({"url": "https://e.com"}), "no \"body\""),
+            (
+                json!({"url": "ftp://e.com/x", "body": 1}),
+                "scheme \"ftp\" is not allowed",
+            ),
+            (
+                json!({"url": "file:///etc/passwd", "body": 1}),
+                "scheme \"file\"",
+            ),
+            (json!({"url": "not a url", "body": 1}), "not a valid URL"),
+            (
+                json!({"url": "https://u:p@e.com", "body": 1}),
+                "credentials",
+            ),
+            (
+                json!({"url": "https://e.com", "body": 1, "extra": 1}),
+                "unknown field \"extra\"",
+            ),
+            (
+                json!({"url": "https://e.com", "body": 1, "headers": []}),
+                "\"headers\" must be an object",
+            ),
+            (
+                json!({"url": "https://e.com", "body": 1, "headers": {"webhook-id": "x"}}),
+                "set by the relay",
+            ),
+            (
+                json!({"url": "https://e.com", "body": 1, "headers": {"X-A": 1}}),
+                "must be a string",
+            ),
+            (
+                json!({"url": "https://e.com", "body": 1, "headers": {"X-A": "a\r\nX-Evil: 1"}}),
+                "control characters",
+            ),
+            (
+                json!({"url": "https://e.com", "body": 1, "headers": {"bad name": "v"}}),
+                "not a valid HTTP header name",
+            ),
+        ];
+        for (payload, expected) in cases {
+            let err = p(payload.clone()).unwrap_err();
+            assert!(
+                err.contains(expected),
+                "{payload}: {err:?} should mention {expected:?}"
+            );
+        }
+    }
+}
