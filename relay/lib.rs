@@ -1,1 +1,39 @@
+//! outbox-relay: a transactional-outbox relay for Postgres.
+//!
+//! Applications write intents with `outbox.enqueue(...)` inside their own
+//! transaction; the relay claims them, performs each effect under a key
+//! derived from the intent, and drives every intent to an inspectable state.
+//!
+//! Module map (find any behaviour by its noun):
+//!
+//! - [`config`]: TOML + environment configuration, validated once.
+//! - [`store`]: every SQL statement: claims, fenced completions, operator
+//!   reads and changes, the Rust enqueue helper.
+//! - [`claim`]: the claim loop and the LISTEN/NOTIFY wake-up.
+//! - [`dispatch`]: performing one claimed intent's effect, settling its
+//!   next state.
+//! - [`transition`]: outcome → next state, and backoff: pure functions.
+//! - [`complete`]: batched, fenced, never-dropped completion writes.
+//! - [`sweeper`]: expired leases → reconcile; duplicate-enqueue folding.
+//! - [`reconcile`]: what to do when an attempt's outcome was lost.
+//! - [`engine`]: wiring, `run` and `run --once`, graceful shutdown.
+//! - [`cli`]: the `outbox-relay` command.
+//! - [`telemetry`]: logging setup.
+//!
+//! Effects themselves live in the `outbox-providers` crate, which never
+//! touches Postgres; this crate never builds an HTTP request.
 
+pub mod claim;
+pub mod cli;
+pub mod complete;
+pub mod config;
+pub mod dispatch;
+pub mod engine;
+pub mod reconcile;
+pub mod store;
+pub mod sweeper;
+pub mod telemetry;
+pub mod transition;
+
+pub use engine::{Engine, EngineConfig};
+pub use store::Store;

@@ -17,6 +17,8 @@ CREATE TABLE outbox.intents (
     payload          jsonb       NOT NULL,
     state            text        NOT NULL DEFAULT 'pending',
     attempts         integer     NOT NULL DEFAULT 0,
+    -- `attempts` when an operator last retried: the retry budget counts from here
+    attempts_base    integer     NOT NULL DEFAULT 0,
     run_after        timestamptz NOT NULL DEFAULT now(),
     ordering_key     text,
     provider_ref     text,
@@ -85,6 +87,7 @@ CREATE TABLE outbox.enqueue_duplicates (
     source    text,
     at        timestamptz NOT NULL DEFAULT now()
 );
+CREATE INDEX enqueue_duplicates_intent ON outbox.enqueue_duplicates (intent_id);
 
 -- Operator actions that change what the relay will do (retry, cancel, resolve).
 CREATE TABLE outbox.operator_actions (

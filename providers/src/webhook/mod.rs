@@ -35,6 +35,10 @@ pub struct WebhookConfig {
     pub endpoints: HashMap<String, String>,
     /// Longest Retry-After we honour; longer answers are capped to this.
     pub max_retry_after: Duration,
+    /// After a lost outcome: redeliver under the same `webhook-id` (receivers
+    /// following Standard Webhooks dedupe on it), or park for an operator
+    /// when the receiver is known not to dedupe.
+    pub on_ambiguous: AmbiguityPolicy,
 }
 
 impl Default for WebhookConfig {
@@ -47,6 +51,7 @@ impl Default for WebhookConfig {
             max_response_bytes: 4096,
             endpoints: HashMap::new(),
             max_retry_after: Duration::from_secs(3600),
+            on_ambiguous: AmbiguityPolicy::Redeliver,
         }
     }
 }
@@ -140,8 +145,8 @@ impl Provider for WebhookProvider {
     }
 
     /// Standard Webhooks receivers dedupe on `webhook-id`, which is the same
-    /// on every attempt: redelivering an ambiguous webhook is safe.
+    /// on every attempt: redelivering is safe by default.
     fn on_ambiguous(&self) -> AmbiguityPolicy {
-        AmbiguityPolicy::Redeliver
+        self.config.on_ambiguous
     }
 }

@@ -1,0 +1,133 @@
+//! The claim loop: wake on NOTIFY (or the poll interval), claim as many due
+//! intents as there are free delivery slots, start their deliveries.
+//!
+//! A claim is one short statement that commits before any delivery starts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::dispatch;
+use crate::engine::Ctx;
+
+/// The NOTIFY channel `outbox.enqueue` signals on.
+pub const CHANNEL: &str = "outbox_intents";
+
+/// Wait for one free slot (or `None` on stop), then take up to `max` without waiting.
+pub async fn take_permits(
+    sem: &Arc<Semaphore>,
+    max: usize,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Vec<OwnedSemaphorePermit>> {
+    if *stop.borrow() {
+        return None;
+    }
+    let first = tokio::select! {
+        p = sem.clone().acquire_owned() => p.ok()?,
+        _ = stop.wait_for(|s| *s) => return None,
+    };
+    let mut permits = vec![first];
+    permits.extend(try_take(sem, max.saturating_sub(1)));
+    Some(permits)
+}
+
+/// Up to `max` free slots, without waiting.
+pub fn try_take(sem: &Arc<Semaphore>, max: usize) -> Vec<OwnedSemaphorePermit> {
+    let mut permits = Vec::new();
+    while permits.len() < max {
+        match sem.clone().try_acquire_owned() {
+            Ok(p) => permits.push(p),
+            Err(_) => break,
+        }
+    }
+    permits
+}
+
+/// Claim and dispatch until `stop` turns true.
+pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = Duration::from_millis(100);
+    while let Some(mut permits) = take_permits(&ctx.sem, ctx.cfg.batch_size, &mut stop).await {
+        let wanted = permits.len();
+        match ctx.claim(wanted).await {
+            Ok(claims) => {
+                backoff = Duration::from_millis(100);
+                let got = claims.len();
+                if *stop.borrow() {
+                    ctx.release(&claims).await;
+                    break;
+                }
+                for claim in claims {
+                    let permit = permits.pop().expect("one permit per claim");
+                    tokio::spawn(dispatch::run_one(ctx.clone(), claim, permit));
+                }
+                drop(permits);
+                if got < wanted {
+                    // Caught up: sleep until an enqueue NOTIFY, the next poll
+                    // or the next scheduled retry, whichever comes first.
+                    tokio::select! {
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep(ctx.idle_wait().await) => {}
+                        _ = stop.wait_for(|s| *s) => break,
+                    }
+                }
+            }
+            Err(err) => {
+                drop(permits);
+                tracing::warn!(error = %err, retry_in = ?backoff, "claim failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// LISTEN for enqueue notifications and wake the claim loop. Reconnects on
+/// its own; a lost connection wakes the loop too, since notifications may
+/// have been missed meanwhile.
+pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = Duration::from_millis(200);
+    'connect: loop {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(ctx.store.pool()).await {
+            Ok(l) => l,
+            Err(err) => {
+                tracing::warn!(error = %err, "LISTEN connection failed; polling meanwhile");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => { backoff = (backoff * 2).min(Duration::from_secs(10)); continue 'connect }
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        };
+        if let Err(err) = listener.listen(CHANNEL).await {
+            tracing::warn!(error = %err, "LISTEN failed; polling meanwhile");
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => { backoff = (backoff * 2).min(Duration::from_secs(10)); continue 'connect }
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+        backoff = Duration::from_millis(200);
+        wake.notify_one();
+        loop {
+            let msg = tokio::select! {
+                msg = listener.try_recv() => msg,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match msg {
+                Ok(Some(_)) => wake.notify_one(),
+                // connection lost; sqlx reconnects on the next call
+                Ok(None) => wake.notify_one(),
+                Err(err) => {
+                    tracing::warn!(error = %err, "LISTEN connection lost; reconnecting");
+                    wake.notify_one();
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => continue 'connect,
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+            }
+        }
+    }
+}

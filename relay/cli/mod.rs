@@ -1,0 +1,189 @@
+//! The `outbox-relay` command: one file per group of verbs.
+//!
+//! Exit codes (stable, for scripts):
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0 | success |
+//! | 1 | unexpected error |
+//! | 2 | bad usage or invalid input (arguments, JSON payload, configuration) |
+//! | 3 | not found (no intent has that id or key) |
+//! | 4 | conflict: OB409 on enqueue, or the intent's state does not allow the operation |
+//! | 5 | the database is unreachable |
+
+mod intents;
+mod operate;
+mod output;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Config;
+use crate::store::{EnqueueError, Store, StoreError};
+use crate::telemetry::LogFormat;
+
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay", version, about = "Transactional-outbox relay for Postgres", long_about = None)]
+pub struct Cli {
+    /// Postgres URL; overrides `database_url` in the config file.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
+    /// TOML configuration file.
+    #[arg(long, env = "OUTBOX_RELAY_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Log format for the daemon's logs (stderr).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the schema migrations (idempotent; safe while relays run).
+    Migrate,
+    /// Run the relay daemon.
+    Run {
+        /// Deliver everything due now, wait for it, and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Enqueue an intent (what applications do with outbox.enqueue()).
+    Enqueue(intents::EnqueueArgs),
+    /// List intents, newest first.
+    List(intents::ListArgs),
+    /// Show one intent: state, attempts, provider reference.
+    Show(intents::ShowArgs),
+    /// Retry intents now, under the same idempotency key unless --new-effect.
+    Retry(operate::RetryArgs),
+    /// Cancel pending, claimed, ambiguous or dead intents.
+    Cancel(operate::CancelArgs),
+    /// Settle an ambiguous intent by hand.
+    Resolve(operate::ResolveArgs),
+    /// Counts by state and kind, and the age of the oldest due intent.
+    Stats(JsonFlag),
+    /// Delete terminal intents older than a duration.
+    Purge(operate::PurgeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct JsonFlag {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// An error with the exit code it maps to.
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    pub fn usage(message: impl Into<String>) -> Self {
+        Failure { code: 2, message: message.into() }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(err: anyhow::Error) -> Self {
+        if let Some(e) = err.downcast_ref::<StoreError>() {
+            let mut f = Failure::from_store(e);
+            f.message = format!("{err:#}");
+            return f;
+        }
+        let unreachable = err.chain().any(|c| {
+            c.downcast_ref::<sqlx::Error>().is_some_and(is_unreachable)
+                || c.to_string().starts_with("cannot connect to Postgres")
+        });
+        Failure {
+            code: if unreachable { 5 } else { 1 },
+            message: format!("{err:#}"),
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(err: StoreError) -> Self {
+        Failure::from_store(&err)
+    }
+}
+
+impl Failure {
+    fn from_store(err: &StoreError) -> Self {
+        let code = match err {
+            StoreError::NotFound(_) => 3,
+            StoreError::InvalidState { .. } => 4,
+            StoreError::Enqueue(EnqueueError::Conflict { .. }) => 4,
+            StoreError::Enqueue(EnqueueError::Invalid(_)) => 2,
+            StoreError::Enqueue(EnqueueError::Database(e)) | StoreError::Database(e) => {
+                if is_unreachable(e) {
+                    5
+                } else {
+                    1
+                }
+            }
+        };
+        Failure { code, message: err.to_string() }
+    }
+}
+
+fn is_unreachable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_))
+}
+
+pub type Outcome = Result<(), Failure>;
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    crate::telemetry::init(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(execute(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn execute(cli: Cli) -> Outcome {
+    let config = Config::load(cli.config.as_deref(), std::env::vars()).map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let url = cli
+        .database_url
+        .clone()
+        .or_else(|| config.database_url.as_ref().map(|s| s.expose().to_string()))
+        .ok_or_else(|| Failure::usage("no database: pass --database-url, set DATABASE_URL, or set database_url in the config file"))?;
+    let connections = config
+        .relay
+        .max_connections
+        .unwrap_or(config.relay.concurrency / 8 + 4);
+    let store = Store::connect(&url, connections).await?;
+    match cli.command {
+        Command::Migrate => {
+            store.migrate().await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Run { once } => run::run(store, &config, once).await,
+        Command::Enqueue(args) => intents::enqueue(&store, args).await,
+        Command::List(args) => intents::list(&store, args).await,
+        Command::Show(args) => intents::show(&store, args).await,
+        Command::Retry(args) => operate::retry(&store, args).await,
+        Command::Cancel(args) => operate::cancel(&store, args).await,
+        Command::Resolve(args) => operate::resolve(&store, args).await,
+        Command::Stats(flag) => operate::stats(&store, flag.json).await,
+        Command::Purge(args) => operate::purge(&store, args).await,
+    }
+}

@@ -1,0 +1,229 @@
+//! `retry`, `cancel`, `resolve`, `stats`, `purge`.
+
+use std::io::IsTerminal;
+
+use clap::Args;
+use serde_json::json;
+
+use super::output::{json, opt, table};
+use super::{Failure, Outcome};
+use crate::store::operator::{Filter, Resolution};
+use crate::store::{Store, STATES};
+
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// Intent ids or keys.
+    #[arg(conflicts_with = "state", required_unless_present = "state")]
+    references: Vec<String>,
+    /// Retry every intent in this state instead.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(STATES))]
+    state: Option<String>,
+    /// With --state: only this kind.
+    #[arg(long, requires = "state")]
+    kind: Option<String>,
+    /// Say what would be retried, change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Perform the effect again as a NEW operation (bumps the key
+    /// generation, so the provider will not dedupe it against the old one),
+    /// e.g. to charge again after a decline. Recorded.
+    #[arg(long)]
+    new_effect: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
+    if let Some(state) = a.state {
+        let filter = Filter { state, kind: a.kind };
+        let total = store.count_matching(&filter).await?;
+        if a.dry_run {
+            if a.json {
+                json(&json!({"would_retry": total, "dry_run": true}));
+            } else {
+                println!("would retry {total} {} intent(s) (dry run)", filter.state);
+            }
+            return Ok(());
+        }
+        let tty = std::io::stderr().is_terminal();
+        let done = store
+            .retry_matching(&filter, a.new_effect, 1000, |done| {
+                if tty {
+                    eprint!("\rretrying: {done}/{total}");
+                } else {
+                    eprintln!("retrying: {done}/{total}");
+                }
+            })
+            .await?;
+        if tty {
+            eprintln!();
+        }
+        if a.json {
+            json(&json!({"retried": done, "new_effect": a.new_effect}));
+        } else {
+            println!("retried {done} intent(s){}", if a.new_effect { " as new effects" } else { "" });
+        }
+        return Ok(());
+    }
+    let mut results = Vec::new();
+    let mut first_error = None;
+    for r in &a.references {
+        if a.dry_run {
+            match store.find(r).await {
+                Ok(i) => results.push(json!({"id": i.id, "key": i.key, "state": i.state, "would_retry": i.state != "claimed"})),
+                Err(e) => first_error = first_error.or(Some(Failure::from(e))),
+            }
+            continue;
+        }
+        match store.retry(r, a.new_effect).await {
+            Ok(i) => results.push(json!({"id": i.id, "key": i.key, "state": i.state, "key_generation": i.key_generation})),
+            Err(e) => {
+                eprintln!("error: {e}");
+                first_error = first_error.or(Some(Failure::from(e)));
+            }
+        }
+    }
+    if a.json {
+        json(&results);
+    } else {
+        for r in &results {
+            let verb = if a.dry_run { "would retry" } else { "retried" };
+            println!("{verb} intent {} ({}): now {}", r["id"], r["key"].as_str().unwrap_or(""), r["state"].as_str().unwrap_or(""));
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// Intent ids or keys.
+    #[arg(required = true)]
+    references: Vec<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn cancel(store: &Store, a: CancelArgs) -> Outcome {
+    let mut results = Vec::new();
+    let mut first_error = None;
+    for r in &a.references {
+        match store.cancel(r).await {
+            Ok(i) => results.push(json!({"id": i.id, "key": i.key, "state": i.state})),
+            Err(e) => {
+                eprintln!("error: {e}");
+                first_error = first_error.or(Some(Failure::from(e)));
+            }
+        }
+    }
+    if a.json {
+        json(&results);
+    } else {
+        for r in &results {
+            println!("cancelled intent {} ({})", r["id"], r["key"].as_str().unwrap_or(""));
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("how").required(true).args(["delivered", "redeliver", "reject"])))]
+pub struct ResolveArgs {
+    /// An intent id or key.
+    reference: String,
+    /// The effect did happen (you checked at the provider).
+    #[arg(long)]
+    delivered: bool,
+    /// With --delivered: the provider's reference for the effect.
+    #[arg(long = "ref", requires = "delivered")]
+    reference_at_provider: Option<String>,
+    /// Deliver again under the same idempotency key.
+    #[arg(long)]
+    redeliver: bool,
+    /// It must not happen: reject with this reason.
+    #[arg(long, value_name = "REASON")]
+    reject: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn resolve(store: &Store, a: ResolveArgs) -> Outcome {
+    let how = if a.delivered {
+        Resolution::Delivered { reference: a.reference_at_provider }
+    } else if a.redeliver {
+        Resolution::Redeliver
+    } else {
+        let reason = a.reject.unwrap_or_default();
+        if reason.trim().is_empty() {
+            return Err(Failure::usage("--reject needs a reason"));
+        }
+        Resolution::Reject { reason }
+    };
+    let i = store.resolve(&a.reference, &how).await?;
+    if a.json {
+        json(&json!({"id": i.id, "key": i.key, "state": i.state, "provider_ref": i.provider_ref}));
+    } else {
+        println!("intent {} ({}) is now {}", i.id, i.key, i.state);
+    }
+    Ok(())
+}
+
+pub async fn stats(store: &Store, as_json: bool) -> Outcome {
+    let s = store.stats().await?;
+    if as_json {
+        json(&s);
+        return Ok(());
+    }
+    let mut kinds: Vec<&str> = s.by_state.iter().map(|r| r.kind.as_str()).collect();
+    kinds.dedup();
+    let rows: Vec<Vec<String>> = kinds
+        .iter()
+        .map(|k| {
+            let mut row = vec![k.to_string()];
+            for st in STATES {
+                let n = s.by_state.iter().find(|r| r.kind == *k && r.state == *st).map_or(0, |r| r.count);
+                row.push(n.to_string());
+            }
+            let due = s.due.iter().find(|d| d.kind == *k);
+            row.push(due.map_or(0, |d| d.due).to_string());
+            row.push(opt(due.map(|d| format!("{:.1}s", d.oldest_due_seconds))));
+            row
+        })
+        .collect();
+    let mut header = vec!["KIND"];
+    header.extend(STATES.iter().map(|s| *s));
+    header.extend(["DUE", "OLDEST DUE"]);
+    let header: Vec<String> = header.iter().map(|h| h.to_uppercase()).collect();
+    table(&header.iter().map(String::as_str).collect::<Vec<_>>(), &rows);
+    println!();
+    println!("expired leases awaiting the sweeper: {}", s.expired_leases);
+    println!("duplicate enqueues (all time):       {}", s.duplicate_enqueues);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Delete delivered, rejected and cancelled intents last changed longer
+    /// ago than this ("30d", "12h", "0s").
+    #[arg(long, value_parser = crate::config::parse_duration)]
+    older_than: std::time::Duration,
+    /// Also delete dead intents.
+    #[arg(long)]
+    include_dead: bool,
+    /// Count, delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn purge(store: &Store, a: PurgeArgs) -> Outcome {
+    let n = store.purge(a.older_than, a.include_dead, a.dry_run, 1000).await?;
+    if a.json {
+        json(&json!({"purged": if a.dry_run { 0 } else { n }, "matched": n, "dry_run": a.dry_run}));
+    } else if a.dry_run {
+        println!("would purge {n} intent(s) (dry run)");
+    } else {
+        println!("purged {n} intent(s)");
+    }
+    Ok(())
+}

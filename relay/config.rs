@@ -1,0 +1,431 @@
+//! Configuration: embedded defaults, then a TOML file, then environment
+//! overrides, then one `validate()`.
+//!
+//! Every key is optional. An unknown key or a malformed value is an error
+//! that names it. Environment overrides use `OUTBOX_RELAY__<SECTION>__<KEY>`
+//! (double underscores separate the path), e.g.
+//! `OUTBOX_RELAY__RELAY__CONCURRENCY=32`; the value is read as a TOML value
+//! when it parses as one and as a string otherwise.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use outbox_providers::webhook::{WebhookConfig, WebhookProvider};
+use outbox_providers::{guard, AmbiguityPolicy, ProviderSet, Secret};
+use serde::Deserialize;
+
+use crate::transition::RetryPolicy;
+
+/// A duration written as a string like "200ms", "5s" or "2h".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("a duration must be a string like \"200ms\", \"5s\" or \"2h\"")
+        })?;
+        parse_duration(&text).map(Dur).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parse "200ms", "5s", "2h", "1h 30m"; refuses absurd values (over 30 days).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("invalid duration {text:?}: {e} (write e.g. \"200ms\", \"5s\", \"2h\")"))?;
+    if d > Duration::from_secs(30 * 24 * 3600) {
+        return Err(format!("duration {text:?} is longer than 30 days"));
+    }
+    Ok(d)
+}
+
+fn dur(text: &str) -> Dur {
+    Dur(parse_duration(text).expect("valid default"))
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Overridden by --database-url / DATABASE_URL. Kept secret: it may carry a password.
+    pub database_url: Option<Secret>,
+    pub relay: RelaySection,
+    pub retry: RetrySection,
+    pub webhook: WebhookSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelaySection {
+    /// Deliveries in flight per relay.
+    pub concurrency: u32,
+    /// Intents claimed per round trip.
+    pub batch_size: u32,
+    /// How long a claim is held before the sweeper may act on it.
+    pub lease: Dur,
+    /// Fallback wake-up when no NOTIFY arrives.
+    pub poll_interval: Dur,
+    /// How often the sweeper looks for expired leases.
+    pub sweep_interval: Dur,
+    /// How long in-flight deliveries may take to finish on SIGTERM.
+    pub shutdown_timeout: Dur,
+    /// Where /metrics, /healthz and /readyz are served (port 0 picks one).
+    pub metrics_addr: Option<String>,
+    /// The owner name written on claims; default host:pid:random.
+    pub name: Option<String>,
+    /// Postgres connections; default concurrency/8 + 4.
+    pub max_connections: Option<u32>,
+}
+
+impl Default for RelaySection {
+    fn default() -> Self {
+        RelaySection {
+            concurrency: 64,
+            batch_size: 100,
+            lease: dur("60s"),
+            poll_interval: dur("1s"),
+            sweep_interval: dur("5s"),
+            shutdown_timeout: dur("30s"),
+            metrics_addr: Some("127.0.0.1:9187".into()),
+            name: None,
+            max_connections: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryOverride {
+    pub max_attempts: Option<u32>,
+    pub schedule: Option<Vec<Dur>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySection {
+    pub max_attempts: u32,
+    pub schedule: Vec<Dur>,
+    /// Random stretch of each delay, 0.0 to 1.0.
+    pub jitter: f64,
+    pub webhook: RetryOverride,
+    pub email: RetryOverride,
+    pub charge: RetryOverride,
+}
+
+impl Default for RetrySection {
+    fn default() -> Self {
+        let d = RetryPolicy::default();
+        RetrySection {
+            max_attempts: d.max_attempts,
+            schedule: d.schedule.into_iter().map(Dur).collect(),
+            jitter: d.jitter,
+            webhook: RetryOverride::default(),
+            email: RetryOverride::default(),
+            charge: RetryOverride::default(),
+        }
+    }
+}
+
+impl RetrySection {
+    /// The retry policy for one kind: the kind's overrides over the defaults.
+    pub fn policy(&self, kind: &str) -> RetryPolicy {
+        let o = match kind {
+            "webhook" => &self.webhook,
+            "email" => &self.email,
+            "charge" => &self.charge,
+            _ => &RetryOverride {
+                max_attempts: None,
+                schedule: None,
+            },
+        };
+        RetryPolicy {
+            max_attempts: o.max_attempts.unwrap_or(self.max_attempts),
+            schedule: o
+                .schedule
+                .as_ref()
+                .unwrap_or(&self.schedule)
+                .iter()
+                .map(|d| d.0)
+                .collect(),
+            jitter: self.jitter,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookSection {
+    pub signing_secrets: Vec<Secret>,
+    pub timeout: Dur,
+    pub connect_timeout: Dur,
+    pub allowed_networks: Vec<String>,
+    pub max_response_bytes: usize,
+    pub max_retry_after: Dur,
+    /// Named endpoints: `[webhook.endpoints] billing = "https://..."`.
+    pub endpoints: HashMap<String, String>,
+    /// "redeliver" (default) or "park".
+    pub on_ambiguous: AmbiguityPolicy,
+}
+
+impl Default for WebhookSection {
+    fn default() -> Self {
+        let d = WebhookConfig::default();
+        WebhookSection {
+            signing_secrets: Vec::new(),
+            timeout: Dur(d.timeout),
+            connect_timeout: Dur(d.connect_timeout),
+            allowed_networks: Vec::new(),
+            max_response_bytes: d.max_response_bytes,
+            max_retry_after: Dur(d.max_retry_after),
+            endpoints: HashMap::new(),
+            on_ambiguous: d.on_ambiguous,
+        }
+    }
+}
+
+impl WebhookSection {
+    pub fn provider_config(&self) -> anyhow::Result<WebhookConfig> {
+        let allowed_networks = guard::parse_networks(&self.allowed_networks)
+            .map_err(|e| anyhow::anyhow!("webhook.allowed_networks: {e}"))?;
+        for (name, url) in &self.endpoints {
+            outbox_providers::webhook::request::parse_url(url)
+                .map_err(|e| anyhow::anyhow!("webhook.endpoints.{name}: {e}"))?;
+        }
+        Ok(WebhookConfig {
+            signing_secrets: self.signing_secrets.clone(),
+            timeout: self.timeout.0,
+            connect_timeout: self.connect_timeout.0,
+            allowed_networks,
+            max_response_bytes: self.max_response_bytes,
+            endpoints: self.endpoints.clone(),
+            max_retry_after: self.max_retry_after.0,
+            on_ambiguous: self.on_ambiguous,
+        })
+    }
+}
+
+impl Config {
+    /// The providers this configuration enables.
+    pub fn providers(&self) -> anyhow::Result<ProviderSet> {
+        let webhook = WebhookProvider::new(self.webhook.provider_config()?).map_err(anyhow::Error::msg)?;
+        Ok(ProviderSet::new().with(Arc::new(webhook)))
+    }
+
+    /// Load from an optional file plus `OUTBOX_RELAY__*` variables, and validate.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> anyhow::Result<Config> {
+        let mut table = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read config file {}", p.display()))?;
+                toml::from_str::<toml::Table>(&text)
+                    .with_context(|| format!("config file {} is not valid TOML", p.display()))?
+            }
+            None => toml::Table::new(),
+        };
+        apply_env(&mut table, env)?;
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid configuration: {}", e.message()))
+            .with_context(|| match path {
+                Some(p) => format!("in {}", p.display()),
+                None => "in the environment overrides".into(),
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Cross-key checks, with messages that name the keys.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let r = &self.relay;
+        if !(1..=10_000).contains(&r.concurrency) {
+            bail!("relay.concurrency must be between 1 and 10000, not {}", r.concurrency);
+        }
+        if !(1..=10_000).contains(&r.batch_size) {
+            bail!("relay.batch_size must be between 1 and 10000, not {}", r.batch_size);
+        }
+        if r.lease.0 < Duration::from_secs(1) {
+            bail!("relay.lease must be at least 1s");
+        }
+        if r.poll_interval.0 < Duration::from_millis(10) {
+            bail!("relay.poll_interval must be at least 10ms");
+        }
+        if r.sweep_interval.0 < Duration::from_millis(10) {
+            bail!("relay.sweep_interval must be at least 10ms");
+        }
+        if self.webhook.timeout.0 >= r.lease.0 {
+            bail!(
+                "relay.lease ({:?}) must be longer than webhook.timeout ({:?}): a delivery must end \
+                 before its lease can expire, or a slow request would be redelivered while it runs",
+                r.lease.0,
+                self.webhook.timeout.0
+            );
+        }
+        let retry = &self.retry;
+        for (name, o) in [
+            ("retry", &RetryOverride { max_attempts: Some(retry.max_attempts), schedule: Some(retry.schedule.clone()) }),
+            ("retry.webhook", &retry.webhook),
+            ("retry.email", &retry.email),
+            ("retry.charge", &retry.charge),
+        ] {
+            if o.max_attempts == Some(0) || o.max_attempts.is_some_and(|m| m > 1000) {
+                bail!("{name}.max_attempts must be between 1 and 1000");
+            }
+            if o.schedule.as_ref().is_some_and(|s| s.is_empty()) {
+                bail!("{name}.schedule must list at least one delay");
+            }
+        }
+        if !(0.0..=1.0).contains(&retry.jitter) {
+            bail!("retry.jitter must be between 0.0 and 1.0");
+        }
+        if self.webhook.max_response_bytes > 1 << 20 {
+            bail!("webhook.max_response_bytes must be at most 1 MiB");
+        }
+        self.webhook.provider_config()?;
+        if let Some(addr) = &r.metrics_addr {
+            addr.parse::<std::net::SocketAddr>().map_err(|_| {
+                anyhow::anyhow!("relay.metrics_addr {addr:?} is not an address like 127.0.0.1:9187")
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Merge `OUTBOX_RELAY__A__B=value` into the table at `a.b`.
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<()> {
+    for (name, raw) in env {
+        let Some(path) = name.strip_prefix("OUTBOX_RELAY__") else {
+            continue;
+        };
+        let keys: Vec<String> = path.split("__").map(|k| k.to_ascii_lowercase()).collect();
+        if keys.iter().any(|k| k.is_empty()) {
+            bail!("environment variable {name} has an empty key segment");
+        }
+        let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(raw.clone()));
+        let (last, parents) = keys.split_last().expect("non-empty");
+        let mut node = &mut *table;
+        for k in parents {
+            let entry = node
+                .entry(k.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            node = entry
+                .as_table_mut()
+                .ok_or_else(|| anyhow::anyhow!("{name}: {k} is not a section"))?;
+        }
+        node.insert(last.clone(), value);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(text: &str, env: &[(&str, &str)]) -> anyhow::Result<Config> {
+        let dir = std::env::temp_dir().join(format!("outbox-relay-cfg-{}", fastrand::u64(..)));
+        std::fs::write(&dir, text).unwrap();
+        let r = Config::load(
+            Some(&dir),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        std::fs::remove_file(&dir).ok();
+        r
+    }
+
+    #[test]
+    fn empty_config_gives_the_documented_defaults() {
+        let c = Config::load(None, Vec::new()).unwrap();
+        assert_eq!(c.relay.concurrency, 64);
+        assert_eq!(c.relay.batch_size, 100);
+        assert_eq!(c.relay.lease.0, Duration::from_secs(60));
+        assert_eq!(c.relay.poll_interval.0, Duration::from_secs(1));
+        assert_eq!(c.retry.max_attempts, 10);
+        assert_eq!(c.retry.schedule.len(), 6);
+        assert_eq!(c.webhook.timeout.0, Duration::from_secs(15));
+        assert_eq!(c.relay.metrics_addr.as_deref(), Some("127.0.0.1:9187"));
+    }
+
+    #[test]
+    fn reads_the_contract_keys() {
+        let c = load_str(
+            r#"
+            database_url = "postgres://u:pw@localhost/db"
+            [relay]
+            concurrency = 8
+            lease = "30s"
+            poll_interval = "200ms"
+            metrics_addr = "127.0.0.1:0"
+            [retry]
+            max_attempts = 4
+            schedule = ["1s", "2s"]
+            [retry.webhook]
+            max_attempts = 2
+            [webhook]
+            signing_secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+            timeout = "5s"
+            allowed_networks = ["127.0.0.0/8"]
+            "#,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.relay.concurrency, 8);
+        assert_eq!(c.relay.poll_interval.0, Duration::from_millis(200));
+        assert_eq!(c.retry.policy("webhook").max_attempts, 2);
+        assert_eq!(c.retry.policy("webhook").schedule, [Duration::from_secs(1), Duration::from_secs(2)]);
+        assert_eq!(c.retry.policy("email").max_attempts, 4);
+        assert!(!format!("{c:?}").contains("pw@"), "database_url must not print");
+        assert!(!format!("{c:?}").contains("MfKQ9r8"), "secrets must not print");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        for (text, needle) in [
+            ("[relay]\nconcurency = 3", "concurency"),
+            ("[relay]\nlease = \"5 parsecs\"", "5 parsecs"),
+            ("[relay]\nlease = 60", "duration must be a string"),
+            ("[relay]\nlease = \"9999999h\"", "longer than 30 days"),
+            ("[relay]\nconcurrency = 0", "relay.concurrency"),
+            ("[relay]\nlease = \"10s\"\n[webhook]\ntimeout = \"15s\"", "relay.lease"),
+            ("[retry]\nschedule = []", "retry.schedule"),
+            ("[retry.email]\nmax_attempts = 0", "retry.email.max_attempts"),
+            ("[webhook]\nallowed_networks = [\"nope\"]", "webhook.allowed_networks"),
+            ("[webhook]\nsigning_secrets = [\"plain\"]", "webhook.signing_secrets"),
+            ("[webhook.endpoints]\nx = \"ftp://a\"", "webhook.endpoints.x"),
+            ("[relay]\nmetrics_addr = \"localhost\"", "relay.metrics_addr"),
+            ("nonsense = 1", "nonsense"),
+            ("[relay", "not valid TOML"),
+        ] {
+            let err = format!("{:#}", load_str(text, &[]).unwrap_err());
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let c = load_str(
+            "[relay]\nconcurrency = 8",
+            &[
+                ("OUTBOX_RELAY__RELAY__CONCURRENCY", "16"),
+                ("OUTBOX_RELAY__RELAY__LEASE", "90s"),
+                ("OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS", "[\"127.0.0.1/32\"]"),
+                ("UNRELATED", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.relay.concurrency, 16);
+        assert_eq!(c.relay.lease.0, Duration::from_secs(90));
+        assert_eq!(c.webhook.allowed_networks, ["127.0.0.1/32"]);
+        let err = load_str("", &[("OUTBOX_RELAY__RELAY__TYPO", "1")]).unwrap_err();
+        assert!(format!("{err:#}").contains("typo"));
+    }
+}

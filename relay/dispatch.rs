@@ -1,0 +1,223 @@
+//! Performing one claimed intent's effect and settling its next state.
+//!
+//! A delivery task owns one concurrency permit from claim to the moment its
+//! completion is written, so a relay never holds more claims than it can
+//! work on and backs off by itself while the database is unreachable.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use outbox_providers::{AmbiguityPolicy, Delivery, Outcome};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tracing::Instrument;
+
+use crate::engine::Ctx;
+use crate::reconcile::{self, Recovery};
+use crate::store::{Claimed, Completion};
+use crate::transition::{self, Next, RetryPolicy};
+
+/// Deliver one claim, hand the completion to the completer and wait until
+/// it is written. The permit is released only then.
+pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit) {
+    let span = tracing::info_span!(
+        "deliver",
+        intent = claim.id,
+        key = %claim.key,
+        kind = %claim.kind,
+        attempt = claim.attempt,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        let started = Utc::now();
+        let clock = Instant::now();
+        let (outcome, on_ambiguous) = attempt(&ctx, &claim).await;
+        let elapsed = clock.elapsed();
+        metrics::histogram!("outbox_attempt_duration_seconds", "kind" => claim.kind.clone())
+            .record(elapsed.as_secs_f64());
+        let policy = ctx.retry_policy(&claim.kind);
+        let completion = settle(&claim, &outcome, &policy, on_ambiguous, started, Utc::now(), fastrand::f64());
+        tracing::Span::current().record("outcome", outcome.class());
+        log_outcome(&claim, &outcome, &completion, elapsed);
+        let (ack, written) = oneshot::channel();
+        if ctx.completions.send((completion, ack)).is_ok() {
+            let _ = written.await;
+        }
+        drop(permit);
+        ctx.task_done.notify_one();
+    }
+    .instrument(span)
+    .await
+}
+
+/// The attempt itself: reconcile first when the claim was recovered from an
+/// expired lease, then deliver under the intent's derived key.
+async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
+    let Some(provider) = ctx.providers.get(&claim.kind) else {
+        let outcome = Outcome::invalid(format!(
+            "unknown kind {:?}: this relay delivers {}",
+            claim.kind,
+            ctx.providers.kinds().join(", ")
+        ));
+        return (outcome, AmbiguityPolicy::Park);
+    };
+    let delivery = Delivery {
+        intent_id: claim.id,
+        key: &claim.key,
+        kind: &claim.kind,
+        destination: claim.destination.as_deref(),
+        payload: &claim.payload,
+        attempt: claim.attempt,
+        key_generation: claim.key_generation,
+    };
+    let policy = provider.on_ambiguous();
+    if let Some(previous) = &claim.recovered_from {
+        match reconcile::recover(provider.as_ref(), &delivery, previous).await {
+            Recovery::Settled(outcome) => {
+                metrics::counter!("outbox_reconcile_total", "kind" => claim.kind.clone(), "result" => outcome.class())
+                    .increment(1);
+                return (outcome, policy);
+            }
+            Recovery::Redeliver { replay } => {
+                if replay {
+                    metrics::counter!("outbox_replays_total", "kind" => claim.kind.clone(), "source" => "redelivery")
+                        .increment(1);
+                }
+                tracing::info!(previous_owner = %previous, "redelivering under the same key after an expired lease");
+            }
+        }
+    }
+    (provider.deliver(&delivery).await, policy)
+}
+
+/// Turn an outcome into the row the store writes: the attempt record and the
+/// intent's next state. Pure; `unit` in `[0, 1)` is the jitter draw.
+pub fn settle(
+    claim: &Claimed,
+    outcome: &Outcome,
+    policy: &RetryPolicy,
+    on_ambiguous: AmbiguityPolicy,
+    started_at: DateTime<Utc>,
+    finished_at: DateTime<Utc>,
+    unit: f64,
+) -> Completion {
+    let in_round = (claim.attempt - claim.attempts_base).max(1) as u32;
+    let next = transition::next(outcome, in_round, policy, on_ambiguous, unit);
+    let (provider_ref, replayed, response) = match outcome {
+        Outcome::Delivered { reference, replayed, .. } => (reference.clone(), *replayed, None),
+        Outcome::Rejected { response, .. } => (None, false, response.clone()),
+        _ => (None, false, None),
+    };
+    let error = match (&next, outcome.reason()) {
+        (Next::Dead, Some(r)) => Some(format!("{r}; gave up after {in_round} attempts")),
+        (_, r) => r.map(str::to_string),
+    };
+    let run_after = match next {
+        Next::Retry(delay) => Some(
+            finished_at + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX),
+        ),
+        _ => None,
+    };
+    Completion {
+        id: claim.id,
+        kind: claim.kind.clone(),
+        delivered_before: claim.delivered_before,
+        fence: claim.fence,
+        attempt: claim.attempt,
+        key_generation: claim.key_generation,
+        started_at,
+        finished_at,
+        outcome: outcome.class(),
+        status: outcome.status().map(i32::from),
+        provider_ref,
+        error,
+        replayed,
+        state: next.state(),
+        run_after,
+        response,
+    }
+}
+
+fn log_outcome(claim: &Claimed, outcome: &Outcome, completion: &Completion, elapsed: std::time::Duration) {
+    let ms = elapsed.as_millis() as u64;
+    match outcome {
+        Outcome::Delivered { replayed, .. } => {
+            tracing::debug!(ms, replayed, "delivered")
+        }
+        Outcome::Transient { reason, .. } => {
+            tracing::info!(ms, next = completion.state, run_after = ?completion.run_after, reason = %reason, "transient failure")
+        }
+        Outcome::Rejected { reason, .. } => tracing::warn!(ms, reason = %reason, "rejected"),
+        Outcome::Ambiguous { reason, .. } => {
+            tracing::warn!(ms, next = completion.state, reason = %reason, "ambiguous outcome")
+        }
+    }
+    if completion.state == "dead" {
+        tracing::warn!(attempts = claim.attempt, "retries exhausted: intent is dead");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn claim(attempt: i32, base: i32) -> Claimed {
+        Claimed {
+            id: 7,
+            key: "k".into(),
+            kind: "webhook".into(),
+            destination: None,
+            payload: serde_json::json!({}),
+            attempt,
+            attempts_base: base,
+            fence: 3,
+            key_generation: 0,
+            created_at: Utc::now(),
+            delivered_before: false,
+            recovered_from: None,
+        }
+    }
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 3,
+            schedule: vec![Duration::from_secs(10)],
+            jitter: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_retry_is_scheduled_from_the_end_of_the_attempt() {
+        let t = Utc::now();
+        let out = Outcome::Transient { reason: "HTTP 503".into(), status: Some(503), retry_after: None };
+        let c = settle(&claim(1, 0), &out, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
+        assert_eq!((c.state, c.outcome, c.status), ("pending", "transient", Some(503)));
+        assert_eq!(c.run_after, Some(t + chrono::Duration::seconds(10)));
+        assert_eq!(c.error.as_deref(), Some("HTTP 503"));
+        assert_eq!((c.id, c.fence, c.attempt), (7, 3, 1));
+    }
+
+    #[test]
+    fn the_budget_counts_from_the_last_operator_retry() {
+        let t = Utc::now();
+        let out = Outcome::Transient { reason: "HTTP 503".into(), status: Some(503), retry_after: None };
+        let dead = settle(&claim(3, 0), &out, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
+        assert_eq!(dead.state, "dead");
+        assert!(dead.error.unwrap().contains("gave up after 3 attempts"));
+        let retried = settle(&claim(5, 3), &out, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
+        assert_eq!(retried.state, "pending");
+    }
+
+    #[test]
+    fn deliveries_and_rejections_keep_their_evidence() {
+        let t = Utc::now();
+        let d = Outcome::Delivered { reference: Some("msg_1".into()), replayed: true, status: Some(200) };
+        let c = settle(&claim(1, 0), &d, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
+        assert_eq!((c.state, c.provider_ref.as_deref(), c.replayed, c.run_after), ("delivered", Some("msg_1"), true, None));
+        let r = Outcome::Rejected { reason: "HTTP 410".into(), status: Some(410), response: Some(serde_json::json!({"status": 410})) };
+        let c = settle(&claim(1, 0), &r, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
+        assert_eq!((c.state, c.error.as_deref()), ("rejected", Some("HTTP 410")));
+        assert_eq!(c.response, Some(serde_json::json!({"status": 410})));
+    }
+}

@@ -1,0 +1,231 @@
+//! The engine: wires the claim loop, the delivery tasks, the completer, the
+//! listener and the sweeper together, and shuts them down in order.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_providers::{ProviderSet, KNOWN_KINDS};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+
+use crate::config::{Config, RetrySection};
+use crate::store::{Claimed, Store};
+use crate::transition::RetryPolicy;
+use crate::{claim, complete, dispatch, sweeper};
+
+/// The engine's settings, taken from [`Config`].
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Written on every claim; appears in `outbox.attempts.owner`.
+    pub owner: String,
+    pub concurrency: usize,
+    pub batch_size: usize,
+    pub lease: Duration,
+    pub poll_interval: Duration,
+    pub sweep_interval: Duration,
+    pub shutdown_timeout: Duration,
+    pub retry: RetrySection,
+}
+
+impl EngineConfig {
+    pub fn from_config(config: &Config) -> Self {
+        let r = &config.relay;
+        EngineConfig {
+            owner: r.name.clone().unwrap_or_else(default_owner),
+            concurrency: r.concurrency as usize,
+            batch_size: r.batch_size as usize,
+            lease: r.lease.0,
+            poll_interval: r.poll_interval.0,
+            sweep_interval: r.sweep_interval.0,
+            shutdown_timeout: r.shutdown_timeout.0,
+            retry: config.retry.clone(),
+        }
+    }
+}
+
+/// `host:pid:random`, unique per process.
+pub fn default_owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "relay".into());
+    format!("{host}:{}:{:04x}", std::process::id(), fastrand::u16(..))
+}
+
+/// What every task of one engine shares.
+pub struct Ctx {
+    pub store: Store,
+    pub providers: ProviderSet,
+    pub cfg: EngineConfig,
+    /// Known kinds this relay has no provider for: left for other relays.
+    pub unserved: Vec<String>,
+    /// One permit per delivery in flight.
+    pub sem: Arc<Semaphore>,
+    pub completions: mpsc::UnboundedSender<complete::Pending>,
+    policies: HashMap<String, RetryPolicy>,
+    default_policy: RetryPolicy,
+    /// Signalled whenever a delivery task finishes.
+    pub task_done: Notify,
+}
+
+impl Ctx {
+    pub fn retry_policy(&self, kind: &str) -> &RetryPolicy {
+        self.policies.get(kind).unwrap_or(&self.default_policy)
+    }
+
+    pub fn lease_ms(&self) -> i64 {
+        self.cfg.lease.as_millis() as i64
+    }
+
+    pub async fn claim(&self, n: usize) -> Result<Vec<Claimed>, sqlx::Error> {
+        self.store
+            .claim(&self.cfg.owner, n as i64, self.lease_ms(), &self.unserved)
+            .await
+    }
+
+    /// Hand back claims that will not be worked on (shutdown).
+    pub async fn release(&self, claims: &[Claimed]) {
+        let ids: Vec<(i64, i64)> = claims.iter().map(|c| (c.id, c.fence)).collect();
+        match self.store.release(&ids).await {
+            Ok(n) => tracing::info!(n, "handed back claims not yet started"),
+            Err(err) => tracing::warn!(error = %err, "could not hand back claims; their leases will expire"),
+        }
+    }
+
+    /// How long to sleep when caught up: the poll interval, or less when a
+    /// scheduled retry is due sooner.
+    pub async fn idle_wait(&self) -> Duration {
+        let poll = self.cfg.poll_interval;
+        match self.store.next_due_in(&self.unserved).await {
+            Ok(Some(secs)) if secs.is_finite() => {
+                Duration::from_secs_f64(secs.max(0.0)).clamp(Duration::from_millis(5), poll)
+            }
+            _ => poll,
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.sem.available_permits() == self.cfg.concurrency
+    }
+}
+
+/// One relay's delivery engine.
+pub struct Engine {
+    ctx: Arc<Ctx>,
+    completer: tokio::task::JoinHandle<()>,
+}
+
+impl Engine {
+    pub fn new(store: Store, providers: ProviderSet, cfg: EngineConfig) -> Engine {
+        let served = providers.kinds();
+        let unserved = KNOWN_KINDS
+            .iter()
+            .filter(|k| !served.contains(k))
+            .map(|k| k.to_string())
+            .collect();
+        let policies = KNOWN_KINDS
+            .iter()
+            .map(|k| (k.to_string(), cfg.retry.policy(k)))
+            .collect();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let completer = tokio::spawn(complete::run(
+            store.clone(),
+            cfg.owner.clone(),
+            rx,
+            cfg.batch_size.max(cfg.concurrency),
+        ));
+        let ctx = Arc::new(Ctx {
+            sem: Arc::new(Semaphore::new(cfg.concurrency)),
+            default_policy: cfg.retry.policy("*"),
+            policies,
+            unserved,
+            store,
+            providers,
+            cfg,
+            completions: tx,
+            task_done: Notify::new(),
+        });
+        Engine { ctx, completer }
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.ctx.cfg.owner
+    }
+
+    /// Run until `shutdown` resolves. Then: stop claiming, let deliveries in
+    /// flight finish within `shutdown_timeout`, write their completions, and
+    /// return. Deliveries still running at the deadline are abandoned: their
+    /// leases expire and the sweeper reconciles them.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let wake = Arc::new(Notify::new());
+        let tasks = [
+            tokio::spawn(claim::listen(self.ctx.clone(), wake.clone(), stop_rx.clone())),
+            tokio::spawn(sweeper::run(self.ctx.clone(), stop_rx.clone())),
+            tokio::spawn(claim::run(self.ctx.clone(), wake, stop_rx)),
+        ];
+        tracing::info!(
+            owner = %self.ctx.cfg.owner,
+            kinds = ?self.ctx.providers.kinds(),
+            concurrency = self.ctx.cfg.concurrency,
+            "relay running"
+        );
+        shutdown.await;
+        tracing::info!("shutting down: no new claims; waiting for deliveries in flight");
+        let _ = stop_tx.send(true);
+        for t in tasks {
+            let _ = t.await;
+        }
+        self.finish().await
+    }
+
+    /// Deliver everything due now (including expired leases, and retries
+    /// whose delay has already passed when they are written), wait for every
+    /// completion, return. Retries scheduled for later stay pending.
+    pub async fn run_once(self) -> anyhow::Result<()> {
+        let ctx = &self.ctx;
+        sweeper::tick(ctx).await?;
+        let (_never, mut stop) = watch::channel(false);
+        loop {
+            let idle_before = ctx.idle();
+            let mut permits = claim::take_permits(&ctx.sem, ctx.cfg.batch_size, &mut stop)
+                .await
+                .expect("not stopped");
+            let claims = ctx.claim(permits.len()).await?;
+            if claims.is_empty() {
+                drop(permits);
+                if idle_before {
+                    break;
+                }
+                ctx.task_done.notified().await;
+                continue;
+            }
+            for claim in claims {
+                let permit = permits.pop().expect("one permit per claim");
+                tokio::spawn(dispatch::run_one(ctx.clone(), claim, permit));
+            }
+        }
+        self.finish().await
+    }
+
+    async fn finish(self) -> anyhow::Result<()> {
+        let all = self.ctx.cfg.concurrency as u32;
+        let deadline = self.ctx.cfg.shutdown_timeout;
+        if tokio::time::timeout(deadline, self.ctx.sem.acquire_many(all))
+            .await
+            .is_err()
+        {
+            let left = self.ctx.cfg.concurrency - self.ctx.sem.available_permits();
+            tracing::warn!(left, "deliveries still running at the shutdown deadline are abandoned; their leases will expire and the sweeper will reconcile them");
+        }
+        drop(self.ctx);
+        // The completer ends once every task has dropped its sender; bound the
+        // wait in case the database stays unreachable.
+        if tokio::time::timeout(deadline, self.completer).await.is_err() {
+            tracing::warn!("completions could not be written before the deadline; the sweeper will reconcile those intents");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,318 @@
+//! The hot path: claim, complete, release, and the sweeper's reclaim.
+//!
+//! Every statement here is a single autocommit statement: a claim commits
+//! before the relay makes any network call, and no row lock outlives the
+//! statement that took it.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::Row;
+
+use super::Store;
+
+/// A committed claim on one intent: the relay may now perform its effect.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: i64,
+    pub key: String,
+    pub kind: String,
+    pub destination: Option<String>,
+    pub payload: Value,
+    /// Attempt number of this claim (1 for the first).
+    pub attempt: i32,
+    /// Attempts made before the last operator retry; the retry budget
+    /// counts from here.
+    pub attempts_base: i32,
+    /// The fencing token; the completion must present it.
+    pub fence: i64,
+    pub key_generation: i32,
+    pub created_at: DateTime<Utc>,
+    /// The intent was delivered before (an operator retried it): a new
+    /// delivery is not a first effect.
+    pub delivered_before: bool,
+    /// Set when the sweeper reclaimed an expired lease: the previous attempt's
+    /// outcome is unknown and must be reconciled, not guessed.
+    pub recovered_from: Option<String>,
+}
+
+/// The recorded result of one attempt and the intent's next state.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub id: i64,
+    /// Not stored; for metrics and logs.
+    pub kind: String,
+    pub delivered_before: bool,
+    pub fence: i64,
+    pub attempt: i32,
+    pub key_generation: i32,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    /// delivered | rejected | transient | ambiguous
+    pub outcome: &'static str,
+    pub status: Option<i32>,
+    pub provider_ref: Option<String>,
+    pub error: Option<String>,
+    pub replayed: bool,
+    /// The intent's next state (pending for a retry).
+    pub state: &'static str,
+    /// For a retry: when.
+    pub run_after: Option<DateTime<Utc>>,
+    /// For a rejection: the provider's answer.
+    pub response: Option<Value>,
+}
+
+/// A completion the database accepted (its fence still held).
+#[derive(Debug, Clone, Copy)]
+pub struct Accepted {
+    pub id: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+const CLAIMED_COLUMNS: &str = "i.id, i.key, i.kind, i.destination, i.payload, i.attempts, \
+     i.attempts_base, i.fence, i.key_generation, i.created_at, \
+     i.delivered_at IS NOT NULL AS delivered_before";
+
+fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
+    Ok(Claimed {
+        id: row.try_get("id")?,
+        key: row.try_get("key")?,
+        kind: row.try_get("kind")?,
+        destination: row.try_get("destination")?,
+        payload: row.try_get("payload")?,
+        attempt: row.try_get("attempts")?,
+        attempts_base: row.try_get("attempts_base")?,
+        fence: row.try_get("fence")?,
+        key_generation: row.try_get("key_generation")?,
+        created_at: row.try_get("created_at")?,
+        delivered_before: row.try_get("delivered_before")?,
+        recovered_from: if recovered {
+            row.try_get("previous_owner")?
+        } else {
+            None
+        },
+    })
+}
+
+impl Store {
+    /// Claim up to `limit` due pending intents for `owner` for `lease_ms`,
+    /// skipping rows other relays hold and kinds this relay does not serve.
+    pub async fn claim(
+        &self,
+        owner: &str,
+        limit: i64,
+        lease_ms: i64,
+        unserved_kinds: &[String],
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        let sql = format!(
+            "WITH due AS (
+                 SELECT id FROM outbox.intents
+                  WHERE state = 'pending' AND run_after <= now()
+                    AND kind <> ALL($4::text[])
+                  ORDER BY run_after, id
+                  LIMIT $1
+                  FOR UPDATE SKIP LOCKED)
+             UPDATE outbox.intents i
+                SET state = 'claimed', owner = $2,
+                    lease_expires_at = now() + $3 * interval '1 millisecond',
+                    fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
+               FROM due WHERE i.id = due.id
+             RETURNING {CLAIMED_COLUMNS}"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(limit)
+            .bind(owner)
+            .bind(lease_ms)
+            .bind(unserved_kinds)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| claimed_from_row(r, false)).collect()
+    }
+
+    /// Reclaim up to `limit` intents whose lease expired. The lost attempt is
+    /// recorded (outcome `lost`) and a new fence is issued, so the previous
+    /// owner's late completion, if it ever comes, changes nothing.
+    pub async fn claim_expired(
+        &self,
+        owner: &str,
+        limit: i64,
+        lease_ms: i64,
+        unserved_kinds: &[String],
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        let sql = format!(
+            "WITH expired AS (
+                 SELECT id, owner AS previous_owner FROM outbox.intents
+                  WHERE state = 'claimed' AND lease_expires_at < now()
+                    AND kind <> ALL($4::text[])
+                  ORDER BY lease_expires_at
+                  LIMIT $1
+                  FOR UPDATE SKIP LOCKED),
+             lost AS (
+                 INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at,
+                                              finished_at, outcome, error, key_generation)
+                 SELECT i.id, i.attempts, i.fence, i.owner, i.updated_at, now(), 'lost',
+                        format('lease held by %s expired at %s with no recorded outcome',
+                               i.owner, i.lease_expires_at),
+                        i.key_generation
+                   FROM outbox.intents i JOIN expired e ON e.id = i.id
+                 ON CONFLICT (intent_id, fence) DO NOTHING)
+             UPDATE outbox.intents i
+                SET owner = $2, lease_expires_at = now() + $3 * interval '1 millisecond',
+                    fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
+               FROM expired e WHERE i.id = e.id
+             RETURNING {CLAIMED_COLUMNS}, e.previous_owner"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(limit)
+            .bind(owner)
+            .bind(lease_ms)
+            .bind(unserved_kinds)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| claimed_from_row(r, true)).collect()
+    }
+
+    /// Record a batch of attempts and move each intent to its next state, in
+    /// one statement. Each row is guarded by its fencing token: a completion
+    /// whose claim has moved on (the sweeper reclaimed it, an operator
+    /// cancelled it) changes nothing, and its attempt is kept with
+    /// `accepted = false`. Returns the accepted completions.
+    ///
+    /// Idempotent: running the same batch twice (after a lost commit
+    /// acknowledgement) changes nothing the second time.
+    pub async fn complete(
+        &self,
+        owner: &str,
+        batch: &[Completion],
+    ) -> Result<Vec<Accepted>, sqlx::Error> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        macro_rules! col {
+            ($f:expr) => {
+                batch.iter().map($f).collect::<Vec<_>>()
+            };
+        }
+        let rows = sqlx::query(
+            "WITH u AS (
+                 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::int[],
+                                      $5::timestamptz[], $6::timestamptz[], $7::text[], $8::int[],
+                                      $9::text[], $10::text[], $11::bool[], $12::text[],
+                                      $13::timestamptz[], $14::jsonb[])
+                     AS u(id, fence, attempt, key_generation, started_at, finished_at, outcome,
+                          status, provider_ref, error, replayed, state, run_after, response)),
+             done AS (
+                 UPDATE outbox.intents i
+                    SET state = u.state,
+                        run_after = coalesce(u.run_after, i.run_after),
+                        provider_ref = coalesce(u.provider_ref, i.provider_ref),
+                        last_error = coalesce(u.error, i.last_error),
+                        response = coalesce(u.response, i.response),
+                        owner = NULL, lease_expires_at = NULL, updated_at = now(),
+                        delivered_at = CASE WHEN u.state = 'delivered' THEN now()
+                                            ELSE i.delivered_at END
+                   FROM u
+                  WHERE i.id = u.id AND i.fence = u.fence AND i.state = 'claimed'
+                 RETURNING i.id, i.created_at),
+             recorded AS (
+                 INSERT INTO outbox.attempts AS a (intent_id, attempt, fence, owner, started_at,
+                        finished_at, outcome, status, provider_ref, error, replayed, accepted,
+                        key_generation)
+                 SELECT u.id, u.attempt, u.fence, $15, u.started_at, u.finished_at, u.outcome,
+                        u.status, u.provider_ref, u.error, u.replayed, d.id IS NOT NULL,
+                        u.key_generation
+                   FROM u LEFT JOIN done d ON d.id = u.id
+                 ON CONFLICT (intent_id, fence) DO UPDATE
+                    SET finished_at = excluded.finished_at, outcome = excluded.outcome,
+                        status = excluded.status, provider_ref = excluded.provider_ref,
+                        error = concat_ws('; ', excluded.error,
+                                          'reported after the lease had expired'),
+                        replayed = excluded.replayed, accepted = false
+                  WHERE a.outcome = 'lost')
+             SELECT id, created_at FROM done",
+        )
+        .bind(col!(|c| c.id))
+        .bind(col!(|c| c.fence))
+        .bind(col!(|c| c.attempt))
+        .bind(col!(|c| c.key_generation))
+        .bind(col!(|c| c.started_at))
+        .bind(col!(|c| c.finished_at))
+        .bind(col!(|c| c.outcome))
+        .bind(col!(|c| c.status))
+        .bind(col!(|c| c.provider_ref.clone()))
+        .bind(col!(|c| c.error.clone()))
+        .bind(col!(|c| c.replayed))
+        .bind(col!(|c| c.state))
+        .bind(col!(|c| c.run_after))
+        .bind(col!(|c| c.response.clone()))
+        .bind(owner)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Accepted {
+                    id: r.try_get("id")?,
+                    created_at: r.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Hand claims back untouched (shutdown before the effect started): the
+    /// intents become pending again and the attempt is not counted.
+    pub async fn release(&self, claims: &[(i64, i64)]) -> Result<u64, sqlx::Error> {
+        if claims.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
+        let fences: Vec<i64> = claims.iter().map(|c| c.1).collect();
+        let done = sqlx::query(
+            "UPDATE outbox.intents i
+                SET state = 'pending', owner = NULL, lease_expires_at = NULL,
+                    attempts = i.attempts - 1, updated_at = now()
+               FROM unnest($1::bigint[], $2::bigint[]) AS u(id, fence)
+              WHERE i.id = u.id AND i.fence = u.fence AND i.state = 'claimed'",
+        )
+        .bind(ids)
+        .bind(fences)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Fold duplicate enqueues into `intents.duplicates`, exactly once across
+    /// any number of relays. Returns how many were folded, per kind and source.
+    pub async fn fold_duplicates(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<(String, Option<String>, i64)>, sqlx::Error> {
+        sqlx::query_as(
+            "WITH d AS (
+                 DELETE FROM outbox.enqueue_duplicates
+                  WHERE id IN (SELECT id FROM outbox.enqueue_duplicates ORDER BY id
+                               LIMIT $1 FOR UPDATE SKIP LOCKED)
+                 RETURNING intent_id, source),
+             per_intent AS (
+                 UPDATE outbox.intents i SET duplicates = i.duplicates + c.n
+                   FROM (SELECT intent_id, count(*)::int AS n FROM d GROUP BY intent_id) c
+                  WHERE i.id = c.intent_id)
+             SELECT coalesce(i.kind, 'unknown'), d.source, count(*)
+               FROM d LEFT JOIN outbox.intents i ON i.id = d.intent_id
+              GROUP BY 1, 2",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// Seconds until the earliest pending intent becomes due (negative when
+    /// one is overdue), or `None` when nothing is pending.
+    pub async fn next_due_in(&self, unserved_kinds: &[String]) -> Result<Option<f64>, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT extract(epoch FROM (min(run_after) - now()))::float8
+               FROM outbox.intents WHERE state = 'pending' AND kind <> ALL($1::text[])",
+        )
+        .bind(unserved_kinds)
+        .fetch_one(&self.pool)
+        .await
+    }
+}

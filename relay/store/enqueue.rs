@@ -1,0 +1,120 @@
+//! Enqueue from Rust, inside the application's own transaction.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> anyhow::Result<()> {
+//! use outbox_relay::store::{enqueue, NewIntent};
+//! let mut tx = pool.begin().await?;
+//! // ... the business write, e.g. INSERT INTO orders ...
+//! let r = enqueue(
+//!     &mut *tx,
+//!     &NewIntent::new(
+//!         "order:42:confirmation",
+//!         "webhook",
+//!         serde_json::json!({"url": "https://example.com/hooks", "body": {"order": 42}}),
+//!     ),
+//! )
+//! .await?;
+//! tx.commit().await?; // the intent exists if and only if the order does
+//! println!("intent {} (duplicate: {})", r.id, r.duplicate);
+//! # Ok(()) }
+//! ```
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+/// One intent to write. Only `key`, `kind` and `payload` are required.
+#[derive(Debug, Clone)]
+pub struct NewIntent {
+    /// The business identity of the effect, e.g. `order:42:confirmation`.
+    /// The same key with the same payload is a duplicate, not a new effect.
+    pub key: String,
+    pub kind: String,
+    pub payload: Value,
+    pub destination: Option<String>,
+    /// Not before this time; `None` means now.
+    pub run_after: Option<DateTime<Utc>>,
+    /// Intents sharing an ordering key are delivered one at a time, in order.
+    pub ordering_key: Option<String>,
+    /// Which client or service enqueued it, to see duplicate rates per source.
+    pub source: Option<String>,
+}
+
+impl NewIntent {
+    pub fn new(key: impl Into<String>, kind: impl Into<String>, payload: Value) -> Self {
+        NewIntent {
+            key: key.into(),
+            kind: kind.into(),
+            payload,
+            destination: None,
+            run_after: None,
+            ordering_key: None,
+            source: None,
+        }
+    }
+}
+
+/// The result of `outbox.enqueue`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Enqueued {
+    pub id: i64,
+    /// True when the key already existed with the same payload.
+    pub duplicate: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// SQLSTATE OB409: the key exists with a different kind, destination or
+    /// payload. A client bug: never a replay, never a new effect.
+    #[error("{message}{}", detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Conflict {
+        message: String,
+        detail: Option<String>,
+    },
+    /// The input was refused by `outbox.enqueue` (empty key, bad kind name,
+    /// payload over the size limit).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("database error: {0}")]
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for EnqueueError {
+    fn from(err: sqlx::Error) -> Self {
+        let Some(db) = err.as_database_error() else {
+            return EnqueueError::Database(err);
+        };
+        let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+        let message = db.message().to_string();
+        match code.as_str() {
+            "OB409" => {
+                let detail = db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .and_then(|e| e.detail().map(str::to_string));
+                EnqueueError::Conflict { message, detail }
+            }
+            "22023" | "54000" | "22P02" | "23514" => EnqueueError::Invalid(message),
+            _ => EnqueueError::Database(err),
+        }
+    }
+}
+
+/// Call `outbox.enqueue` on any executor: a pool, a connection, or (the
+/// point of an outbox) `&mut *tx` inside the business transaction.
+pub async fn enqueue<'e, E>(executor: E, intent: &NewIntent) -> Result<Enqueued, EnqueueError>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    let (id, duplicate): (i64, bool) = sqlx::query_as(
+        "SELECT id, duplicate FROM outbox.enqueue($1, $2, $3, $4, coalesce($5, now()), $6, $7)",
+    )
+    .bind(&intent.key)
+    .bind(&intent.kind)
+    .bind(&intent.payload)
+    .bind(&intent.destination)
+    .bind(intent.run_after)
+    .bind(&intent.ordering_key)
+    .bind(&intent.source)
+    .fetch_one(executor)
+    .await?;
+    Ok(Enqueued { id, duplicate })
+}

@@ -1,0 +1,120 @@
+//! All SQL lives here. Nothing outside `store` builds a query.
+//!
+//! - [`claims`]: the hot path: claim, complete (fenced), release, sweep.
+//! - [`operator`]: what the CLI reads and changes.
+//! - [`enqueue`]: the application-side helper around `outbox.enqueue`.
+
+pub mod claims;
+pub mod enqueue;
+pub mod operator;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+pub use claims::{Claimed, Completion};
+pub use enqueue::{enqueue, EnqueueError, Enqueued, NewIntent};
+
+/// The migrations in `schema/`, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./schema");
+
+/// The state names of the contract.
+pub const STATES: &[&str] = &[
+    "pending",
+    "claimed",
+    "delivered",
+    "rejected",
+    "dead",
+    "ambiguous",
+    "cancelled",
+];
+
+/// Failures the CLI and the engine branch on.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No intent has this id or key.
+    #[error("no intent has id or key {0:?}")]
+    NotFound(String),
+    /// The operation does not apply to the intent's current state.
+    #[error("intent {id} is {state}: {why}")]
+    InvalidState {
+        id: i64,
+        state: String,
+        why: &'static str,
+    },
+    #[error(transparent)]
+    Enqueue(#[from] EnqueueError),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// A handle on the outbox tables, shared by every task of a relay.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    pub fn new(pool: PgPool) -> Self {
+        Store { pool }
+    }
+
+    /// Connect with a pool sized for `connections` and a bounded connect wait.
+    /// The error names the problem without echoing the URL (it may carry a
+    /// password).
+    pub async fn connect(url: &str, connections: u32) -> anyhow::Result<Self> {
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|e| anyhow::anyhow!("database_url is not a valid Postgres URL: {e}"))?;
+        let options = options.application_name("outbox-relay");
+        let pool = PgPoolOptions::new()
+            .max_connections(connections.max(2))
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot connect to Postgres at {}:{} (database {:?}): {e}",
+                    options.get_host(),
+                    options.get_port(),
+                    options.get_database().unwrap_or("<default>")
+                )
+            })?;
+        Ok(Store { pool })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Apply pending migrations; safe to run concurrently and repeatedly.
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+    }
+
+    /// True when every embedded migration has been applied.
+    pub async fn migrations_current(&self) -> Result<bool, sqlx::Error> {
+        let applied: Vec<i64> = sqlx::query_scalar(
+            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap_or_default();
+        Ok(MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .all(|m| applied.contains(&m.version)))
+    }
+}
+
+/// The SQLSTATE of a database error, when there is one.
+pub fn sqlstate(err: &sqlx::Error) -> Option<String> {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned())
+}

@@ -1,0 +1,417 @@
+//! What operators read and change. Every change is one short statement,
+//! recorded in `outbox.operator_actions`, and bumps the fencing token of any
+//! claim it overrides so a delivery still in flight cannot overwrite it.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Value};
+use sqlx::FromRow;
+
+use super::{Store, StoreError};
+
+/// An intent as operators see it.
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct Intent {
+    pub id: i64,
+    pub key: String,
+    pub kind: String,
+    pub destination: Option<String>,
+    pub payload: Value,
+    pub state: String,
+    pub attempts: i32,
+    pub run_after: DateTime<Utc>,
+    pub ordering_key: Option<String>,
+    pub provider_ref: Option<String>,
+    pub last_error: Option<String>,
+    pub response: Option<Value>,
+    pub owner: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub key_generation: i32,
+    pub duplicates: i32,
+    pub source: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub delivered_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct Attempt {
+    pub attempt: i32,
+    pub fence: i64,
+    pub owner: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub outcome: String,
+    pub status: Option<i32>,
+    pub provider_ref: Option<String>,
+    pub error: Option<String>,
+    pub replayed: bool,
+    pub accepted: bool,
+    pub key_generation: i32,
+}
+
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct Action {
+    pub action: String,
+    pub detail: Option<Value>,
+    pub actor: String,
+    pub at: DateTime<Utc>,
+}
+
+/// How an operator settles an ambiguous intent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// The effect happened (checked at the provider); optionally its reference.
+    Delivered { reference: Option<String> },
+    /// Deliver again under the same key.
+    Redeliver,
+    /// It must not happen; the reason is kept.
+    Reject { reason: String },
+}
+
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct StatsRow {
+    pub kind: String,
+    pub state: String,
+    pub count: i64,
+}
+
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct DueRow {
+    pub kind: String,
+    pub due: i64,
+    pub oldest_due_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    pub by_state: Vec<StatsRow>,
+    pub due: Vec<DueRow>,
+    pub expired_leases: i64,
+    pub duplicate_enqueues: i64,
+}
+
+/// Which intents a bulk retry touches.
+#[derive(Debug, Clone)]
+pub struct Filter {
+    pub state: String,
+    pub kind: Option<String>,
+}
+
+const INTENT_COLUMNS: &str = "id, key, kind, destination, payload, state, attempts, run_after, \
+    ordering_key, provider_ref, last_error, response, owner, lease_expires_at, key_generation, \
+    duplicates + (SELECT count(*) FROM outbox.enqueue_duplicates d \
+                   WHERE d.intent_id = intents.id)::int AS duplicates, \
+    source, created_at, updated_at, delivered_at";
+
+/// States an operator retry applies to (anything but a live claim).
+const RETRYABLE: &[&str] = &["pending", "delivered", "rejected", "dead", "ambiguous", "cancelled"];
+/// States a cancel applies to.
+const CANCELLABLE: &[&str] = &["pending", "claimed", "ambiguous", "dead"];
+
+impl Store {
+    /// Find an intent by key, or by id when the reference is a number and no
+    /// intent has it as its key.
+    pub async fn find(&self, reference: &str) -> Result<Intent, StoreError> {
+        let id = reference.parse::<i64>().ok();
+        let sql = format!(
+            "SELECT {INTENT_COLUMNS} FROM outbox.intents
+              WHERE key = $1 OR id = $2 ORDER BY (key = $1) DESC LIMIT 1"
+        );
+        sqlx::query_as::<_, Intent>(&sql)
+            .bind(reference)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(reference.to_string()))
+    }
+
+    pub async fn attempts(&self, intent_id: i64) -> Result<Vec<Attempt>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT attempt, fence, owner, started_at, finished_at, outcome, status, provider_ref,
+                    error, replayed, accepted, key_generation
+               FROM outbox.attempts WHERE intent_id = $1 ORDER BY fence, id",
+        )
+        .bind(intent_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn actions(&self, intent_id: i64) -> Result<Vec<Action>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT action, detail, actor, at FROM outbox.operator_actions
+              WHERE intent_id = $1 ORDER BY id",
+        )
+        .bind(intent_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Newest first.
+    pub async fn list(
+        &self,
+        state: Option<&str>,
+        kind: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<Intent>, StoreError> {
+        let sql = format!(
+            "SELECT {INTENT_COLUMNS} FROM outbox.intents
+              WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR kind = $2)
+              ORDER BY id DESC LIMIT $3"
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(state)
+            .bind(kind)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Retry one intent now. Keeps the idempotency key unless `new_effect`,
+    /// which bumps the key generation: the provider sees a new operation.
+    pub async fn retry(&self, reference: &str, new_effect: bool) -> Result<Intent, StoreError> {
+        let intent = self.find(reference).await?;
+        if !RETRYABLE.contains(&intent.state.as_str()) {
+            return Err(StoreError::InvalidState {
+                id: intent.id,
+                state: intent.state,
+                why: "a delivery is in flight; wait for it, or cancel it first",
+            });
+        }
+        self.retry_ids(&[intent.id], new_effect).await?;
+        self.find(&intent.id.to_string()).await
+    }
+
+    /// Retry every intent matching `filter`, in batches of `batch`, calling
+    /// `progress(done)` after each. Returns how many were retried.
+    pub async fn retry_matching(
+        &self,
+        filter: &Filter,
+        new_effect: bool,
+        batch: i64,
+        mut progress: impl FnMut(u64),
+    ) -> Result<u64, StoreError> {
+        let mut done = 0u64;
+        let mut after = 0i64;
+        loop {
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT id FROM outbox.intents
+                  WHERE state = $1 AND ($2::text IS NULL OR kind = $2) AND id > $3
+                  ORDER BY id LIMIT $4",
+            )
+            .bind(&filter.state)
+            .bind(&filter.kind)
+            .bind(after)
+            .bind(batch)
+            .fetch_all(&self.pool)
+            .await?;
+            let Some(&last) = ids.last() else { break };
+            after = last;
+            done += self.retry_ids(&ids, new_effect).await?;
+            progress(done);
+        }
+        Ok(done)
+    }
+
+    /// How many intents a bulk retry would touch.
+    pub async fn count_matching(&self, filter: &Filter) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.intents WHERE state = $1 AND ($2::text IS NULL OR kind = $2)",
+        )
+        .bind(&filter.state)
+        .bind(&filter.kind)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    async fn retry_ids(&self, ids: &[i64], new_effect: bool) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "WITH r AS (
+                 UPDATE outbox.intents
+                    SET state = 'pending', run_after = now(), attempts_base = attempts,
+                        owner = NULL, lease_expires_at = NULL, fence = fence + 1,
+                        key_generation = key_generation + CASE WHEN $2 THEN 1 ELSE 0 END,
+                        updated_at = now()
+                  WHERE id = ANY($1) AND state = ANY($3)
+                 RETURNING id, key_generation),
+             a AS (
+                 INSERT INTO outbox.operator_actions (intent_id, action, detail)
+                 SELECT id, 'retry', jsonb_build_object('new_effect', $2, 'key_generation', key_generation)
+                   FROM r)
+             SELECT count(*) FROM r",
+        )
+        .bind(ids)
+        .bind(new_effect)
+        .bind(RETRYABLE)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n as u64)
+    }
+
+    /// Cancel a pending, claimed, ambiguous or dead intent. A claim in flight
+    /// is fenced off: its completion will be refused (the effect itself may
+    /// still happen if the request had already left).
+    pub async fn cancel(&self, reference: &str) -> Result<Intent, StoreError> {
+        let intent = self.find(reference).await?;
+        let changed = self
+            .transition(
+                intent.id,
+                CANCELLABLE,
+                "state = 'cancelled', last_error = coalesce(last_error, 'cancelled by an operator')",
+                "cancel",
+                json!({"from": intent.state}),
+                None,
+            )
+            .await?;
+        if !changed {
+            return Err(StoreError::InvalidState {
+                id: intent.id,
+                state: intent.state,
+                why: "only pending, claimed, ambiguous or dead intents can be cancelled",
+            });
+        }
+        self.find(&intent.id.to_string()).await
+    }
+
+    /// Settle an ambiguous (or dead) intent by hand. `$5` in the SET clauses
+    /// is the resolution's argument (reference or reason).
+    pub async fn resolve(&self, reference: &str, how: &Resolution) -> Result<Intent, StoreError> {
+        let intent = self.find(reference).await?;
+        let (set, detail) = match how {
+            Resolution::Delivered { reference } => (
+                "state = 'delivered', delivered_at = now(), provider_ref = coalesce($5, provider_ref)",
+                json!({"as": "delivered", "ref": reference}),
+            ),
+            Resolution::Redeliver => (
+                "state = 'pending', run_after = now(), attempts_base = attempts",
+                json!({"as": "redeliver"}),
+            ),
+            Resolution::Reject { reason } => (
+                "state = 'rejected', last_error = $5",
+                json!({"as": "rejected", "reason": reason}),
+            ),
+        };
+        let arg = match how {
+            Resolution::Delivered { reference } => reference.clone(),
+            Resolution::Reject { reason } => Some(format!("rejected by an operator: {reason}")),
+            Resolution::Redeliver => None,
+        };
+        let changed = self
+            .transition(intent.id, &["ambiguous", "dead"], set, "resolve", detail, arg)
+            .await?;
+        if !changed {
+            return Err(StoreError::InvalidState {
+                id: intent.id,
+                state: intent.state,
+                why: "only ambiguous or dead intents can be resolved",
+            });
+        }
+        self.find(&intent.id.to_string()).await
+    }
+
+    async fn transition(
+        &self,
+        id: i64,
+        from: &[&str],
+        set: &str,
+        action: &str,
+        detail: Value,
+        arg: Option<String>,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "WITH t AS (
+                 UPDATE outbox.intents SET {set}, owner = NULL, lease_expires_at = NULL,
+                        fence = fence + 1, updated_at = now()
+                  WHERE id = $1 AND state = ANY($2)
+                 RETURNING id, $5::text AS arg)
+             INSERT INTO outbox.operator_actions (intent_id, action, detail)
+             SELECT id, $3, $4 FROM t RETURNING intent_id"
+        );
+        Ok(sqlx::query(&sql)
+            .bind(id)
+            .bind(from)
+            .bind(action)
+            .bind(detail)
+            .bind(arg)
+            .fetch_optional(&self.pool)
+            .await?
+            .is_some())
+    }
+
+    pub async fn stats(&self) -> Result<Stats, StoreError> {
+        let by_state = sqlx::query_as(
+            "SELECT kind, state, count(*) AS count FROM outbox.intents GROUP BY kind, state ORDER BY kind, state",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let due = sqlx::query_as(
+            "SELECT kind, count(*) AS due,
+                    extract(epoch FROM now() - min(run_after))::float8 AS oldest_due_seconds
+               FROM outbox.intents WHERE state = 'pending' AND run_after <= now()
+              GROUP BY kind ORDER BY kind",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let (expired_leases, duplicate_enqueues): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM outbox.intents
+                      WHERE state = 'claimed' AND lease_expires_at < now()),
+                    (SELECT coalesce(sum(duplicates), 0)::bigint FROM outbox.intents)
+                    + (SELECT count(*) FROM outbox.enqueue_duplicates)",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Stats {
+            by_state,
+            due,
+            expired_leases,
+            duplicate_enqueues,
+        })
+    }
+
+    /// Delete terminal intents last changed before `older_than` ago, in
+    /// batches (short transactions, SKIP LOCKED). Returns how many.
+    pub async fn purge(
+        &self,
+        older_than: std::time::Duration,
+        include_dead: bool,
+        dry_run: bool,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
+        let states: &[&str] = if include_dead {
+            &["delivered", "rejected", "cancelled", "dead"]
+        } else {
+            &["delivered", "rejected", "cancelled"]
+        };
+        let ms = older_than.as_millis() as i64;
+        if dry_run {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM outbox.intents
+                  WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'",
+            )
+            .bind(states)
+            .bind(ms)
+            .fetch_one(&self.pool)
+            .await?;
+            return Ok(n as u64);
+        }
+        let mut total = 0u64;
+        loop {
+            let n = sqlx::query(
+                "DELETE FROM outbox.intents WHERE id IN (
+                     SELECT id FROM outbox.intents
+                      WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'
+                      LIMIT $3 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(states)
+            .bind(ms)
+            .bind(batch)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+            total += n;
+            if n < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}

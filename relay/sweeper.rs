@@ -1,0 +1,57 @@
+//! The sweeper: resolves claims whose lease expired, and folds duplicate
+//! enqueues into their intents.
+//!
+//! An expired lease means a relay died, hung, or lost the database while it
+//! held the claim. The sweeper reclaims the intent under a new fencing token
+//! (so the old owner's late completion is refused) and hands it to dispatch
+//! marked as recovered: dispatch asks the provider what happened before it
+//! does anything else (see `reconcile`).
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::claim;
+use crate::dispatch;
+use crate::engine::Ctx;
+
+/// One pass. Returns how many expired claims were taken over.
+pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
+    for (kind, source, n) in ctx.store.fold_duplicates(10_000).await? {
+        metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "enqueue").increment(n as u64);
+        tracing::debug!(kind, source = source.as_deref().unwrap_or("-"), n, "duplicate enqueues");
+    }
+    let mut permits = claim::try_take(&ctx.sem, ctx.cfg.batch_size);
+    if permits.is_empty() {
+        return Ok(0);
+    }
+    let claims = ctx
+        .store
+        .claim_expired(&ctx.cfg.owner, permits.len() as i64, ctx.lease_ms(), &ctx.unserved)
+        .await?;
+    let n = claims.len();
+    for claim in claims {
+        metrics::counter!("outbox_leases_expired_total", "kind" => claim.kind.clone()).increment(1);
+        tracing::warn!(
+            intent = claim.id,
+            key = %claim.key,
+            previous_owner = claim.recovered_from.as_deref().unwrap_or("?"),
+            "lease expired; reconciling"
+        );
+        let permit = permits.pop().expect("one permit per claim");
+        tokio::spawn(dispatch::run_one(ctx.clone(), claim, permit));
+    }
+    Ok(n)
+}
+
+pub async fn run(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    loop {
+        if let Err(err) = tick(&ctx).await {
+            tracing::warn!(error = %err, "sweep failed; will try again");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(ctx.cfg.sweep_interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}

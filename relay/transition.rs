@@ -1,0 +1,216 @@
+//! From an attempt's outcome to the intent's next state: pure functions.
+
+use std::time::Duration;
+
+use outbox_providers::{AmbiguityPolicy, Outcome};
+
+/// How often and how patiently one kind is retried.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts per round (an operator retry starts a new round).
+    pub max_attempts: u32,
+    /// Delay after the 1st, 2nd, ... failed attempt; the last step repeats.
+    pub schedule: Vec<Duration>,
+    /// Each delay is stretched by a random factor in `[1, 1 + jitter)` so that
+    /// a burst of failures does not come back as a burst.
+    pub jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 10,
+            schedule: ["5s", "5m", "30m", "2h", "5h", "10h"]
+                .iter()
+                .map(|s| humantime::parse_duration(s).expect("valid default"))
+                .collect(),
+            jitter: 0.2,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay after failed attempt number `attempt` (1-based), before
+    /// jitter. An empty schedule retries immediately.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let i = (attempt.max(1) - 1) as usize;
+        self.schedule
+            .get(i)
+            .or(self.schedule.last())
+            .copied()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// `base` stretched by `1 + jitter * unit`, with `unit` in `[0, 1)`.
+    pub fn jittered(&self, base: Duration, unit: f64) -> Duration {
+        base.mul_f64(1.0 + self.jitter * unit.clamp(0.0, 1.0))
+    }
+}
+
+/// The intent's next state.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    Delivered,
+    Rejected,
+    /// Back to pending, due after this delay.
+    Retry(Duration),
+    /// The retry budget is spent.
+    Dead,
+    /// Parked for an operator: the effect may or may not have happened.
+    Ambiguous,
+}
+
+impl Next {
+    /// The state name stored in `outbox.intents.state`.
+    pub fn state(&self) -> &'static str {
+        match self {
+            Next::Delivered => "delivered",
+            Next::Rejected => "rejected",
+            Next::Retry(_) => "pending",
+            Next::Dead => "dead",
+            Next::Ambiguous => "ambiguous",
+        }
+    }
+}
+
+/// Decide the next state. `attempt_in_round` counts attempts since the last
+/// operator retry (1 for the first); `unit` is a random number in `[0, 1)`
+/// for jitter. Only a delivery or a deliberate rejection is terminal on its
+/// own; a transient failure is terminal only when the budget is spent.
+pub fn next(
+    outcome: &Outcome,
+    attempt_in_round: u32,
+    policy: &RetryPolicy,
+    on_ambiguous: AmbiguityPolicy,
+    unit: f64,
+) -> Next {
+    let retry = |asked: Option<Duration>| {
+        if attempt_in_round >= policy.max_attempts {
+            Next::Dead
+        } else {
+            // A receiver's Retry-After replaces the schedule's step: it knows
+            // when it will be ready.
+            let base = asked.unwrap_or_else(|| policy.backoff(attempt_in_round));
+            Next::Retry(policy.jittered(base, unit))
+        }
+    };
+    match outcome {
+        Outcome::Delivered { .. } => Next::Delivered,
+        Outcome::Rejected { .. } => Next::Rejected,
+        Outcome::Transient { retry_after, .. } => retry(*retry_after),
+        Outcome::Ambiguous { .. } => match on_ambiguous {
+            AmbiguityPolicy::Park => Next::Ambiguous,
+            AmbiguityPolicy::Redeliver => retry(None),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    fn transient(retry_after: Option<Duration>) -> Outcome {
+        Outcome::Transient {
+            reason: "503".into(),
+            status: Some(503),
+            retry_after,
+        }
+    }
+
+    #[test]
+    fn backoff_follows_the_schedule_then_repeats_the_last_step() {
+        let p = RetryPolicy {
+            max_attempts: 10,
+            schedule: vec![secs(5), secs(300), secs(1800)],
+            jitter: 0.0,
+        };
+        assert_eq!(p.backoff(0), secs(5));
+        assert_eq!(p.backoff(1), secs(5));
+        assert_eq!(p.backoff(2), secs(300));
+        assert_eq!(p.backoff(3), secs(1800));
+        assert_eq!(p.backoff(9), secs(1800));
+        let empty = RetryPolicy {
+            schedule: vec![],
+            ..p
+        };
+        assert_eq!(empty.backoff(3), Duration::ZERO);
+    }
+
+    #[test]
+    fn jitter_stretches_within_bounds() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.jittered(secs(10), 0.0), secs(10));
+        assert_eq!(p.jittered(secs(10), 0.5), secs(11));
+        assert!(p.jittered(secs(10), 0.999) < secs(12));
+        assert_eq!(p.jittered(secs(10), 7.0), secs(12));
+        assert_eq!(p.jittered(Duration::ZERO, 0.9), Duration::ZERO);
+    }
+
+    #[test]
+    fn transition_table() {
+        let p = RetryPolicy {
+            max_attempts: 3,
+            schedule: vec![secs(5), secs(60)],
+            jitter: 0.0,
+        };
+        let delivered = Outcome::Delivered {
+            reference: Some("r".into()),
+            replayed: false,
+            status: Some(200),
+        };
+        let rejected = Outcome::invalid("no");
+        let ambiguous = Outcome::Ambiguous {
+            reason: "lost after DATA".into(),
+            status: None,
+        };
+        use AmbiguityPolicy::*;
+        let cases = [
+            (&delivered, 1, Park, Next::Delivered),
+            (&delivered, 3, Park, Next::Delivered),
+            (&rejected, 1, Redeliver, Next::Rejected),
+            (&transient(None), 1, Park, Next::Retry(secs(5))),
+            (&transient(None), 2, Park, Next::Retry(secs(60))),
+            (&transient(None), 3, Park, Next::Dead),
+            (&transient(Some(secs(2))), 1, Park, Next::Retry(secs(2))),
+            (&transient(Some(secs(2))), 3, Park, Next::Dead),
+            (&ambiguous, 1, Park, Next::Ambiguous),
+            (&ambiguous, 3, Park, Next::Ambiguous),
+            (&ambiguous, 1, Redeliver, Next::Retry(secs(5))),
+            (&ambiguous, 3, Redeliver, Next::Dead),
+        ];
+        for (outcome, attempt, policy, expected) in cases {
+            assert_eq!(
+                next(outcome, attempt, &p, policy, 0.0),
+                expected,
+                "{outcome:?} at attempt {attempt} with {policy:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_transient_failure_is_never_terminal_before_the_budget_is_spent() {
+        let p = RetryPolicy::default();
+        for attempt in 1..p.max_attempts {
+            let n = next(&transient(None), attempt, &p, AmbiguityPolicy::Park, 0.3);
+            assert!(matches!(n, Next::Retry(_)), "attempt {attempt}: {n:?}");
+        }
+    }
+
+    #[test]
+    fn state_names_are_the_contract() {
+        assert_eq!(Next::Retry(secs(1)).state(), "pending");
+        for (n, s) in [
+            (Next::Delivered, "delivered"),
+            (Next::Rejected, "rejected"),
+            (Next::Dead, "dead"),
+            (Next::Ambiguous, "ambiguous"),
+        ] {
+            assert_eq!(n.state(), s);
+            assert!(crate::store::STATES.contains(&s));
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Shared test harness: a fresh database per test, a real HTTP receiver on
+//! loopback, relay configurations, and condition waits with deadlines.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use outbox_relay::config::Config;
+use outbox_relay::store::Store;
+use outbox_relay::{Engine, EngineConfig};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection};
+
+/// The server the tests create their databases on.
+pub fn admin_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A freshly created, migrated database, dropped by [`TestDb::drop_db`].
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub store: Store,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let admin: PgConnectOptions = admin_url().parse().expect("DATABASE_URL");
+        let name = format!(
+            "outbox_test_{}_{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        );
+        let mut conn = admin.connect().await.expect("connect to the test server (DATABASE_URL)");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        conn.close().await.ok();
+        let url = db_url(&name);
+        let store = Store::connect(&url, 8).await.expect("connect to test database");
+        store.migrate().await.expect("migrate");
+        TestDb { name, url, store }
+    }
+
+    /// A second, independent pool on the same database (another "relay").
+    pub async fn another_store(&self) -> Store {
+        Store::connect(&self.url, 8).await.expect("connect")
+    }
+
+    pub fn pool(&self) -> &sqlx::PgPool {
+        self.store.pool()
+    }
+
+    pub async fn drop_db(self) {
+        self.store.pool().close().await;
+        let admin: PgConnectOptions = admin_url().parse().unwrap();
+        if let Ok(mut conn) = admin.connect().await {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
+                .execute(&mut conn)
+                .await;
+        }
+    }
+
+    pub async fn state(&self, key: &str) -> String {
+        sqlx::query_scalar("SELECT state FROM outbox.intents WHERE key = $1")
+            .bind(key)
+            .fetch_one(self.pool())
+            .await
+            .expect("intent exists")
+    }
+
+    pub async fn count(&self, sql_where: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM outbox.intents WHERE {sql_where}"))
+            .fetch_one(self.pool())
+            .await
+            .unwrap()
+    }
+
+    pub async fn enqueue(&self, key: &str, kind: &str, payload: serde_json::Value) -> i64 {
+        let r: (i64, bool) = sqlx::query_as("SELECT id, duplicate FROM outbox.enqueue($1, $2, $3)")
+            .bind(key)
+            .bind(kind)
+            .bind(payload)
+            .fetch_one(self.pool())
+            .await
+            .expect("enqueue");
+        r.0
+    }
+}
+
+fn db_url(name: &str) -> String {
+    let mut url = reqwest::Url::parse(&admin_url()).expect("DATABASE_URL is a URL");
+    url.set_path(&format!("/{name}"));
+    url.to_string()
+}
+
+/// A test configuration: loopback allowed, fast polling, short retries.
+pub fn config() -> Config {
+    let mut c = Config::load(
+        None,
+        [
+            ("OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS", "[\"127.0.0.0/8\"]"),
+            ("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s"),
+            ("OUTBOX_RELAY__RELAY__LEASE", "5s"),
+            ("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "50ms"),
+            ("OUTBOX_RELAY__RELAY__SWEEP_INTERVAL", "100ms"),
+            ("OUTBOX_RELAY__RELAY__SHUTDOWN_TIMEOUT", "5s"),
+            ("OUTBOX_RELAY__RELAY__CONCURRENCY", "16"),
+            ("OUTBOX_RELAY__RETRY__SCHEDULE", "[\"50ms\"]"),
+            ("OUTBOX_RELAY__RETRY__JITTER", "0.0"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    )
+    .expect("test config");
+    c.relay.metrics_addr = None;
+    c
+}
+
+pub fn engine(store: Store, config: &Config) -> Engine {
+    Engine::new(store, config.providers().expect("providers"), EngineConfig::from_config(config))
+}
+
+/// Run `engine` until `done` holds (checked every 25ms) or `limit` passes,
+/// then shut it down gracefully. Panics on timeout.
+pub async fn run_until<F, Fut>(engine: Engine, limit: Duration, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(engine.run(async {
+        let _ = rx.await;
+    }));
+    let ok = wait_for(limit, &mut done).await;
+    let _ = tx.send(());
+    handle.await.expect("engine task").expect("engine run");
+    assert!(ok, "condition not reached within {limit:?}");
+}
+
+/// Poll `cond` every 25ms until it holds or `limit` passes.
+pub async fn wait_for<F, Fut>(limit: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// One request as the receiver saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub at: Instant,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+    }
+    pub fn webhook_id(&self) -> String {
+        self.header("webhook-id").unwrap_or_default()
+    }
+}
+
+/// What the receiver answers.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub delay: Duration,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn status(status: u16) -> Reply {
+        Reply { status, headers: vec![], delay: Duration::ZERO, body: String::new() }
+    }
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
+        self.headers.push((name, value.into()));
+        self
+    }
+    pub fn after(mut self, delay: Duration) -> Reply {
+        self.delay = delay;
+        self
+    }
+    pub fn body(mut self, body: impl Into<String>) -> Reply {
+        self.body = body.into();
+        self
+    }
+}
+
+/// Decides the reply from the request and how many times (1-based) this
+/// webhook-id has been seen, this request included.
+pub type Script = Arc<dyn Fn(&Received, usize) -> Reply + Send + Sync>;
+
+struct ReceiverState {
+    log: Mutex<Vec<Received>>,
+    seen: Mutex<HashMap<String, usize>>,
+    script: Script,
+}
+
+/// A real HTTP server on 127.0.0.1 that records every request.
+pub struct Receiver {
+    pub addr: SocketAddr,
+    state: Arc<ReceiverState>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    pub async fn start(script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static) -> Receiver {
+        let state = Arc::new(ReceiverState {
+            log: Mutex::new(Vec::new()),
+            seen: Mutex::new(HashMap::new()),
+            script: Arc::new(script),
+        });
+        let app = axum::Router::new().fallback(handle).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Receiver { addr, state, server }
+    }
+
+    /// Always 200.
+    pub async fn ok() -> Receiver {
+        Receiver::start(|_, _| Reply::status(200)).await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn requests(&self) -> Vec<Received> {
+        self.state.log.lock().unwrap().clone()
+    }
+
+    /// How many requests carried each webhook-id.
+    pub fn counts_by_id(&self) -> HashMap<String, usize> {
+        self.state.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn handle(
+    State(state): State<Arc<ReceiverState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let received = Received { path: uri.path().to_string(), headers, body, at: Instant::now() };
+    let nth = {
+        let mut seen = state.seen.lock().unwrap();
+        let n = seen.entry(received.webhook_id()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    state.log.lock().unwrap().push(received.clone());
+    let reply = (state.script)(&received, nth);
+    let _ = method;
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    let mut resp = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
+    for (name, value) in reply.headers {
+        resp.headers_mut().insert(name, value.parse().unwrap());
+    }
+    resp
+}
+
+/// The relay binary built for these tests.
+pub fn relay_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay"))
+}
+
+/// Write `text` to a temporary config file.
+pub fn config_file(text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("outbox-relay-test-{}-{:08x}.toml", std::process::id(), fastrand::u32(..)));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A relay configuration file for subprocess relays.
+pub const SUBPROCESS_CONFIG: &str = r#"
+[relay]
+concurrency = 16
+lease = "3s"
+poll_interval = "50ms"
+sweep_interval = "100ms"
+shutdown_timeout = "5s"
+
+[retry]
+schedule = ["50ms"]
+jitter = 0.0
+
+[webhook]
+timeout = "2s"
+allowed_networks = ["127.0.0.0/8"]
+"#;
+
+/// Start `outbox-relay run` as a separate process.
+pub fn spawn_relay(db: &TestDb, config: &std::path::Path, name: &str) -> tokio::process::Child {
+    tokio::process::Command::new(relay_bin())
+        .arg("run")
+        .env("DATABASE_URL", &db.url)
+        .env("OUTBOX_RELAY_CONFIG", config)
+        .env("OUTBOX_RELAY__RELAY__NAME", format!("\"{name}\""))
+        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn relay")
+}
+
+/// SIGTERM a child and wait for it.
+pub async fn terminate(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    if let Some(pid) = child.id() {
+        let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+    }
+    tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("relay exits after SIGTERM")
+        .expect("wait")
+}

@@ -1,0 +1,209 @@
+//! The SQL API: outbox.enqueue and outbox.derive_key, through real Postgres.
+
+mod common;
+
+use common::TestDb;
+use outbox_relay::store::{enqueue, EnqueueError, NewIntent};
+use serde_json::json;
+
+async fn call(db: &TestDb, key: &str, payload: &str) -> Result<(i64, bool), sqlx::Error> {
+    sqlx::query_as("SELECT id, duplicate FROM outbox.enqueue($1, 'webhook', $2::jsonb)")
+        .bind(key)
+        .bind(payload)
+        .fetch_one(db.pool())
+        .await
+}
+
+#[tokio::test]
+async fn same_key_same_payload_is_a_duplicate_with_the_same_id() {
+    let db = TestDb::new().await;
+    let (id, dup) = call(&db, "order:1", r#"{"url":"http://x/","body":{"n":1}}"#).await.unwrap();
+    assert!(!dup);
+    let (id2, dup2) = call(&db, "order:1", r#"{"url":"http://x/","body":{"n":1}}"#).await.unwrap();
+    assert_eq!((id2, dup2), (id, true));
+    let (id3, dup3) = call(&db, "order:1", r#"{"url":"http://x/","body":{"n":1}}"#).await.unwrap();
+    assert_eq!((id3, dup3), (id, true));
+    assert_eq!(db.count("true").await, 1);
+    // the per-row duplicate counter went up once per duplicate
+    let dups: i32 = db.store.find("order:1").await.unwrap().duplicates;
+    assert_eq!(dups, 2);
+    // and folding it into the row counts each exactly once
+    let folded = db.store.fold_duplicates(100).await.unwrap();
+    assert_eq!(folded, vec![("webhook".to_string(), None, 2)]);
+    assert!(db.store.fold_duplicates(100).await.unwrap().is_empty());
+    assert_eq!(db.store.find("order:1").await.unwrap().duplicates, 2);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn same_key_different_payload_raises_ob409_naming_the_key() {
+    let db = TestDb::new().await;
+    call(&db, "order:2", r#"{"url":"http://x/","body":{"n":1}}"#).await.unwrap();
+    let err = call(&db, "order:2", r#"{"url":"http://x/","body":{"n":2}}"#).await.unwrap_err();
+    let dbe = err.as_database_error().expect("database error");
+    assert_eq!(dbe.code().as_deref(), Some("OB409"));
+    assert!(dbe.message().contains("order:2"), "{}", dbe.message());
+    // a different kind or destination under the same key is a conflict too
+    let err = sqlx::query("SELECT * FROM outbox.enqueue('order:2', 'email', '{\"url\":\"http://x/\",\"body\":{\"n\":1}}')")
+        .execute(db.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(err.as_database_error().unwrap().code().as_deref(), Some("OB409"));
+    let err = sqlx::query("SELECT * FROM outbox.enqueue('order:2', 'webhook', '{\"url\":\"http://x/\",\"body\":{\"n\":1}}', 'billing')")
+        .execute(db.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(err.as_database_error().unwrap().code().as_deref(), Some("OB409"));
+    // the Rust helper maps it to a typed conflict
+    let e = enqueue(db.pool(), &NewIntent::new("order:2", "webhook", json!({"other": true})))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, EnqueueError::Conflict { .. }), "{e:?}");
+    assert!(e.to_string().contains("order:2"));
+    assert_eq!(db.count("true").await, 1);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn key_order_and_whitespace_never_manufacture_a_conflict() {
+    let db = TestDb::new().await;
+    let (id, _) = call(&db, "k", r#"{"url":"http://x/","body":{"a":1,"b":[1,2],"c":{"y":1,"x":2}}}"#)
+        .await
+        .unwrap();
+    let (id2, dup) = call(
+        &db,
+        "k",
+        "{ \"body\" : { \"c\": {\"x\":2, \"y\":1},\n \"b\": [ 1 , 2 ], \"a\":1 },\t\"url\": \"http://x/\" }",
+    )
+    .await
+    .unwrap();
+    assert_eq!((id2, dup), (id, true));
+    // numbers compare by value: 1.0 is 1
+    let (_, dup) = call(&db, "n", r#"{"v": 1}"#).await.unwrap();
+    assert!(!dup);
+    let (_, dup) = call(&db, "n", r#"{"v": 1.0}"#).await.unwrap();
+    assert!(dup);
+    // but array order is meaningful
+    call(&db, "arr", r#"{"v": [1, 2]}"#).await.unwrap();
+    assert!(call(&db, "arr", r#"{"v": [2, 1]}"#).await.is_err());
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn enqueue_in_a_rolled_back_transaction_leaves_nothing() {
+    let db = TestDb::new().await;
+    let mut tx = db.pool().begin().await.unwrap();
+    let r = enqueue(&mut *tx, &NewIntent::new("rolled-back", "webhook", json!({"body": 1})))
+        .await
+        .unwrap();
+    assert!(!r.duplicate);
+    tx.rollback().await.unwrap();
+    assert_eq!(db.count("true").await, 0);
+    assert_eq!(db.count("key = 'rolled-back'").await, 0);
+    // committed: exactly one row, and the key is free to use again after a rollback
+    let mut tx = db.pool().begin().await.unwrap();
+    enqueue(&mut *tx, &NewIntent::new("rolled-back", "webhook", json!({"body": 2}))).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.count("key = 'rolled-back'").await, 1);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn concurrent_enqueues_of_one_key_create_one_intent() {
+    let db = TestDb::new().await;
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let pool = db.pool().clone();
+        tasks.push(tokio::spawn(async move {
+            enqueue(&pool, &NewIntent::new("race", "webhook", json!({"body": 1}))).await.unwrap()
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    assert_eq!(results.iter().filter(|r| !r.duplicate).count(), 1);
+    assert!(results.iter().all(|r| r.id == results[0].id));
+    assert_eq!(db.count("true").await, 1);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn enqueue_refuses_bad_input_with_clear_errors() {
+    let db = TestDb::new().await;
+    for (key, kind, payload, needle) in [
+        ("", "webhook", json!({}), "key must not be empty"),
+        ("k", "Not A Kind", json!({}), "not a valid kind name"),
+        ("k", "webhook", json!({"big": "x".repeat(2 << 20)}), "limit is 1 MiB"),
+    ] {
+        let e = enqueue(db.pool(), &NewIntent::new(key, kind, payload)).await.unwrap_err();
+        assert!(matches!(e, EnqueueError::Invalid(_)), "{e:?}");
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+    let long_key = "k".repeat(600);
+    let e = enqueue(db.pool(), &NewIntent::new(long_key, "webhook", json!({}))).await.unwrap_err();
+    assert!(e.to_string().contains("limit is 512"), "{e}");
+    assert_eq!(db.count("true").await, 0);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn enqueue_notifies_listeners_on_commit() {
+    let db = TestDb::new().await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(db.pool()).await.unwrap();
+    listener.listen(outbox_relay::claim::CHANNEL).await.unwrap();
+    db.enqueue("notify-me", "webhook", json!({"body": 1})).await;
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a notification arrives")
+        .unwrap();
+    assert_eq!(n.channel(), outbox_relay::claim::CHANNEL);
+    drop(listener); // it holds a pooled connection
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn derive_key_agrees_between_sql_and_rust() {
+    let db = TestDb::new().await;
+    for (parent, step) in [
+        ("order:42", "charge"),
+        ("order:42", "reserve-inventory"),
+        ("", ""),
+        ("é", "x"),
+        ("a", "bc"),
+        ("ab", "c"),
+        ("schedule:daily:2026-01-01T09:00:00Z", "email"),
+    ] {
+        let sql: String = sqlx::query_scalar("SELECT outbox.derive_key($1, $2)")
+            .bind(parent)
+            .bind(step)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+        assert_eq!(sql, outbox_providers::keys::derive_key(parent, step), "{parent:?} {step:?}");
+    }
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn claiming_uses_the_due_index_whatever_the_history() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO outbox.intents (key, kind, payload, state, delivered_at)
+         SELECT 'old-' || g, 'webhook', '{}'::jsonb, 'delivered', now() FROM generate_series(1, 20000) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE outbox.intents").execute(db.pool()).await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT id FROM outbox.intents WHERE state = 'pending' AND run_after <= now()
+                 AND kind <> ALL('{}'::text[]) ORDER BY run_after, id LIMIT 100 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("intents_due"), "claim must read the partial due index:\n{plan}");
+    db.drop_db().await;
+}
