@@ -16,7 +16,12 @@ use crate::store::{Completion, Store};
 /// A completion and the channel that tells its task whether it was accepted.
 pub type Pending = (Completion, oneshot::Sender<bool>);
 
-pub async fn run(store: Store, owner: String, mut rx: mpsc::UnboundedReceiver<Pending>, max_batch: usize) {
+pub async fn run(
+    store: Store,
+    owner: String,
+    mut rx: mpsc::UnboundedReceiver<Pending>,
+    max_batch: usize,
+) {
     let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
     while let Some(first) = rx.recv().await {
         batch.push(first);
@@ -43,14 +48,22 @@ pub async fn run(store: Store, owner: String, mut rx: mpsc::UnboundedReceiver<Pe
 
 /// Write until it succeeds. Fenced and idempotent, so a retry after an
 /// unknown commit result is harmless.
-async fn write(store: &Store, owner: &str, completions: &[Completion]) -> Vec<crate::store::claims::Accepted> {
+async fn write(
+    store: &Store,
+    owner: &str,
+    completions: &[Completion],
+) -> Vec<crate::store::claims::Accepted> {
     let mut delay = Duration::from_millis(50);
     let mut failures = 0u32;
     loop {
         match store.complete(owner, completions).await {
             Ok(accepted) => {
                 if failures > 0 {
-                    tracing::info!(failures, n = completions.len(), "completions written after the database came back");
+                    tracing::info!(
+                        failures,
+                        n = completions.len(),
+                        "completions written after the database came back"
+                    );
                 }
                 return accepted;
             }
@@ -73,7 +86,8 @@ fn record_metrics(
     created_at: Option<chrono::DateTime<chrono::Utc>>,
 ) {
     let kind = c.kind.clone();
-    metrics::counter!("outbox_attempts_total", "kind" => kind.clone(), "outcome" => c.outcome).increment(1);
+    metrics::counter!("outbox_attempts_total", "kind" => kind.clone(), "outcome" => c.outcome)
+        .increment(1);
     if !accepted {
         metrics::counter!("outbox_fencing_rejections_total").increment(1);
         tracing::warn!(
@@ -85,13 +99,15 @@ fn record_metrics(
         return;
     }
     if c.replayed {
-        metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "provider").increment(1);
+        metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "provider")
+            .increment(1);
     }
     if c.state == "delivered" && !c.delivered_before {
         metrics::counter!("outbox_delivered_total", "kind" => kind.clone()).increment(1);
         if let Some(created) = created_at {
             let latency = (now - created).to_std().unwrap_or_default();
-            metrics::histogram!("outbox_delivery_latency_seconds", "kind" => kind).record(latency.as_secs_f64());
+            metrics::histogram!("outbox_delivery_latency_seconds", "kind" => kind)
+                .record(latency.as_secs_f64());
         }
     }
 }

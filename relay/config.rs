@@ -28,14 +28,17 @@ impl<'de> Deserialize<'de> for Dur {
         let text = String::deserialize(d).map_err(|_| {
             serde::de::Error::custom("a duration must be a string like \"200ms\", \"5s\" or \"2h\"")
         })?;
-        parse_duration(&text).map(Dur).map_err(serde::de::Error::custom)
+        parse_duration(&text)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
     }
 }
 
 /// Parse "200ms", "5s", "2h", "1h 30m"; refuses absurd values (over 30 days).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("invalid duration {text:?}: {e} (write e.g. \"200ms\", \"5s\", \"2h\")"))?;
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+        format!("invalid duration {text:?}: {e} (write e.g. \"200ms\", \"5s\", \"2h\")")
+    })?;
     if d > Duration::from_secs(30 * 24 * 3600) {
         return Err(format!("duration {text:?} is longer than 30 days"));
     }
@@ -209,7 +212,8 @@ impl WebhookSection {
 impl Config {
     /// The providers this configuration enables.
     pub fn providers(&self) -> anyhow::Result<ProviderSet> {
-        let webhook = WebhookProvider::new(self.webhook.provider_config()?).map_err(anyhow::Error::msg)?;
+        let webhook =
+            WebhookProvider::new(self.webhook.provider_config()?).map_err(anyhow::Error::msg)?;
         Ok(ProviderSet::new().with(Arc::new(webhook)))
     }
 
@@ -243,10 +247,16 @@ impl Config {
     pub fn validate(&self) -> anyhow::Result<()> {
         let r = &self.relay;
         if !(1..=10_000).contains(&r.concurrency) {
-            bail!("relay.concurrency must be between 1 and 10000, not {}", r.concurrency);
+            bail!(
+                "relay.concurrency must be between 1 and 10000, not {}",
+                r.concurrency
+            );
         }
         if !(1..=10_000).contains(&r.batch_size) {
-            bail!("relay.batch_size must be between 1 and 10000, not {}", r.batch_size);
+            bail!(
+                "relay.batch_size must be between 1 and 10000, not {}",
+                r.batch_size
+            );
         }
         if r.lease.0 < Duration::from_secs(1) {
             bail!("relay.lease must be at least 1s");
@@ -267,7 +277,13 @@ impl Config {
         }
         let retry = &self.retry;
         for (name, o) in [
-            ("retry", &RetryOverride { max_attempts: Some(retry.max_attempts), schedule: Some(retry.schedule.clone()) }),
+            (
+                "retry",
+                &RetryOverride {
+                    max_attempts: Some(retry.max_attempts),
+                    schedule: Some(retry.schedule.clone()),
+                },
+            ),
             ("retry.webhook", &retry.webhook),
             ("retry.email", &retry.email),
             ("retry.charge", &retry.charge),
@@ -381,10 +397,19 @@ mod tests {
         assert_eq!(c.relay.concurrency, 8);
         assert_eq!(c.relay.poll_interval.0, Duration::from_millis(200));
         assert_eq!(c.retry.policy("webhook").max_attempts, 2);
-        assert_eq!(c.retry.policy("webhook").schedule, [Duration::from_secs(1), Duration::from_secs(2)]);
+        assert_eq!(
+            c.retry.policy("webhook").schedule,
+            [Duration::from_secs(1), Duration::from_secs(2)]
+        );
         assert_eq!(c.retry.policy("email").max_attempts, 4);
-        assert!(!format!("{c:?}").contains("pw@"), "database_url must not print");
-        assert!(!format!("{c:?}").contains("MfKQ9r8"), "secrets must not print");
+        assert!(
+            !format!("{c:?}").contains("pw@"),
+            "database_url must not print"
+        );
+        assert!(
+            !format!("{c:?}").contains("MfKQ9r8"),
+            "secrets must not print"
+        );
     }
 
     #[test]
@@ -395,13 +420,31 @@ mod tests {
             ("[relay]\nlease = 60", "duration must be a string"),
             ("[relay]\nlease = \"9999999h\"", "longer than 30 days"),
             ("[relay]\nconcurrency = 0", "relay.concurrency"),
-            ("[relay]\nlease = \"10s\"\n[webhook]\ntimeout = \"15s\"", "relay.lease"),
+            (
+                "[relay]\nlease = \"10s\"\n[webhook]\ntimeout = \"15s\"",
+                "relay.lease",
+            ),
             ("[retry]\nschedule = []", "retry.schedule"),
-            ("[retry.email]\nmax_attempts = 0", "retry.email.max_attempts"),
-            ("[webhook]\nallowed_networks = [\"nope\"]", "webhook.allowed_networks"),
-            ("[webhook]\nsigning_secrets = [\"plain\"]", "webhook.signing_secrets"),
-            ("[webhook.endpoints]\nx = \"ftp://a\"", "webhook.endpoints.x"),
-            ("[relay]\nmetrics_addr = \"localhost\"", "relay.metrics_addr"),
+            (
+                "[retry.email]\nmax_attempts = 0",
+                "retry.email.max_attempts",
+            ),
+            (
+                "[webhook]\nallowed_networks = [\"nope\"]",
+                "webhook.allowed_networks",
+            ),
+            (
+                "[webhook]\nsigning_secrets = [\"plain\"]",
+                "webhook.signing_secrets",
+            ),
+            (
+                "[webhook.endpoints]\nx = \"ftp://a\"",
+                "webhook.endpoints.x",
+            ),
+            (
+                "[relay]\nmetrics_addr = \"localhost\"",
+                "relay.metrics_addr",
+            ),
             ("nonsense = 1", "nonsense"),
             ("[relay", "not valid TOML"),
         ] {
@@ -417,7 +460,10 @@ mod tests {
             &[
                 ("OUTBOX_RELAY__RELAY__CONCURRENCY", "16"),
                 ("OUTBOX_RELAY__RELAY__LEASE", "90s"),
-                ("OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS", "[\"127.0.0.1/32\"]"),
+                (
+                    "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
+                    "[\"127.0.0.1/32\"]",
+                ),
                 ("UNRELATED", "x"),
             ],
         )

@@ -36,7 +36,15 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
         metrics::histogram!("outbox_attempt_duration_seconds", "kind" => claim.kind.clone())
             .record(elapsed.as_secs_f64());
         let policy = ctx.retry_policy(&claim.kind);
-        let completion = settle(&claim, &outcome, &policy, on_ambiguous, started, Utc::now(), fastrand::f64());
+        let completion = settle(
+            &claim,
+            &outcome,
+            &policy,
+            on_ambiguous,
+            started,
+            Utc::now(),
+            fastrand::f64(),
+        );
         tracing::Span::current().record("outcome", outcome.class());
         log_outcome(&claim, &outcome, &completion, elapsed);
         let (ack, written) = oneshot::channel();
@@ -104,7 +112,11 @@ pub fn settle(
     let in_round = (claim.attempt - claim.attempts_base).max(1) as u32;
     let next = transition::next(outcome, in_round, policy, on_ambiguous, unit);
     let (provider_ref, replayed, response) = match outcome {
-        Outcome::Delivered { reference, replayed, .. } => (reference.clone(), *replayed, None),
+        Outcome::Delivered {
+            reference,
+            replayed,
+            ..
+        } => (reference.clone(), *replayed, None),
         Outcome::Rejected { response, .. } => (None, false, response.clone()),
         _ => (None, false, None),
     };
@@ -113,9 +125,9 @@ pub fn settle(
         (_, r) => r.map(str::to_string),
     };
     let run_after = match next {
-        Next::Retry(delay) => Some(
-            finished_at + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX),
-        ),
+        Next::Retry(delay) => {
+            Some(finished_at + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX))
+        }
         _ => None,
     };
     Completion {
@@ -138,7 +150,12 @@ pub fn settle(
     }
 }
 
-fn log_outcome(claim: &Claimed, outcome: &Outcome, completion: &Completion, elapsed: std::time::Duration) {
+fn log_outcome(
+    claim: &Claimed,
+    outcome: &Outcome,
+    completion: &Completion,
+    elapsed: std::time::Duration,
+) {
     let ms = elapsed.as_millis() as u64;
     match outcome {
         Outcome::Delivered { replayed, .. } => {
@@ -153,7 +170,10 @@ fn log_outcome(claim: &Claimed, outcome: &Outcome, completion: &Completion, elap
         }
     }
     if completion.state == "dead" {
-        tracing::warn!(attempts = claim.attempt, "retries exhausted: intent is dead");
+        tracing::warn!(
+            attempts = claim.attempt,
+            "retries exhausted: intent is dead"
+        );
     }
 }
 
@@ -190,9 +210,24 @@ mod tests {
     #[test]
     fn a_retry_is_scheduled_from_the_end_of_the_attempt() {
         let t = Utc::now();
-        let out = Outcome::Transient { reason: "HTTP 503".into(), status: Some(503), retry_after: None };
-        let c = settle(&claim(1, 0), &out, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
-        assert_eq!((c.state, c.outcome, c.status), ("pending", "transient", Some(503)));
+        let out = Outcome::Transient {
+            reason: "HTTP 503".into(),
+            status: Some(503),
+            retry_after: None,
+        };
+        let c = settle(
+            &claim(1, 0),
+            &out,
+            &policy(),
+            AmbiguityPolicy::Park,
+            t,
+            t,
+            0.0,
+        );
+        assert_eq!(
+            (c.state, c.outcome, c.status),
+            ("pending", "transient", Some(503))
+        );
         assert_eq!(c.run_after, Some(t + chrono::Duration::seconds(10)));
         assert_eq!(c.error.as_deref(), Some("HTTP 503"));
         assert_eq!((c.id, c.fence, c.attempt), (7, 3, 1));
@@ -201,23 +236,73 @@ mod tests {
     #[test]
     fn the_budget_counts_from_the_last_operator_retry() {
         let t = Utc::now();
-        let out = Outcome::Transient { reason: "HTTP 503".into(), status: Some(503), retry_after: None };
-        let dead = settle(&claim(3, 0), &out, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
+        let out = Outcome::Transient {
+            reason: "HTTP 503".into(),
+            status: Some(503),
+            retry_after: None,
+        };
+        let dead = settle(
+            &claim(3, 0),
+            &out,
+            &policy(),
+            AmbiguityPolicy::Park,
+            t,
+            t,
+            0.0,
+        );
         assert_eq!(dead.state, "dead");
         assert!(dead.error.unwrap().contains("gave up after 3 attempts"));
-        let retried = settle(&claim(5, 3), &out, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
+        let retried = settle(
+            &claim(5, 3),
+            &out,
+            &policy(),
+            AmbiguityPolicy::Park,
+            t,
+            t,
+            0.0,
+        );
         assert_eq!(retried.state, "pending");
     }
 
     #[test]
     fn deliveries_and_rejections_keep_their_evidence() {
         let t = Utc::now();
-        let d = Outcome::Delivered { reference: Some("msg_1".into()), replayed: true, status: Some(200) };
-        let c = settle(&claim(1, 0), &d, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
-        assert_eq!((c.state, c.provider_ref.as_deref(), c.replayed, c.run_after), ("delivered", Some("msg_1"), true, None));
-        let r = Outcome::Rejected { reason: "HTTP 410".into(), status: Some(410), response: Some(serde_json::json!({"status": 410})) };
-        let c = settle(&claim(1, 0), &r, &policy(), AmbiguityPolicy::Park, t, t, 0.0);
-        assert_eq!((c.state, c.error.as_deref()), ("rejected", Some("HTTP 410")));
+        let d = Outcome::Delivered {
+            reference: Some("msg_1".into()),
+            replayed: true,
+            status: Some(200),
+        };
+        let c = settle(
+            &claim(1, 0),
+            &d,
+            &policy(),
+            AmbiguityPolicy::Park,
+            t,
+            t,
+            0.0,
+        );
+        assert_eq!(
+            (c.state, c.provider_ref.as_deref(), c.replayed, c.run_after),
+            ("delivered", Some("msg_1"), true, None)
+        );
+        let r = Outcome::Rejected {
+            reason: "HTTP 410".into(),
+            status: Some(410),
+            response: Some(serde_json::json!({"status": 410})),
+        };
+        let c = settle(
+            &claim(1, 0),
+            &r,
+            &policy(),
+            AmbiguityPolicy::Park,
+            t,
+            t,
+            0.0,
+        );
+        assert_eq!(
+            (c.state, c.error.as_deref()),
+            ("rejected", Some("HTTP 410"))
+        );
         assert_eq!(c.response, Some(serde_json::json!({"status": 410})));
     }
 }

@@ -90,7 +90,9 @@ impl Ctx {
         let ids: Vec<(i64, i64)> = claims.iter().map(|c| (c.id, c.fence)).collect();
         match self.store.release(&ids).await {
             Ok(n) => tracing::info!(n, "handed back claims not yet started"),
-            Err(err) => tracing::warn!(error = %err, "could not hand back claims; their leases will expire"),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not hand back claims; their leases will expire")
+            }
         }
     }
 
@@ -162,7 +164,11 @@ impl Engine {
         let (stop_tx, stop_rx) = watch::channel(false);
         let wake = Arc::new(Notify::new());
         let tasks = [
-            tokio::spawn(claim::listen(self.ctx.clone(), wake.clone(), stop_rx.clone())),
+            tokio::spawn(claim::listen(
+                self.ctx.clone(),
+                wake.clone(),
+                stop_rx.clone(),
+            )),
             tokio::spawn(sweeper::run(self.ctx.clone(), stop_rx.clone())),
             tokio::spawn(claim::run(self.ctx.clone(), wake, stop_rx)),
         ];
@@ -223,7 +229,10 @@ impl Engine {
         drop(self.ctx);
         // The completer ends once every task has dropped its sender; bound the
         // wait in case the database stays unreachable.
-        if tokio::time::timeout(deadline, self.completer).await.is_err() {
+        if tokio::time::timeout(deadline, self.completer)
+            .await
+            .is_err()
+        {
             tracing::warn!("completions could not be written before the deadline; the sweeper will reconcile those intents");
         }
         Ok(())

@@ -18,7 +18,11 @@ pub enum Recovery {
     Redeliver { replay: bool },
 }
 
-pub async fn recover(provider: &dyn Provider, delivery: &Delivery<'_>, previous_owner: &str) -> Recovery {
+pub async fn recover(
+    provider: &dyn Provider,
+    delivery: &Delivery<'_>,
+    previous_owner: &str,
+) -> Recovery {
     match provider.reconcile(delivery).await {
         Reconciled::Found { reference } => Recovery::Settled(Outcome::Delivered {
             reference: Some(reference),
@@ -51,10 +55,16 @@ mod tests {
 
     #[test]
     fn policy_table() {
-        assert_eq!(decide(AmbiguityPolicy::Redeliver, "r1"), Recovery::Redeliver { replay: true });
+        assert_eq!(
+            decide(AmbiguityPolicy::Redeliver, "r1"),
+            Recovery::Redeliver { replay: true }
+        );
         match decide(AmbiguityPolicy::Park, "r1") {
             Recovery::Settled(Outcome::Ambiguous { reason, .. }) => {
-                assert!(reason.contains("r1") && reason.contains("resolve"), "{reason}")
+                assert!(
+                    reason.contains("r1") && reason.contains("resolve"),
+                    "{reason}"
+                )
             }
             other => panic!("{other:?}"),
         }

@@ -18,8 +18,14 @@ use crate::engine::Ctx;
 /// One pass. Returns how many expired claims were taken over.
 pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
     for (kind, source, n) in ctx.store.fold_duplicates(10_000).await? {
-        metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "enqueue").increment(n as u64);
-        tracing::debug!(kind, source = source.as_deref().unwrap_or("-"), n, "duplicate enqueues");
+        metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "enqueue")
+            .increment(n as u64);
+        tracing::debug!(
+            kind,
+            source = source.as_deref().unwrap_or("-"),
+            n,
+            "duplicate enqueues"
+        );
     }
     let mut permits = claim::try_take(&ctx.sem, ctx.cfg.batch_size);
     if permits.is_empty() {
@@ -27,7 +33,12 @@ pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
     }
     let claims = ctx
         .store
-        .claim_expired(&ctx.cfg.owner, permits.len() as i64, ctx.lease_ms(), &ctx.unserved)
+        .claim_expired(
+            &ctx.cfg.owner,
+            permits.len() as i64,
+            ctx.lease_ms(),
+            &ctx.unserved,
+        )
         .await?;
     let n = claims.len();
     for claim in claims {

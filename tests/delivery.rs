@@ -18,9 +18,13 @@ async fn delivers_with_stable_standard_webhooks_headers() {
     let mut cfg = config();
     cfg.webhook.signing_secrets = vec![Secret::new(SECRET)];
     for n in 0..3 {
-        db.enqueue(&format!("order:{n}"), "webhook", json!({"url": rx.url("/hooks"), "body": {"order": n, "b": [1, 2]},
-                                                            "headers": {"X-Tenant": "acme"}}))
-            .await;
+        db.enqueue(
+            &format!("order:{n}"),
+            "webhook",
+            json!({"url": rx.url("/hooks"), "body": {"order": n, "b": [1, 2]},
+                                                            "headers": {"X-Tenant": "acme"}}),
+        )
+        .await;
     }
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
 
@@ -32,23 +36,43 @@ async fn delivers_with_stable_standard_webhooks_headers() {
         let id = r.webhook_id();
         assert!(id.starts_with("msg_") && !id.contains('.'), "{id}");
         assert_eq!(r.header("idempotency-key").as_deref(), Some(id.as_str()));
-        assert_eq!(r.header("content-type").as_deref(), Some("application/json"));
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("application/json")
+        );
         assert_eq!(r.header("x-tenant").as_deref(), Some("acme"));
         assert_eq!(r.path, "/hooks");
         let ts: i64 = r.header("webhook-timestamp").unwrap().parse().unwrap();
         assert!((ts - chrono::Utc::now().timestamp()).abs() < 60);
-        assert_eq!(r.header("webhook-signature").unwrap(), key.sign(&id, ts, &r.body));
+        assert_eq!(
+            r.header("webhook-signature").unwrap(),
+            key.sign(&id, ts, &r.body)
+        );
         let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         let n = body["order"].as_i64().unwrap();
-        assert_eq!(id, outbox_providers::keys::webhook_id(&format!("order:{n}"), 0));
+        assert_eq!(
+            id,
+            outbox_providers::keys::webhook_id(&format!("order:{n}"), 0)
+        );
         let intent = db.store.find(&format!("order:{n}")).await.unwrap();
         assert_eq!(intent.provider_ref.as_deref(), Some(id.as_str()));
         assert_eq!(intent.attempts, 1);
         assert!(intent.delivered_at.is_some() && intent.owner.is_none());
     }
-    let attempts = db.store.attempts(db.store.find("order:0").await.unwrap().id).await.unwrap();
+    let attempts = db
+        .store
+        .attempts(db.store.find("order:0").await.unwrap().id)
+        .await
+        .unwrap();
     assert_eq!(attempts.len(), 1);
-    assert_eq!((attempts[0].outcome.as_str(), attempts[0].status, attempts[0].accepted), ("delivered", Some(200), true));
+    assert_eq!(
+        (
+            attempts[0].outcome.as_str(),
+            attempts[0].status,
+            attempts[0].accepted
+        ),
+        ("delivered", Some(200), true)
+    );
     db.drop_db().await;
 }
 
@@ -63,29 +87,60 @@ async fn a_503_twice_then_200_is_delivered_on_the_third_attempt_under_one_id() {
         }
     })
     .await;
-    db.enqueue("flaky", "webhook", json!({"url": rx.url("/"), "body": {"x": 1}})).await;
+    db.enqueue(
+        "flaky",
+        "webhook",
+        json!({"url": rx.url("/"), "body": {"x": 1}}),
+    )
+    .await;
     let store = db.store.clone();
-    run_until(engine(db.store.clone(), &config()), Duration::from_secs(20), || {
-        let store = store.clone();
-        async move { store.find("flaky").await.unwrap().state == "delivered" }
-    })
+    run_until(
+        engine(db.store.clone(), &config()),
+        Duration::from_secs(20),
+        || {
+            let store = store.clone();
+            async move { store.find("flaky").await.unwrap().state == "delivered" }
+        },
+    )
     .await;
 
     let reqs = rx.requests();
     assert_eq!(reqs.len(), 3);
-    assert!(reqs.iter().all(|r| r.webhook_id() == reqs[0].webhook_id()), "one webhook-id on every attempt");
-    assert!(reqs.iter().all(|r| r.body == reqs[0].body), "byte-identical bodies");
+    assert!(
+        reqs.iter().all(|r| r.webhook_id() == reqs[0].webhook_id()),
+        "one webhook-id on every attempt"
+    );
+    assert!(
+        reqs.iter().all(|r| r.body == reqs[0].body),
+        "byte-identical bodies"
+    );
     // Retry-After: 1 is honoured although the schedule says 50ms
     for pair in reqs.windows(2) {
         let gap = pair[1].at - pair[0].at;
-        assert!(gap >= Duration::from_millis(990), "retried after {gap:?}, before Retry-After");
+        assert!(
+            gap >= Duration::from_millis(990),
+            "retried after {gap:?}, before Retry-After"
+        );
     }
     let intent = db.store.find("flaky").await.unwrap();
     assert_eq!(intent.attempts, 3);
     let attempts = db.store.attempts(intent.id).await.unwrap();
-    let outcomes: Vec<_> = attempts.iter().map(|a| (a.outcome.as_str(), a.status)).collect();
-    assert_eq!(outcomes, [("transient", Some(503)), ("transient", Some(503)), ("delivered", Some(200))]);
-    assert_eq!(intent.last_error.as_deref(), Some("receiver answered HTTP 503"));
+    let outcomes: Vec<_> = attempts
+        .iter()
+        .map(|a| (a.outcome.as_str(), a.status))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("transient", Some(503)),
+            ("transient", Some(503)),
+            ("delivered", Some(200))
+        ]
+    );
+    assert_eq!(
+        intent.last_error.as_deref(),
+        Some("receiver answered HTTP 503")
+    );
     db.drop_db().await;
 }
 
@@ -97,13 +152,25 @@ async fn a_deliberate_refusal_is_terminal_and_keeps_the_answer() {
         _ => Reply::status(422).body("{\"error\":\"bad schema\"}"),
     })
     .await;
-    db.enqueue("gone", "webhook", json!({"url": rx.url("/gone"), "body": 1})).await;
-    db.enqueue("bad", "webhook", json!({"url": rx.url("/bad"), "body": 1})).await;
-    engine(db.store.clone(), &config()).run_once().await.unwrap();
+    db.enqueue(
+        "gone",
+        "webhook",
+        json!({"url": rx.url("/gone"), "body": 1}),
+    )
+    .await;
+    db.enqueue("bad", "webhook", json!({"url": rx.url("/bad"), "body": 1}))
+        .await;
+    engine(db.store.clone(), &config())
+        .run_once()
+        .await
+        .unwrap();
     let gone = db.store.find("gone").await.unwrap();
     assert_eq!(gone.state, "rejected");
     assert!(gone.last_error.unwrap().contains("HTTP 410"));
-    assert_eq!(gone.response, Some(json!({"status": 410, "body": "endpoint disabled"})));
+    assert_eq!(
+        gone.response,
+        Some(json!({"status": 410, "body": "endpoint disabled"}))
+    );
     assert_eq!(db.state("bad").await, "rejected");
     assert_eq!(rx.requests().len(), 2, "a refusal is not retried");
     db.drop_db().await;
@@ -115,17 +182,25 @@ async fn transient_failures_end_dead_only_when_the_budget_is_spent() {
     let rx = Receiver::start(|_, _| Reply::status(500)).await;
     let mut cfg = config();
     cfg.retry.max_attempts = 3;
-    db.enqueue("doomed", "webhook", json!({"url": rx.url("/"), "body": 1})).await;
+    db.enqueue("doomed", "webhook", json!({"url": rx.url("/"), "body": 1}))
+        .await;
     let store = db.store.clone();
-    run_until(engine(db.store.clone(), &cfg), Duration::from_secs(20), || {
-        let store = store.clone();
-        async move { store.find("doomed").await.unwrap().state != "pending" }
-    })
+    run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(20),
+        || {
+            let store = store.clone();
+            async move { store.find("doomed").await.unwrap().state != "pending" }
+        },
+    )
     .await;
     let intent = db.store.find("doomed").await.unwrap();
     assert_eq!(intent.state, "dead");
     assert_eq!(intent.attempts, 3);
-    assert!(intent.last_error.unwrap().contains("gave up after 3 attempts"));
+    assert!(intent
+        .last_error
+        .unwrap()
+        .contains("gave up after 3 attempts"));
     assert_eq!(rx.requests().len(), 3);
     // no attempt ever recorded a 5xx as terminal
     let terminal_5xx: i64 = sqlx::query_scalar(
@@ -147,23 +222,52 @@ async fn bad_input_ends_rejected_with_a_reason_and_the_relay_keeps_going() {
     cfg.webhook.allowed_networks = vec!["127.0.0.1/32".into()];
     let guarded = format!("http://127.0.0.2:{}/", rx.addr.port());
     let cases = [
-        ("not-object", "webhook", json!([1, 2, 3]), "must be a JSON object"),
+        (
+            "not-object",
+            "webhook",
+            json!([1, 2, 3]),
+            "must be a JSON object",
+        ),
         ("no-url", "webhook", json!({"body": 1}), "no \"url\""),
-        ("ftp", "webhook", json!({"url": "ftp://127.0.0.1/x", "body": 1}), "scheme \"ftp\""),
-        ("bad-header", "webhook", json!({"url": rx.url("/"), "body": 1, "headers": {"X-A": "a\r\nX-B: b"}}), "control characters"),
-        ("unknown-kind", "sms", json!({"to": "+100"}), "unknown kind \"sms\""),
-        ("guarded", "webhook", json!({"url": guarded, "body": 1}), "127.0.0.2 is loopback"),
+        (
+            "ftp",
+            "webhook",
+            json!({"url": "ftp://127.0.0.1/x", "body": 1}),
+            "scheme \"ftp\"",
+        ),
+        (
+            "bad-header",
+            "webhook",
+            json!({"url": rx.url("/"), "body": 1, "headers": {"X-A": "a\r\nX-B: b"}}),
+            "control characters",
+        ),
+        (
+            "unknown-kind",
+            "sms",
+            json!({"to": "+100"}),
+            "unknown kind \"sms\"",
+        ),
+        (
+            "guarded",
+            "webhook",
+            json!({"url": guarded, "body": 1}),
+            "127.0.0.2 is loopback",
+        ),
     ];
     for (key, kind, payload, _) in &cases {
         db.enqueue(key, kind, payload.clone()).await;
     }
-    db.enqueue("good", "webhook", json!({"url": rx.url("/ok"), "body": 1})).await;
+    db.enqueue("good", "webhook", json!({"url": rx.url("/ok"), "body": 1}))
+        .await;
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
     for (key, _, _, needle) in cases {
         let i = db.store.find(key).await.unwrap();
         assert_eq!(i.state, "rejected", "{key}");
         let err = i.last_error.unwrap_or_default();
-        assert!(err.contains(needle), "{key}: {err:?} should mention {needle:?}");
+        assert!(
+            err.contains(needle),
+            "{key}: {err:?} should mention {needle:?}"
+        );
     }
     assert_eq!(db.state("good").await, "delivered");
     let paths: Vec<_> = rx.requests().iter().map(|r| r.path.clone()).collect();
@@ -174,8 +278,16 @@ async fn bad_input_ends_rejected_with_a_reason_and_the_relay_keeps_going() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn known_kinds_without_a_provider_wait_for_a_relay_that_has_one() {
     let db = TestDb::new().await;
-    db.enqueue("mail", "email", json!({"to": ["a@example.com"], "subject": "s", "text": "t"})).await;
-    engine(db.store.clone(), &config()).run_once().await.unwrap();
+    db.enqueue(
+        "mail",
+        "email",
+        json!({"to": ["a@example.com"], "subject": "s", "text": "t"}),
+    )
+    .await;
+    engine(db.store.clone(), &config())
+        .run_once()
+        .await
+        .unwrap();
     let i = db.store.find("mail").await.unwrap();
     assert_eq!((i.state.as_str(), i.attempts), ("pending", 0));
     db.drop_db().await;
@@ -187,16 +299,32 @@ async fn the_guard_checks_resolved_names_before_connecting() {
     let rx = Receiver::ok().await;
     let mut cfg = config();
     cfg.webhook.allowed_networks = vec![]; // the default: nothing non-public
-    db.enqueue("by-name", "webhook", json!({"url": format!("http://localhost:{}/", rx.addr.port()), "body": 1})).await;
-    db.enqueue("by-number", "webhook", json!({"url": format!("http://2130706433:{}/", rx.addr.port()), "body": 1})).await;
+    db.enqueue(
+        "by-name",
+        "webhook",
+        json!({"url": format!("http://localhost:{}/", rx.addr.port()), "body": 1}),
+    )
+    .await;
+    db.enqueue(
+        "by-number",
+        "webhook",
+        json!({"url": format!("http://2130706433:{}/", rx.addr.port()), "body": 1}),
+    )
+    .await;
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
     let by_name = db.store.find("by-name").await.unwrap();
     assert_eq!(by_name.state, "rejected");
     let err = by_name.last_error.unwrap();
-    assert!(err.contains("webhook host localhost refused") && err.contains("loopback"), "{err}");
+    assert!(
+        err.contains("webhook host localhost refused") && err.contains("loopback"),
+        "{err}"
+    );
     let by_number = db.store.find("by-number").await.unwrap();
     assert_eq!(by_number.state, "rejected");
-    assert!(by_number.last_error.unwrap().contains("127.0.0.1 is loopback"));
+    assert!(by_number
+        .last_error
+        .unwrap()
+        .contains("127.0.0.1 is loopback"));
     assert!(rx.requests().is_empty(), "no connection was made");
     db.drop_db().await;
 }

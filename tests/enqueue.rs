@@ -17,11 +17,17 @@ async fn call(db: &TestDb, key: &str, payload: &str) -> Result<(i64, bool), sqlx
 #[tokio::test]
 async fn same_key_same_payload_is_a_duplicate_with_the_same_id() {
     let db = TestDb::new().await;
-    let (id, dup) = call(&db, "order:1", r#"{"url":"http://x/","body":{"n":1}}"#).await.unwrap();
+    let (id, dup) = call(&db, "order:1", r#"{"url":"http://x/","body":{"n":1}}"#)
+        .await
+        .unwrap();
     assert!(!dup);
-    let (id2, dup2) = call(&db, "order:1", r#"{"url":"http://x/","body":{"n":1}}"#).await.unwrap();
+    let (id2, dup2) = call(&db, "order:1", r#"{"url":"http://x/","body":{"n":1}}"#)
+        .await
+        .unwrap();
     assert_eq!((id2, dup2), (id, true));
-    let (id3, dup3) = call(&db, "order:1", r#"{"url":"http://x/","body":{"n":1}}"#).await.unwrap();
+    let (id3, dup3) = call(&db, "order:1", r#"{"url":"http://x/","body":{"n":1}}"#)
+        .await
+        .unwrap();
     assert_eq!((id3, dup3), (id, true));
     assert_eq!(db.count("true").await, 1);
     // the per-row duplicate counter went up once per duplicate
@@ -38,8 +44,12 @@ async fn same_key_same_payload_is_a_duplicate_with_the_same_id() {
 #[tokio::test]
 async fn same_key_different_payload_raises_ob409_naming_the_key() {
     let db = TestDb::new().await;
-    call(&db, "order:2", r#"{"url":"http://x/","body":{"n":1}}"#).await.unwrap();
-    let err = call(&db, "order:2", r#"{"url":"http://x/","body":{"n":2}}"#).await.unwrap_err();
+    call(&db, "order:2", r#"{"url":"http://x/","body":{"n":1}}"#)
+        .await
+        .unwrap();
+    let err = call(&db, "order:2", r#"{"url":"http://x/","body":{"n":2}}"#)
+        .await
+        .unwrap_err();
     let dbe = err.as_database_error().expect("database error");
     assert_eq!(dbe.code().as_deref(), Some("OB409"));
     assert!(dbe.message().contains("order:2"), "{}", dbe.message());
@@ -48,16 +58,25 @@ async fn same_key_different_payload_raises_ob409_naming_the_key() {
         .execute(db.pool())
         .await
         .unwrap_err();
-    assert_eq!(err.as_database_error().unwrap().code().as_deref(), Some("OB409"));
+    assert_eq!(
+        err.as_database_error().unwrap().code().as_deref(),
+        Some("OB409")
+    );
     let err = sqlx::query("SELECT * FROM outbox.enqueue('order:2', 'webhook', '{\"url\":\"http://x/\",\"body\":{\"n\":1}}', 'billing')")
         .execute(db.pool())
         .await
         .unwrap_err();
-    assert_eq!(err.as_database_error().unwrap().code().as_deref(), Some("OB409"));
+    assert_eq!(
+        err.as_database_error().unwrap().code().as_deref(),
+        Some("OB409")
+    );
     // the Rust helper maps it to a typed conflict
-    let e = enqueue(db.pool(), &NewIntent::new("order:2", "webhook", json!({"other": true})))
-        .await
-        .unwrap_err();
+    let e = enqueue(
+        db.pool(),
+        &NewIntent::new("order:2", "webhook", json!({"other": true})),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(e, EnqueueError::Conflict { .. }), "{e:?}");
     assert!(e.to_string().contains("order:2"));
     assert_eq!(db.count("true").await, 1);
@@ -67,9 +86,13 @@ async fn same_key_different_payload_raises_ob409_naming_the_key() {
 #[tokio::test]
 async fn key_order_and_whitespace_never_manufacture_a_conflict() {
     let db = TestDb::new().await;
-    let (id, _) = call(&db, "k", r#"{"url":"http://x/","body":{"a":1,"b":[1,2],"c":{"y":1,"x":2}}}"#)
-        .await
-        .unwrap();
+    let (id, _) = call(
+        &db,
+        "k",
+        r#"{"url":"http://x/","body":{"a":1,"b":[1,2],"c":{"y":1,"x":2}}}"#,
+    )
+    .await
+    .unwrap();
     let (id2, dup) = call(
         &db,
         "k",
@@ -93,16 +116,24 @@ async fn key_order_and_whitespace_never_manufacture_a_conflict() {
 async fn enqueue_in_a_rolled_back_transaction_leaves_nothing() {
     let db = TestDb::new().await;
     let mut tx = db.pool().begin().await.unwrap();
-    let r = enqueue(&mut *tx, &NewIntent::new("rolled-back", "webhook", json!({"body": 1})))
-        .await
-        .unwrap();
+    let r = enqueue(
+        &mut *tx,
+        &NewIntent::new("rolled-back", "webhook", json!({"body": 1})),
+    )
+    .await
+    .unwrap();
     assert!(!r.duplicate);
     tx.rollback().await.unwrap();
     assert_eq!(db.count("true").await, 0);
     assert_eq!(db.count("key = 'rolled-back'").await, 0);
     // committed: exactly one row, and the key is free to use again after a rollback
     let mut tx = db.pool().begin().await.unwrap();
-    enqueue(&mut *tx, &NewIntent::new("rolled-back", "webhook", json!({"body": 2}))).await.unwrap();
+    enqueue(
+        &mut *tx,
+        &NewIntent::new("rolled-back", "webhook", json!({"body": 2})),
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(db.count("key = 'rolled-back'").await, 1);
     db.drop_db().await;
@@ -115,7 +146,12 @@ async fn concurrent_enqueues_of_one_key_create_one_intent() {
     for _ in 0..16 {
         let pool = db.pool().clone();
         tasks.push(tokio::spawn(async move {
-            enqueue(&pool, &NewIntent::new("race", "webhook", json!({"body": 1}))).await.unwrap()
+            enqueue(
+                &pool,
+                &NewIntent::new("race", "webhook", json!({"body": 1})),
+            )
+            .await
+            .unwrap()
         }));
     }
     let mut results = Vec::new();
@@ -134,14 +170,23 @@ async fn enqueue_refuses_bad_input_with_clear_errors() {
     for (key, kind, payload, needle) in [
         ("", "webhook", json!({}), "key must not be empty"),
         ("k", "Not A Kind", json!({}), "not a valid kind name"),
-        ("k", "webhook", json!({"big": "x".repeat(2 << 20)}), "limit is 1 MiB"),
+        (
+            "k",
+            "webhook",
+            json!({"big": "x".repeat(2 << 20)}),
+            "limit is 1 MiB",
+        ),
     ] {
-        let e = enqueue(db.pool(), &NewIntent::new(key, kind, payload)).await.unwrap_err();
+        let e = enqueue(db.pool(), &NewIntent::new(key, kind, payload))
+            .await
+            .unwrap_err();
         assert!(matches!(e, EnqueueError::Invalid(_)), "{e:?}");
         assert!(e.to_string().contains(needle), "{e}");
     }
     let long_key = "k".repeat(600);
-    let e = enqueue(db.pool(), &NewIntent::new(long_key, "webhook", json!({}))).await.unwrap_err();
+    let e = enqueue(db.pool(), &NewIntent::new(long_key, "webhook", json!({})))
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("limit is 512"), "{e}");
     assert_eq!(db.count("true").await, 0);
     db.drop_db().await;
@@ -150,7 +195,9 @@ async fn enqueue_refuses_bad_input_with_clear_errors() {
 #[tokio::test]
 async fn enqueue_notifies_listeners_on_commit() {
     let db = TestDb::new().await;
-    let mut listener = sqlx::postgres::PgListener::connect_with(db.pool()).await.unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(db.pool())
+        .await
+        .unwrap();
     listener.listen(outbox_relay::claim::CHANNEL).await.unwrap();
     db.enqueue("notify-me", "webhook", json!({"body": 1})).await;
     let n = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
@@ -180,7 +227,11 @@ async fn derive_key_agrees_between_sql_and_rust() {
             .fetch_one(db.pool())
             .await
             .unwrap();
-        assert_eq!(sql, outbox_providers::keys::derive_key(parent, step), "{parent:?} {step:?}");
+        assert_eq!(
+            sql,
+            outbox_providers::keys::derive_key(parent, step),
+            "{parent:?} {step:?}"
+        );
     }
     db.drop_db().await;
 }
@@ -195,7 +246,10 @@ async fn claiming_uses_the_due_index_whatever_the_history() {
     .execute(db.pool())
     .await
     .unwrap();
-    sqlx::query("ANALYZE outbox.intents").execute(db.pool()).await.unwrap();
+    sqlx::query("ANALYZE outbox.intents")
+        .execute(db.pool())
+        .await
+        .unwrap();
     let plan: Vec<String> = sqlx::query_scalar(
         "EXPLAIN SELECT id FROM outbox.intents WHERE state = 'pending' AND run_after <= now()
                  AND kind <> ALL('{}'::text[]) ORDER BY run_after, id LIMIT 100 FOR UPDATE SKIP LOCKED",
@@ -204,6 +258,9 @@ async fn claiming_uses_the_due_index_whatever_the_history() {
     .await
     .unwrap();
     let plan = plan.join("\n");
-    assert!(plan.contains("intents_due"), "claim must read the partial due index:\n{plan}");
+    assert!(
+        plan.contains("intents_due"),
+        "claim must read the partial due index:\n{plan}"
+    );
     db.drop_db().await;
 }

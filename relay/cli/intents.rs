@@ -46,13 +46,15 @@ fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
 
 fn read_payload(arg: &str) -> Result<serde_json::Value, Failure> {
     let text = match arg.strip_prefix('@') {
-        Some("-") => std::io::read_to_string(std::io::stdin())
-            .map_err(|e| Failure::usage(format!("cannot read the payload from standard input: {e}")))?,
+        Some("-") => std::io::read_to_string(std::io::stdin()).map_err(|e| {
+            Failure::usage(format!("cannot read the payload from standard input: {e}"))
+        })?,
         Some(path) => std::fs::read_to_string(path)
             .map_err(|e| Failure::usage(format!("cannot read the payload file {path}: {e}")))?,
         None => arg.to_string(),
     };
-    serde_json::from_str(&text).map_err(|e| Failure::usage(format!("--payload is not valid JSON: {e}")))
+    serde_json::from_str(&text)
+        .map_err(|e| Failure::usage(format!("--payload is not valid JSON: {e}")))
 }
 
 pub async fn enqueue(store: &Store, a: EnqueueArgs) -> Outcome {
@@ -64,11 +66,16 @@ pub async fn enqueue(store: &Store, a: EnqueueArgs) -> Outcome {
         source: a.source,
         ..NewIntent::new(a.key, a.kind, serde_json::Value::Null)
     };
-    let r = store_enqueue(store.pool(), &intent).await.map_err(StoreError::from)?;
+    let r = store_enqueue(store.pool(), &intent)
+        .await
+        .map_err(StoreError::from)?;
     if a.json {
         json(&r);
     } else if r.duplicate {
-        println!("intent {} already exists with this payload (duplicate, nothing new enqueued)", r.id);
+        println!(
+            "intent {} already exists with this payload (duplicate, nothing new enqueued)",
+            r.id
+        );
     } else {
         println!("enqueued intent {}", r.id);
     }
@@ -91,7 +98,9 @@ pub async fn list(store: &Store, a: ListArgs) -> Outcome {
     if a.limit < 1 {
         return Err(Failure::usage("--limit must be at least 1"));
     }
-    let rows = store.list(a.state.as_deref(), a.kind.as_deref(), a.limit).await?;
+    let rows = store
+        .list(a.state.as_deref(), a.kind.as_deref(), a.limit)
+        .await?;
     if a.json {
         json(&rows);
         return Ok(());
@@ -112,7 +121,16 @@ pub async fn list(store: &Store, a: ListArgs) -> Outcome {
         })
         .collect();
     table(
-        &["ID", "KEY", "KIND", "STATE", "ATTEMPTS", "UPDATED", "PROVIDER REF", "LAST ERROR"],
+        &[
+            "ID",
+            "KEY",
+            "KIND",
+            "STATE",
+            "ATTEMPTS",
+            "UPDATED",
+            "PROVIDER REF",
+            "LAST ERROR",
+        ],
         &cells,
     );
     Ok(())
@@ -170,19 +188,43 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
                     .unwrap_or_else(|| "-".into()),
                 t.outcome.clone(),
                 opt(t.status),
-                if t.replayed { "yes".into() } else { "no".into() },
-                if t.accepted { "yes".into() } else { "no (stale)".into() },
+                if t.replayed {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+                if t.accepted {
+                    "yes".into()
+                } else {
+                    "no (stale)".into()
+                },
                 clip(&t.owner, 28),
                 clip(&opt(t.error.as_deref().or(t.provider_ref.as_deref())), 70),
             ]
         })
         .collect();
     table(
-        &["#", "STARTED", "TOOK", "OUTCOME", "STATUS", "REPLAY", "ACCEPTED", "OWNER", "ERROR / REF"],
+        &[
+            "#",
+            "STARTED",
+            "TOOK",
+            "OUTCOME",
+            "STATUS",
+            "REPLAY",
+            "ACCEPTED",
+            "OWNER",
+            "ERROR / REF",
+        ],
         &cells,
     );
     for act in actions {
-        println!("{}  {} by {}: {}", time(act.at), act.action, act.actor, opt(act.detail));
+        println!(
+            "{}  {} by {}: {}",
+            time(act.at),
+            act.action,
+            act.actor,
+            opt(act.detail)
+        );
     }
     Ok(())
 }

@@ -85,7 +85,10 @@ pub struct Failure {
 
 impl Failure {
     pub fn usage(message: impl Into<String>) -> Self {
-        Failure { code: 2, message: message.into() }
+        Failure {
+            code: 2,
+            message: message.into(),
+        }
     }
 }
 
@@ -128,12 +131,21 @@ impl Failure {
                 }
             }
         };
-        Failure { code, message: err.to_string() }
+        Failure {
+            code,
+            message: err.to_string(),
+        }
     }
 }
 
 fn is_unreachable(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_))
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Tls(_)
+    )
 }
 
 pub type Outcome = Result<(), Failure>;
@@ -142,7 +154,10 @@ pub type Outcome = Result<(), Failure>;
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     crate::telemetry::init(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -159,7 +174,8 @@ pub fn main() -> ExitCode {
 }
 
 async fn execute(cli: Cli) -> Outcome {
-    let config = Config::load(cli.config.as_deref(), std::env::vars()).map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let config = Config::load(cli.config.as_deref(), std::env::vars())
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
     let url = cli
         .database_url
         .clone()

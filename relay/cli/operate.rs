@@ -35,7 +35,10 @@ pub struct RetryArgs {
 
 pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
     if let Some(state) = a.state {
-        let filter = Filter { state, kind: a.kind };
+        let filter = Filter {
+            state,
+            kind: a.kind,
+        };
         let total = store.count_matching(&filter).await?;
         if a.dry_run {
             if a.json {
@@ -61,7 +64,10 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
         if a.json {
             json(&json!({"retried": done, "new_effect": a.new_effect}));
         } else {
-            println!("retried {done} intent(s){}", if a.new_effect { " as new effects" } else { "" });
+            println!(
+                "retried {done} intent(s){}",
+                if a.new_effect { " as new effects" } else { "" }
+            );
         }
         return Ok(());
     }
@@ -88,7 +94,12 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
     } else {
         for r in &results {
             let verb = if a.dry_run { "would retry" } else { "retried" };
-            println!("{verb} intent {} ({}): now {}", r["id"], r["key"].as_str().unwrap_or(""), r["state"].as_str().unwrap_or(""));
+            println!(
+                "{verb} intent {} ({}): now {}",
+                r["id"],
+                r["key"].as_str().unwrap_or(""),
+                r["state"].as_str().unwrap_or("")
+            );
         }
     }
     first_error.map_or(Ok(()), Err)
@@ -119,7 +130,11 @@ pub async fn cancel(store: &Store, a: CancelArgs) -> Outcome {
         json(&results);
     } else {
         for r in &results {
-            println!("cancelled intent {} ({})", r["id"], r["key"].as_str().unwrap_or(""));
+            println!(
+                "cancelled intent {} ({})",
+                r["id"],
+                r["key"].as_str().unwrap_or("")
+            );
         }
     }
     first_error.map_or(Ok(()), Err)
@@ -148,7 +163,9 @@ pub struct ResolveArgs {
 
 pub async fn resolve(store: &Store, a: ResolveArgs) -> Outcome {
     let how = if a.delivered {
-        Resolution::Delivered { reference: a.reference_at_provider }
+        Resolution::Delivered {
+            reference: a.reference_at_provider,
+        }
     } else if a.redeliver {
         Resolution::Redeliver
     } else {
@@ -180,7 +197,11 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
         .map(|k| {
             let mut row = vec![k.to_string()];
             for st in STATES {
-                let n = s.by_state.iter().find(|r| r.kind == *k && r.state == *st).map_or(0, |r| r.count);
+                let n = s
+                    .by_state
+                    .iter()
+                    .find(|r| r.kind == *k && r.state == *st)
+                    .map_or(0, |r| r.count);
                 row.push(n.to_string());
             }
             let due = s.due.iter().find(|d| d.kind == *k);
@@ -193,10 +214,16 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
     header.extend(STATES.iter().map(|s| *s));
     header.extend(["DUE", "OLDEST DUE"]);
     let header: Vec<String> = header.iter().map(|h| h.to_uppercase()).collect();
-    table(&header.iter().map(String::as_str).collect::<Vec<_>>(), &rows);
+    table(
+        &header.iter().map(String::as_str).collect::<Vec<_>>(),
+        &rows,
+    );
     println!();
     println!("expired leases awaiting the sweeper: {}", s.expired_leases);
-    println!("duplicate enqueues (all time):       {}", s.duplicate_enqueues);
+    println!(
+        "duplicate enqueues (all time):       {}",
+        s.duplicate_enqueues
+    );
     Ok(())
 }
 
@@ -217,7 +244,9 @@ pub struct PurgeArgs {
 }
 
 pub async fn purge(store: &Store, a: PurgeArgs) -> Outcome {
-    let n = store.purge(a.older_than, a.include_dead, a.dry_run, 1000).await?;
+    let n = store
+        .purge(a.older_than, a.include_dead, a.dry_run, 1000)
+        .await?;
     if a.json {
         json(&json!({"purged": if a.dry_run { 0 } else { n }, "matched": n, "dry_run": a.dry_run}));
     } else if a.dry_run {

@@ -28,7 +28,10 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
 }
 
 pub fn json<T: Serialize>(value: &T) {
-    println!("{}", serde_json::to_string_pretty(value).expect("serializable"));
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("serializable")
+    );
 }
 
 /// At most `n` characters, with an ellipsis when cut.

@@ -7,7 +7,9 @@ use crate::store::Store;
 
 pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
     store.migrate().await?;
-    let providers = config.providers().map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let providers = config
+        .providers()
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
     let engine = Engine::new(store, providers, EngineConfig::from_config(config));
     if once {
         engine.run_once().await?;

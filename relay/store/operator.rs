@@ -105,7 +105,14 @@ const INTENT_COLUMNS: &str = "id, key, kind, destination, payload, state, attemp
     source, created_at, updated_at, delivered_at";
 
 /// States an operator retry applies to (anything but a live claim).
-const RETRYABLE: &[&str] = &["pending", "delivered", "rejected", "dead", "ambiguous", "cancelled"];
+const RETRYABLE: &[&str] = &[
+    "pending",
+    "delivered",
+    "rejected",
+    "dead",
+    "ambiguous",
+    "cancelled",
+];
 /// States a cancel applies to.
 const CANCELLABLE: &[&str] = &["pending", "claimed", "ambiguous", "dead"];
 
@@ -297,7 +304,14 @@ impl Store {
             Resolution::Redeliver => None,
         };
         let changed = self
-            .transition(intent.id, &["ambiguous", "dead"], set, "resolve", detail, arg)
+            .transition(
+                intent.id,
+                &["ambiguous", "dead"],
+                set,
+                "resolve",
+                detail,
+                arg,
+            )
             .await?;
         if !changed {
             return Err(StoreError::InvalidState {

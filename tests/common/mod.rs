@@ -21,7 +21,8 @@ use sqlx::{ConnectOptions, Connection};
 
 /// The server the tests create their databases on.
 pub fn admin_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
 /// A freshly created, migrated database, dropped by [`TestDb::drop_db`].
@@ -39,14 +40,19 @@ impl TestDb {
             std::process::id(),
             fastrand::u32(..)
         );
-        let mut conn = admin.connect().await.expect("connect to the test server (DATABASE_URL)");
+        let mut conn = admin
+            .connect()
+            .await
+            .expect("connect to the test server (DATABASE_URL)");
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&mut conn)
             .await
             .expect("create test database");
         conn.close().await.ok();
         let url = db_url(&name);
-        let store = Store::connect(&url, 8).await.expect("connect to test database");
+        let store = Store::connect(&url, 8)
+            .await
+            .expect("connect to test database");
         store.migrate().await.expect("migrate");
         TestDb { name, url, store }
     }
@@ -64,9 +70,12 @@ impl TestDb {
         self.store.pool().close().await;
         let admin: PgConnectOptions = admin_url().parse().unwrap();
         if let Ok(mut conn) = admin.connect().await {
-            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
-                .execute(&mut conn)
-                .await;
+            let _ = sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await;
         }
     }
 
@@ -79,10 +88,12 @@ impl TestDb {
     }
 
     pub async fn count(&self, sql_where: &str) -> i64 {
-        sqlx::query_scalar(&format!("SELECT count(*) FROM outbox.intents WHERE {sql_where}"))
-            .fetch_one(self.pool())
-            .await
-            .unwrap()
+        sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM outbox.intents WHERE {sql_where}"
+        ))
+        .fetch_one(self.pool())
+        .await
+        .unwrap()
     }
 
     pub async fn enqueue(&self, key: &str, kind: &str, payload: serde_json::Value) -> i64 {
@@ -108,7 +119,10 @@ pub fn config() -> Config {
     let mut c = Config::load(
         None,
         [
-            ("OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS", "[\"127.0.0.0/8\"]"),
+            (
+                "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
+                "[\"127.0.0.0/8\"]",
+            ),
             ("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s"),
             ("OUTBOX_RELAY__RELAY__LEASE", "5s"),
             ("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "50ms"),
@@ -126,7 +140,11 @@ pub fn config() -> Config {
 }
 
 pub fn engine(store: Store, config: &Config) -> Engine {
-    Engine::new(store, config.providers().expect("providers"), EngineConfig::from_config(config))
+    Engine::new(
+        store,
+        config.providers().expect("providers"),
+        EngineConfig::from_config(config),
+    )
 }
 
 /// Run `engine` until `done` holds (checked every 25ms) or `limit` passes,
@@ -175,7 +193,10 @@ pub struct Received {
 
 impl Received {
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
     }
     pub fn webhook_id(&self) -> String {
         self.header("webhook-id").unwrap_or_default()
@@ -193,7 +214,12 @@ pub struct Reply {
 
 impl Reply {
     pub fn status(status: u16) -> Reply {
-        Reply { status, headers: vec![], delay: Duration::ZERO, body: String::new() }
+        Reply {
+            status,
+            headers: vec![],
+            delay: Duration::ZERO,
+            body: String::new(),
+        }
     }
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
         self.headers.push((name, value.into()));
@@ -227,19 +253,27 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    pub async fn start(script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static) -> Receiver {
+    pub async fn start(
+        script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static,
+    ) -> Receiver {
         let state = Arc::new(ReceiverState {
             log: Mutex::new(Vec::new()),
             seen: Mutex::new(HashMap::new()),
             script: Arc::new(script),
         });
-        let app = axum::Router::new().fallback(handle).with_state(state.clone());
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
-        Receiver { addr, state, server }
+        Receiver {
+            addr,
+            state,
+            server,
+        }
     }
 
     /// Always 200.
@@ -274,7 +308,12 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let received = Received { path: uri.path().to_string(), headers, body, at: Instant::now() };
+    let received = Received {
+        path: uri.path().to_string(),
+        headers,
+        body,
+        at: Instant::now(),
+    };
     let nth = {
         let mut seen = state.seen.lock().unwrap();
         let n = seen.entry(received.webhook_id()).or_insert(0);
@@ -301,7 +340,11 @@ pub fn relay_bin() -> PathBuf {
 
 /// Write `text` to a temporary config file.
 pub fn config_file(text: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("outbox-relay-test-{}-{:08x}.toml", std::process::id(), fastrand::u32(..)));
+    let path = std::env::temp_dir().join(format!(
+        "outbox-relay-test-{}-{:08x}.toml",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -343,7 +386,10 @@ pub fn spawn_relay(db: &TestDb, config: &std::path::Path, name: &str) -> tokio::
 /// SIGTERM a child and wait for it.
 pub async fn terminate(child: &mut tokio::process::Child) -> std::process::ExitStatus {
     if let Some(pid) = child.id() {
-        let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
     }
     tokio::time::timeout(Duration::from_secs(15), child.wait())
         .await
