@@ -131,10 +131,18 @@ impl Failure {
                 }
             }
         };
-        Failure {
-            code,
-            message: err.to_string(),
+        let mut message = err.to_string();
+        if let StoreError::Enqueue(EnqueueError::Database(e)) | StoreError::Database(e) = err {
+            if matches!(
+                crate::store::sqlstate(e).as_deref(),
+                Some("42P01" | "3F000" | "42883")
+            ) {
+                message.push_str(
+                    " (the outbox schema is missing or out of date: run `outbox-relay migrate`)",
+                );
+            }
         }
+        Failure { code, message }
     }
 }
 

@@ -11,7 +11,7 @@ pub mod operator;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{ConnectOptions, Connection, PgPool};
 
 pub use claims::{Claimed, Completion};
 pub use enqueue::{enqueue, EnqueueError, Enqueued, NewIntent};
@@ -68,20 +68,22 @@ impl Store {
             .parse()
             .map_err(|e| anyhow::anyhow!("database_url is not a valid Postgres URL: {e}"))?;
         let options = options.application_name("outbox-relay");
+        // One direct attempt first, so an unreachable server fails at once
+        // with its own error instead of after the pool's acquire timeout.
+        let probe = options.connect().await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot connect to Postgres at {}:{} (database {:?}): {e}",
+                options.get_host(),
+                options.get_port(),
+                options.get_database().unwrap_or("<default>")
+            )
+        })?;
+        probe.close().await.ok();
         let pool = PgPoolOptions::new()
             .max_connections(connections.max(2))
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.clone())
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot connect to Postgres at {}:{} (database {:?}): {e}",
-                    options.get_host(),
-                    options.get_port(),
-                    options.get_database().unwrap_or("<default>")
-                )
-            })?;
+            .connect_lazy_with(options);
         Ok(Store { pool })
     }
 

@@ -1,0 +1,484 @@
+//! Every CLI verb against a real database, through the real binary.
+
+mod common;
+
+use common::{relay_bin, Receiver, TestDb};
+use serde_json::{json, Value};
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+    }
+}
+
+async fn cli_env(db_url: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut cmd = tokio::process::Command::new(relay_bin());
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .env(
+            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
+            "[\"127.0.0.0/8\"]",
+        )
+        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
+        .env("RUST_LOG", "warn");
+    if let Some(url) = db_url {
+        cmd.env("DATABASE_URL", url);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("run outbox-relay");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn cli(db: &TestDb, args: &[&str]) -> Out {
+    cli_env(Some(&db.url), args, &[]).await
+}
+
+async fn ok(db: &TestDb, args: &[&str]) -> Out {
+    let out = cli(db, args).await;
+    assert_eq!(out.code, 0, "{args:?} failed: {}{}", out.stdout, out.stderr);
+    out
+}
+
+fn payload(rx: &Receiver, path: &str) -> String {
+    json!({"url": rx.url(path), "body": {"hello": "world"}}).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_enqueue_list_show() {
+    let db = TestDb::new().await;
+    assert!(ok(&db, &["migrate"])
+        .await
+        .stdout
+        .contains("migrations applied"));
+    ok(&db, &["migrate"]).await; // idempotent
+
+    let p = r#"{"url":"http://127.0.0.1:9/x","body":{"a":1,"b":2}}"#;
+    let first = ok(
+        &db,
+        &[
+            "enqueue",
+            "--key",
+            "cli:1",
+            "--kind",
+            "webhook",
+            "--payload",
+            p,
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(first["duplicate"], false);
+    let reordered = r#"{ "body": {"b":2, "a":1}, "url":"http://127.0.0.1:9/x" }"#;
+    let again = ok(
+        &db,
+        &[
+            "enqueue",
+            "--key",
+            "cli:1",
+            "--kind",
+            "webhook",
+            "--payload",
+            reordered,
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(
+        (again["id"].clone(), again["duplicate"].clone()),
+        (first["id"].clone(), json!(true))
+    );
+
+    let conflict = cli(
+        &db,
+        &[
+            "enqueue",
+            "--key",
+            "cli:1",
+            "--kind",
+            "webhook",
+            "--payload",
+            r#"{"body":3}"#,
+        ],
+    )
+    .await;
+    assert_eq!(conflict.code, 4, "{}", conflict.stderr);
+    assert!(
+        conflict.stderr.contains("cli:1") && conflict.stderr.contains("different intent"),
+        "{}",
+        conflict.stderr
+    );
+
+    let bad = cli(
+        &db,
+        &[
+            "enqueue",
+            "--key",
+            "cli:2",
+            "--kind",
+            "webhook",
+            "--payload",
+            "{nope",
+        ],
+    )
+    .await;
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr.contains("--payload is not valid JSON"),
+        "{}",
+        bad.stderr
+    );
+
+    ok(
+        &db,
+        &[
+            "enqueue",
+            "--key",
+            "cli:later",
+            "--kind",
+            "webhook",
+            "--payload",
+            p,
+            "--run-after",
+            "1h",
+            "--ordering-key",
+            "o1",
+            "--source",
+            "checkout",
+        ],
+    )
+    .await;
+
+    let list = ok(&db, &["list", "--json"]).await.json();
+    assert_eq!(list.as_array().unwrap().len(), 2);
+    assert_eq!(list[0]["key"], "cli:later", "newest first");
+    let pending = ok(
+        &db,
+        &[
+            "list", "--state", "pending", "--kind", "webhook", "--limit", "1", "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(pending.as_array().unwrap().len(), 1);
+    let table = ok(&db, &["list"]).await.stdout;
+    assert!(
+        table.starts_with("ID") && table.contains("cli:later"),
+        "{table}"
+    );
+    assert_eq!(cli(&db, &["list", "--state", "bogus"]).await.code, 2);
+
+    let shown = ok(&db, &["show", "cli:later", "--json"]).await.json();
+    assert_eq!(shown["intent"]["ordering_key"], "o1");
+    assert_eq!(shown["intent"]["source"], "checkout");
+    let by_id = ok(&db, &["show", &first["id"].to_string(), "--json"])
+        .await
+        .json();
+    assert_eq!(by_id["intent"]["key"], "cli:1");
+    assert_eq!(by_id["intent"]["duplicates"], 1);
+    let human = ok(&db, &["show", "cli:1"]).await.stdout;
+    assert!(human.contains("state           pending"), "{human}");
+
+    let missing = cli(&db, &["show", "no-such-key"]).await;
+    assert_eq!(missing.code, 3);
+    assert!(missing.stderr.contains("no-such-key"));
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_once_retry_and_new_effect() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    ok(
+        &db,
+        &[
+            "enqueue",
+            "--key",
+            "r:1",
+            "--kind",
+            "webhook",
+            "--payload",
+            &payload(&rx, "/a"),
+        ],
+    )
+    .await;
+    ok(&db, &["run", "--once"]).await;
+    assert_eq!(db.state("r:1").await, "delivered");
+
+    // retry reuses the key...
+    let retried = ok(&db, &["retry", "r:1", "--json"]).await.json();
+    assert_eq!(
+        (
+            retried[0]["state"].clone(),
+            retried[0]["key_generation"].clone()
+        ),
+        (json!("pending"), json!(0))
+    );
+    ok(&db, &["run", "--once"]).await;
+    // ...unless a new effect is asked for explicitly
+    let fresh = ok(&db, &["retry", "r:1", "--new-effect", "--json"])
+        .await
+        .json();
+    assert_eq!(fresh[0]["key_generation"], 1);
+    ok(&db, &["run", "--once"]).await;
+    let ids: Vec<String> = rx.requests().iter().map(|r| r.webhook_id()).collect();
+    assert_eq!(ids.len(), 3);
+    assert_eq!(ids[0], ids[1], "operator retry: same webhook-id");
+    assert_ne!(ids[1], ids[2], "--new-effect: a new webhook-id");
+
+    let shown = ok(&db, &["show", "r:1", "--json"]).await.json();
+    assert_eq!(shown["attempts"].as_array().unwrap().len(), 3);
+    let actions = shown["operator_actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 2);
+    assert_eq!(actions[1]["detail"]["new_effect"], true);
+    let human = ok(&db, &["show", "r:1"]).await.stdout;
+    assert!(
+        human.contains("OUTCOME") && human.contains("delivered"),
+        "{human}"
+    );
+
+    // a live claim cannot be retried
+    ok(
+        &db,
+        &[
+            "enqueue",
+            "--key",
+            "r:2",
+            "--kind",
+            "webhook",
+            "--payload",
+            &payload(&rx, "/b"),
+        ],
+    )
+    .await;
+    db.store.claim("someone", 10, 60_000, &[]).await.unwrap();
+    let busy = cli(&db, &["retry", "r:2"]).await;
+    assert_eq!(busy.code, 4, "{}", busy.stderr);
+    assert!(busy.stderr.contains("in flight"));
+    assert_eq!(cli(&db, &["retry", "nope"]).await.code, 3);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_retry_by_state_with_dry_run() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    for n in 0..5 {
+        db.enqueue(
+            &format!("d:{n}"),
+            "webhook",
+            json!({"url": rx.url("/"), "body": n}),
+        )
+        .await;
+    }
+    sqlx::query("UPDATE outbox.intents SET state = 'dead', attempts = 10, last_error = 'gave up'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let dry = ok(
+        &db,
+        &[
+            "retry",
+            "--state",
+            "dead",
+            "--kind",
+            "webhook",
+            "--dry-run",
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(dry["would_retry"], 5);
+    assert_eq!(
+        db.count("state = 'dead'").await,
+        5,
+        "dry run changes nothing"
+    );
+    let out = ok(&db, &["retry", "--state", "dead"]).await;
+    assert!(out.stdout.contains("retried 5 intent(s)"), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("retrying: 5/5"),
+        "progress is shown: {}",
+        out.stderr
+    );
+    assert_eq!(
+        db.count("state = 'pending' AND attempts_base = 10").await,
+        5
+    );
+    ok(&db, &["run", "--once"]).await;
+    assert_eq!(db.count("state = 'delivered'").await, 5);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_resolve_stats_purge() {
+    let db = TestDb::new().await;
+    for key in ["c:pending", "c:amb1", "c:amb2", "c:amb3", "c:done"] {
+        db.enqueue(
+            key,
+            "webhook",
+            json!({"url": "http://127.0.0.1:9/", "body": key}),
+        )
+        .await;
+    }
+    // ambiguous and delivered states as a parked email or a finished delivery would leave them
+    sqlx::query("UPDATE outbox.intents SET state = 'ambiguous', last_error = 'lost after DATA' WHERE key LIKE 'c:amb%'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE outbox.intents SET state = 'delivered', delivered_at = now() WHERE key = 'c:done'",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+
+    let cancelled = ok(&db, &["cancel", "c:pending", "--json"]).await.json();
+    assert_eq!(cancelled[0]["state"], "cancelled");
+    let refused = cli(&db, &["cancel", "c:done"]).await;
+    assert_eq!(refused.code, 4, "a delivered intent cannot be cancelled");
+    assert_eq!(cli(&db, &["cancel", "nope"]).await.code, 3);
+
+    let r = ok(
+        &db,
+        &[
+            "resolve",
+            "c:amb1",
+            "--delivered",
+            "--ref",
+            "queue-id-77",
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(
+        (r["state"].clone(), r["provider_ref"].clone()),
+        (json!("delivered"), json!("queue-id-77"))
+    );
+    ok(
+        &db,
+        &["resolve", "c:amb2", "--reject", "customer asked us not to"],
+    )
+    .await;
+    let rejected = db.store.find("c:amb2").await.unwrap();
+    assert_eq!(rejected.state, "rejected");
+    assert!(rejected
+        .last_error
+        .unwrap()
+        .contains("customer asked us not to"));
+    ok(&db, &["resolve", "c:amb3", "--redeliver"]).await;
+    assert_eq!(db.state("c:amb3").await, "pending");
+    assert_eq!(
+        cli(&db, &["resolve", "c:amb3", "--delivered"]).await.code,
+        4,
+        "only ambiguous or dead"
+    );
+    assert_eq!(
+        cli(&db, &["resolve", "c:amb3"]).await.code,
+        2,
+        "a resolution is required"
+    );
+    let shown = ok(&db, &["show", "c:amb1", "--json"]).await.json();
+    assert_eq!(shown["operator_actions"][0]["action"], "resolve");
+
+    let stats = ok(&db, &["stats", "--json"]).await.json();
+    let count = |state: &str| {
+        stats["by_state"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["state"] == state)
+            .map_or(0, |r| r["count"].as_i64().unwrap())
+    };
+    assert_eq!(
+        (
+            count("delivered"),
+            count("rejected"),
+            count("cancelled"),
+            count("pending")
+        ),
+        (2, 1, 1, 1)
+    );
+    assert_eq!(stats["due"][0]["due"], 1);
+    let human = ok(&db, &["stats"]).await.stdout;
+    assert!(
+        human.contains("KIND") && human.contains("webhook"),
+        "{human}"
+    );
+
+    let dry = ok(&db, &["purge", "--older-than", "0s", "--dry-run", "--json"])
+        .await
+        .json();
+    assert_eq!(dry["matched"], 4);
+    assert_eq!(db.count("true").await, 5);
+    let purged = ok(&db, &["purge", "--older-than", "0s"]).await;
+    assert!(purged.stdout.contains("purged 4"), "{}", purged.stdout);
+    assert_eq!(db.count("true").await, 1, "only the pending intent is left");
+    ok(&db, &["purge", "--older-than", "30d"]).await;
+    assert_eq!(cli(&db, &["purge", "--older-than", "soon"]).await.code, 2);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_the_problem_and_exit_codes_mean_something() {
+    let none = cli_env(None, &["stats"], &[]).await;
+    assert_eq!(none.code, 2);
+    assert!(none.stderr.contains("DATABASE_URL"), "{}", none.stderr);
+
+    let down = cli_env(
+        Some("postgres://postgres:s3cret@127.0.0.1:1/x"),
+        &["stats"],
+        &[],
+    )
+    .await;
+    assert_eq!(down.code, 5, "{}", down.stderr);
+    assert!(
+        down.stderr
+            .contains("cannot connect to Postgres at 127.0.0.1:1"),
+        "{}",
+        down.stderr
+    );
+    assert!(!down.stderr.contains("s3cret"), "the password never prints");
+
+    let cfg = common::config_file("[relay]\nconcurency = 4\n");
+    let bad = cli_env(
+        Some("postgres://127.0.0.1:1/x"),
+        &["--config", cfg.to_str().unwrap(), "stats"],
+        &[],
+    )
+    .await;
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("concurency"), "{}", bad.stderr);
+    std::fs::remove_file(cfg).ok();
+
+    let db = TestDb::new().await;
+    sqlx::query("DROP SCHEMA outbox CASCADE")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let unmigrated = cli(&db, &["list"]).await;
+    assert_eq!(unmigrated.code, 1);
+    assert!(
+        unmigrated.stderr.contains("outbox-relay migrate"),
+        "{}",
+        unmigrated.stderr
+    );
+    db.drop_db().await;
+}
