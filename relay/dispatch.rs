@@ -39,7 +39,7 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
         let completion = settle(
             &claim,
             &outcome,
-            &policy,
+            policy,
             on_ambiguous,
             started,
             Utc::now(),

@@ -211,7 +211,7 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
         })
         .collect();
     let mut header = vec!["KIND"];
-    header.extend(STATES.iter().map(|s| *s));
+    header.extend(STATES.iter().copied());
     header.extend(["DUE", "OLDEST DUE"]);
     let header: Vec<String> = header.iter().map(|h| h.to_uppercase()).collect();
     table(
