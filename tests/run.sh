@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# tests/run.sh: the project's test command.
+#
+#   tests/run.sh [ARGS...]   ARGS go to `cargo nextest run` (or `cargo test`)
+#
+# Uses $DATABASE_URL when it is set and its server answers; otherwise starts a
+# scratch PostgreSQL cluster on 127.0.0.1 (installing the server binaries with
+# apt-get when run as root) and removes it on exit. Makes sure the SMTP test
+# peer (python3 + aiosmtpd) is available, then runs the whole workspace suite.
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO_ROOT"
+LOG_PREFIX=run.sh
+# shellcheck source=deploy/lib/scratch-pg.sh
+. "$REPO_ROOT/deploy/lib/scratch-pg.sh"
+
+trap scratch_pg_stop EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+py_has_aiosmtpd() { "$1" -c 'import aiosmtpd' >/dev/null 2>&1; }
+
+# Make python3 + aiosmtpd (the SMTP peer of the email tests) available.
+# Exports OUTBOX_TEST_PYTHON when a python3 exists, and
+# OUTBOX_TEST_SMTP=unavailable when aiosmtpd cannot be had.
+ensure_aiosmtpd() {
+	local py out=""
+	py=$(command -v python3 || true)
+	if [ -z "$py" ] && can_apt; then
+		say "python3 is missing; installing python3 and python3-aiosmtpd"
+		apt_install python3 python3-aiosmtpd || true
+		py=$(command -v python3 || true)
+	fi
+	if [ -n "$py" ] && ! py_has_aiosmtpd "$py"; then
+		say "aiosmtpd is missing; running: $py -m pip install --quiet aiosmtpd"
+		if ! out=$(PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --quiet \
+			--disable-pip-version-check aiosmtpd 2>&1); then
+			if grep -q 'externally-managed-environment' <<<"$out"; then
+				say "the Python environment is externally managed; retrying with --break-system-packages"
+				out=$(PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --quiet \
+					--disable-pip-version-check --break-system-packages aiosmtpd 2>&1) || true
+			fi
+		fi
+		if ! py_has_aiosmtpd "$py" && can_apt; then
+			apt_install python3-aiosmtpd || true
+			# apt serves the system python, which may not be the python3 on
+			# PATH (pyenv, a virtualenv): use it when it has the module.
+			if ! py_has_aiosmtpd "$py" && [ -x /usr/bin/python3 ] &&
+				py_has_aiosmtpd /usr/bin/python3; then
+				py=/usr/bin/python3
+			fi
+		fi
+	fi
+	if [ -n "$py" ]; then
+		OUTBOX_TEST_PYTHON=$("$py" -c 'import sys; print(sys.executable)' 2>/dev/null || echo "$py")
+		export OUTBOX_TEST_PYTHON
+	fi
+	if [ -n "$py" ] && py_has_aiosmtpd "$py"; then
+		say "SMTP test peer: aiosmtpd with $OUTBOX_TEST_PYTHON"
+	else
+		[ -n "$out" ] && printf '%s\n' "$out" | tail -n 3 >&2
+		say "warning: the SMTP test peer (python3 with aiosmtpd) is unavailable; the tests that"
+		say "warning: need it will report so. Install it: pip install aiosmtpd, or apt-get install python3-aiosmtpd"
+		export OUTBOX_TEST_SMTP=unavailable
+	fi
+}
+
+# Best effort: drop test databases left by runs that were killed. A database
+# still in use (a concurrent run) refuses DROP and is left alone.
+drop_leftover_test_dbs() {
+	local psql dbs db n=0
+	psql=$(find_pg_tool psql) || return 0
+	dbs=$("$psql" -d "$DATABASE_URL" -XAtq -c \
+		"SELECT datname FROM pg_database WHERE datname LIKE 'outbox\_test\_%'" 2>/dev/null) || return 0
+	while read -r db; do
+		[ -n "$db" ] || continue
+		if "$psql" -d "$DATABASE_URL" -Xq -c "DROP DATABASE IF EXISTS \"$db\"" >/dev/null 2>&1; then
+			n=$((n + 1))
+		fi
+	done <<<"$dbs"
+	[ "$n" -eq 0 ] || say "dropped $n leftover test database(s)"
+}
+
+have cargo || die "cargo is not on PATH: install Rust (rustup) first"
+
+ensure_aiosmtpd
+scratch_pg_setup pg-test
+drop_leftover_test_dbs
+
+if cargo nextest --version >/dev/null 2>&1; then
+	# nextest does not run doctests: run them first, when no filter was given
+	if [ "$#" -eq 0 ]; then
+		say "running: cargo test --doc --locked --workspace"
+		cargo test --doc --locked --workspace
+	fi
+	runner=(cargo nextest run --locked --workspace --no-fail-fast "$@")
+else
+	say "cargo-nextest is not installed; using cargo test"
+	runner=(cargo test --locked --workspace --no-fail-fast "$@")
+fi
+say "running: ${runner[*]}"
+status=0
+"${runner[@]}" || status=$?
+if [ "$status" -eq 0 ]; then
+	say "tests passed"
+else
+	say "tests failed (exit status $status)"
+fi
+exit "$status"
