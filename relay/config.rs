@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use outbox_providers::charge::{ChargeConfig, ChargeProvider};
+use outbox_providers::email::{EmailConfig, EmailProvider, SmtpTarget};
 use outbox_providers::webhook::{WebhookConfig, WebhookProvider};
 use outbox_providers::{guard, AmbiguityPolicy, ProviderSet, Secret};
 use serde::Deserialize;
@@ -57,6 +59,8 @@ pub struct Config {
     pub relay: RelaySection,
     pub retry: RetrySection,
     pub webhook: WebhookSection,
+    pub email: EmailSection,
+    pub charge: ChargeSection,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -209,12 +213,143 @@ impl WebhookSection {
     }
 }
 
+/// `[email]`: the email provider is enabled when `smtp_url` is set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmailSection {
+    /// smtp:// (plain), smtp+starttls://, smtps://; credentials may be in the URL.
+    pub smtp_url: Option<Secret>,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    /// Default sender.
+    pub from: Option<String>,
+    pub timeout: Dur,
+    pub connect_timeout: Dur,
+    pub pool_size: usize,
+    /// "park" (default) or "redeliver" (same Message-ID).
+    pub on_ambiguous: AmbiguityPolicy,
+    pub hello_name: Option<String>,
+}
+
+impl Default for EmailSection {
+    fn default() -> Self {
+        EmailSection {
+            smtp_url: None,
+            username: None,
+            password: None,
+            from: None,
+            timeout: dur("30s"),
+            connect_timeout: dur("10s"),
+            pool_size: 8,
+            on_ambiguous: AmbiguityPolicy::Park,
+            hello_name: None,
+        }
+    }
+}
+
+impl EmailSection {
+    /// `None` when email is not configured.
+    pub fn provider_config(&self) -> anyhow::Result<Option<EmailConfig>> {
+        let Some(url) = &self.smtp_url else {
+            return Ok(None);
+        };
+        let target = SmtpTarget::parse(url.expose()).map_err(anyhow::Error::msg)?;
+        let from = match &self.from {
+            Some(f) => Some(
+                f.parse()
+                    .map_err(|e| anyhow::anyhow!("email.from {f:?} is not a valid address: {e}"))?,
+            ),
+            None => None,
+        };
+        Ok(Some(EmailConfig {
+            username: self.username.clone(),
+            password: self.password.clone(),
+            from,
+            timeout: self.timeout.0,
+            connect_timeout: self.connect_timeout.0,
+            pool_size: self.pool_size,
+            on_ambiguous: self.on_ambiguous,
+            hello_name: self.hello_name.clone(),
+            ..EmailConfig::new(target)
+        }))
+    }
+}
+
+/// `[charge]`: the charge provider is enabled when an API key is set
+/// (STRIPE_API_KEY in the environment, preferably).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChargeSection {
+    pub api_base: String,
+    pub api_key: Option<Secret>,
+    pub timeout: Dur,
+    pub connect_timeout: Dur,
+    pub on_ambiguous: AmbiguityPolicy,
+}
+
+impl Default for ChargeSection {
+    fn default() -> Self {
+        ChargeSection {
+            api_base: "https://api.stripe.com".into(),
+            api_key: None,
+            timeout: dur("30s"),
+            connect_timeout: dur("10s"),
+            on_ambiguous: AmbiguityPolicy::Park,
+        }
+    }
+}
+
+impl ChargeSection {
+    /// `None` when no API key is configured.
+    pub fn provider_config(&self) -> anyhow::Result<Option<ChargeConfig>> {
+        let Some(api_key) = &self.api_key else {
+            return Ok(None);
+        };
+        if api_key.expose().trim().is_empty() {
+            bail!("charge.api_key (STRIPE_API_KEY) is empty");
+        }
+        let api_base = outbox_providers::charge::parse_api_base(&self.api_base)
+            .map_err(|e| anyhow::anyhow!("charge.api_base: {e}"))?;
+        Ok(Some(ChargeConfig {
+            api_base,
+            api_key: api_key.clone(),
+            timeout: self.timeout.0,
+            connect_timeout: self.connect_timeout.0,
+            on_ambiguous: self.on_ambiguous,
+        }))
+    }
+}
+
 impl Config {
-    /// The providers this configuration enables.
+    /// The providers this configuration enables: webhook always; email when
+    /// `email.smtp_url` is set; charge when an API key is set.
     pub fn providers(&self) -> anyhow::Result<ProviderSet> {
         let webhook =
             WebhookProvider::new(self.webhook.provider_config()?).map_err(anyhow::Error::msg)?;
-        Ok(ProviderSet::new().with(Arc::new(webhook)))
+        let mut set = ProviderSet::new().with(Arc::new(webhook));
+        if let Some(email) = self.email.provider_config()? {
+            set = set.with(Arc::new(
+                EmailProvider::new(email).map_err(anyhow::Error::msg)?,
+            ));
+        }
+        if let Some(charge) = self.charge.provider_config()? {
+            set = set.with(Arc::new(
+                ChargeProvider::new(charge).map_err(anyhow::Error::msg)?,
+            ));
+        }
+        Ok(set)
+    }
+
+    /// The longest time one attempt may take, over the enabled kinds.
+    fn longest_attempt(&self) -> Duration {
+        let mut longest = self.webhook.timeout.0;
+        if self.email.smtp_url.is_some() {
+            longest = longest.max(self.email.timeout.0);
+        }
+        if self.charge.api_key.is_some() {
+            longest = longest.max(self.charge.timeout.0);
+        }
+        longest
     }
 
     /// Load from an optional file plus `OUTBOX_RELAY__*` variables, and validate.
@@ -231,7 +366,17 @@ impl Config {
             }
             None => toml::Table::new(),
         };
-        apply_env(&mut table, env)?;
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        apply_env(&mut table, env.iter().cloned())?;
+        if let Some((_, key)) = env.iter().find(|(k, _)| k == "STRIPE_API_KEY") {
+            let charge = table
+                .entry("charge")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let Some(t) = charge.as_table_mut() {
+                t.entry("api_key")
+                    .or_insert_with(|| toml::Value::String(key.clone()));
+            }
+        }
         let config: Config = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid configuration: {}", e.message()))
@@ -267,12 +412,13 @@ impl Config {
         if r.sweep_interval.0 < Duration::from_millis(10) {
             bail!("relay.sweep_interval must be at least 10ms");
         }
-        if self.webhook.timeout.0 >= r.lease.0 {
+        if self.longest_attempt() >= r.lease.0 {
             bail!(
-                "relay.lease ({:?}) must be longer than webhook.timeout ({:?}): a delivery must end \
-                 before its lease can expire, or a slow request would be redelivered while it runs",
+                "relay.lease ({:?}) must be longer than the longest provider timeout ({:?}; \
+                 webhook.timeout, email.timeout, charge.timeout): a delivery must end before its \
+                 lease can expire, or a slow request would be redelivered while it runs",
                 r.lease.0,
-                self.webhook.timeout.0
+                self.longest_attempt()
             );
         }
         let retry = &self.retry;
@@ -301,7 +447,8 @@ impl Config {
         if self.webhook.max_response_bytes > 1 << 20 {
             bail!("webhook.max_response_bytes must be at most 1 MiB");
         }
-        self.webhook.provider_config()?;
+        // building the providers checks secrets, URLs and addresses
+        self.providers()?;
         if let Some(addr) = &r.metrics_addr {
             addr.parse::<std::net::SocketAddr>().map_err(|_| {
                 anyhow::anyhow!("relay.metrics_addr {addr:?} is not an address like 127.0.0.1:9187")
@@ -446,6 +593,24 @@ mod tests {
                 "relay.metrics_addr",
             ),
             ("nonsense = 1", "nonsense"),
+            (
+                "[email]\nsmtp_url = \"http://mail.example.com\"",
+                "not supported",
+            ),
+            (
+                "[email]\nsmtp_url = \"smtp://h\"\nfrom = \"nope\"",
+                "email.from",
+            ),
+            (
+                "[email]\nsmtp_url = \"smtp://h\"\ntimeout = \"90s\"",
+                "relay.lease",
+            ),
+            ("[email]\non_ambiguous = \"maybe\"", "maybe"),
+            (
+                "[charge]\napi_key = \"sk_test\"\napi_base = \"ftp://x\"",
+                "charge.api_base",
+            ),
+            ("[charge]\napi_key = \" \"", "is empty"),
             ("[relay", "not valid TOML"),
         ] {
             let err = format!("{:#}", load_str(text, &[]).unwrap_err());
@@ -471,6 +636,13 @@ mod tests {
         assert_eq!(c.relay.concurrency, 16);
         assert_eq!(c.relay.lease.0, Duration::from_secs(90));
         assert_eq!(c.webhook.allowed_networks, ["127.0.0.1/32"]);
+        let c = load_str("", &[("STRIPE_API_KEY", "sk_test_123")]).unwrap();
+        assert_eq!(c.charge.api_key.as_ref().unwrap().expose(), "sk_test_123");
+        assert!(c.providers().unwrap().get("charge").is_some());
+        assert!(
+            c.providers().unwrap().get("email").is_none(),
+            "email needs smtp_url"
+        );
         let err = load_str("", &[("OUTBOX_RELAY__RELAY__TYPO", "1")]).unwrap_err();
         assert!(format!("{err:#}").contains("typo"));
     }

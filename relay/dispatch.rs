@@ -95,7 +95,14 @@ async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
             }
         }
     }
-    (provider.deliver(&delivery).await, policy)
+    let outcome = provider.deliver(&delivery).await;
+    if matches!(outcome, Outcome::Ambiguous { .. }) {
+        let settled = reconcile::settle_ambiguous(provider.as_ref(), &delivery, outcome).await;
+        metrics::counter!("outbox_reconcile_total", "kind" => claim.kind.clone(), "result" => settled.class())
+            .increment(1);
+        return (settled, policy);
+    }
+    (outcome, policy)
 }
 
 /// Turn an outcome into the row the store writes: the attempt record and the
@@ -167,6 +174,9 @@ fn log_outcome(
         Outcome::Rejected { reason, .. } => tracing::warn!(ms, reason = %reason, "rejected"),
         Outcome::Ambiguous { reason, .. } => {
             tracing::warn!(ms, next = completion.state, reason = %reason, "ambiguous outcome")
+        }
+        Outcome::Misconfigured { reason, .. } => {
+            tracing::error!(ms, reason = %reason, "provider refused our configuration; intent is dead")
         }
     }
     if completion.state == "dead" {

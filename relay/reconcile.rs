@@ -34,6 +34,35 @@ pub async fn recover(
     }
 }
 
+/// An attempt answered ambiguously (e.g. a stored 500): ask the provider
+/// before deciding. Found → delivered; proven absent → transient (retried
+/// under the same key, which cannot duplicate); unknown → unchanged, for the
+/// kind's policy.
+pub async fn settle_ambiguous(
+    provider: &dyn Provider,
+    delivery: &Delivery<'_>,
+    outcome: Outcome,
+) -> Outcome {
+    let Outcome::Ambiguous { reason, status } = &outcome else {
+        return outcome;
+    };
+    match provider.reconcile(delivery).await {
+        Reconciled::Found { reference } => Outcome::Delivered {
+            reference: Some(reference),
+            replayed: false,
+            status: *status,
+        },
+        Reconciled::Absent => Outcome::Transient {
+            reason: format!(
+                "{reason}; the provider shows no such effect, so it is retried under the same key"
+            ),
+            status: *status,
+            retry_after: None,
+        },
+        Reconciled::Unknown => outcome,
+    }
+}
+
 /// The policy half of [`recover`], pure.
 pub fn decide(policy: AmbiguityPolicy, previous_owner: &str) -> Recovery {
     match policy {

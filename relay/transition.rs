@@ -97,6 +97,7 @@ pub fn next(
     match outcome {
         Outcome::Delivered { .. } => Next::Delivered,
         Outcome::Rejected { .. } => Next::Rejected,
+        Outcome::Misconfigured { .. } => Next::Dead,
         Outcome::Transient { retry_after, .. } => retry(*retry_after),
         Outcome::Ambiguous { .. } => match on_ambiguous {
             AmbiguityPolicy::Park => Next::Ambiguous,
@@ -181,6 +182,15 @@ mod tests {
             (&ambiguous, 3, Park, Next::Ambiguous),
             (&ambiguous, 1, Redeliver, Next::Retry(secs(5))),
             (&ambiguous, 3, Redeliver, Next::Dead),
+            (
+                &Outcome::Misconfigured {
+                    reason: "401".into(),
+                    status: Some(401),
+                },
+                1,
+                Redeliver,
+                Next::Dead,
+            ),
         ];
         for (outcome, attempt, policy, expected) in cases {
             assert_eq!(

@@ -9,7 +9,11 @@
 //!   every attempt, relay, restart and operator retry.
 //! - [`webhook`]: Standard Webhooks POSTs with a destination guard.
 //! - [`guard`]: the destination guard's pure decision.
+//! - [`email`]: SMTP with failures placed before or after the body.
+//! - [`charge`]: Stripe-compatible PaymentIntents with reconcile by metadata.
 
+pub mod charge;
+pub mod email;
 pub mod guard;
 pub mod keys;
 pub mod outcome;

@@ -33,6 +33,9 @@ pub enum Outcome {
     /// The effect may or may not have happened (the request was sent and the
     /// answer was lost). Resolved by reconcile or by the kind's policy.
     Ambiguous { reason: String, status: Option<u16> },
+    /// Our side is misconfigured (the provider refused our credentials):
+    /// retrying cannot help until an operator fixes it. Ends `dead`.
+    Misconfigured { reason: String, status: Option<u16> },
 }
 
 impl Outcome {
@@ -43,6 +46,7 @@ impl Outcome {
             Outcome::Rejected { .. } => "rejected",
             Outcome::Transient { .. } => "transient",
             Outcome::Ambiguous { .. } => "ambiguous",
+            Outcome::Misconfigured { .. } => "rejected",
         }
     }
 
@@ -51,7 +55,8 @@ impl Outcome {
             Outcome::Delivered { status, .. }
             | Outcome::Rejected { status, .. }
             | Outcome::Transient { status, .. }
-            | Outcome::Ambiguous { status, .. } => *status,
+            | Outcome::Ambiguous { status, .. }
+            | Outcome::Misconfigured { status, .. } => *status,
         }
     }
 
@@ -61,7 +66,8 @@ impl Outcome {
             Outcome::Delivered { .. } => None,
             Outcome::Rejected { reason, .. }
             | Outcome::Transient { reason, .. }
-            | Outcome::Ambiguous { reason, .. } => Some(reason),
+            | Outcome::Ambiguous { reason, .. }
+            | Outcome::Misconfigured { reason, .. } => Some(reason),
         }
     }
 

@@ -1,0 +1,258 @@
+//! An email intent's payload → a lettre message, before any network call.
+//!
+//! lettre parses every address and encodes every header, so CR/LF in a
+//! subject or an address can never add a header or a recipient.
+
+use lettre::message::{Mailbox, MultiPart, SinglePart};
+use lettre::Message;
+use serde_json::Value;
+
+use crate::keys;
+use crate::webhook::request::type_name;
+
+/// A message ready to send: the envelope, the bytes, and its Message-ID.
+pub struct Prepared {
+    pub envelope: lettre::address::Envelope,
+    pub bytes: Vec<u8>,
+    pub message_id: String,
+}
+
+/// The Message-ID for an intent: derived from its key, the same on every
+/// attempt, so a receiving system that dedupes on Message-ID can.
+pub fn message_id(key: &str, generation: i32, from: &Mailbox) -> String {
+    let k = keys::effect_key(key, "email", generation);
+    format!("<{}@{}>", &k[..32], from.email.domain())
+}
+
+/// Parse `{"from"?, "to": [...], "cc"?, "bcc"?, "reply_to"?, "subject",
+/// "text"?, "html"?}` and build the message.
+pub fn prepare(
+    payload: &Value,
+    key: &str,
+    generation: i32,
+    default_from: Option<&Mailbox>,
+) -> Result<Prepared, String> {
+    let obj = payload.as_object().ok_or_else(|| {
+        format!(
+            "email payload must be a JSON object, not {}",
+            type_name(payload)
+        )
+    })?;
+    if let Some(unknown) = obj.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "from" | "to" | "cc" | "bcc" | "reply_to" | "subject" | "text" | "html"
+        )
+    }) {
+        return Err(format!(
+            "email payload has an unknown field {unknown:?} (expected from, to, cc, bcc, reply_to, subject, text, html)"
+        ));
+    }
+    let from = match obj.get("from") {
+        Some(v) => mailbox("from", v)?,
+        None => default_from
+            .cloned()
+            .ok_or("email payload has no \"from\" and email.from is not configured")?,
+    };
+    let to = mailboxes("to", obj.get("to"))?;
+    if to.is_empty() {
+        return Err("email \"to\" must list at least one address".into());
+    }
+    let cc = mailboxes("cc", obj.get("cc"))?;
+    let bcc = mailboxes("bcc", obj.get("bcc"))?;
+    let subject = match obj.get("subject") {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(format!(
+                "email \"subject\" must be a string, not {}",
+                type_name(other)
+            ))
+        }
+        None => return Err("email payload has no \"subject\"".into()),
+    };
+    let text = optional_string(obj.get("text"), "text")?;
+    let html = optional_string(obj.get("html"), "html")?;
+
+    let id = message_id(key, generation, &from);
+    let mut builder = Message::builder()
+        .message_id(Some(id.clone()))
+        .from(from)
+        .subject(subject);
+    for m in to {
+        builder = builder.to(m);
+    }
+    for m in cc {
+        builder = builder.cc(m);
+    }
+    for m in bcc {
+        builder = builder.bcc(m);
+    }
+    if let Some(v) = obj.get("reply_to") {
+        builder = builder.reply_to(mailbox("reply_to", v)?);
+    }
+    let message = match (text, html) {
+        (Some(t), Some(h)) => builder.multipart(MultiPart::alternative_plain_html(t, h)),
+        (Some(t), None) => builder.singlepart(SinglePart::plain(t)),
+        (None, Some(h)) => builder.singlepart(SinglePart::html(h)),
+        (None, None) => return Err("email payload needs \"text\" or \"html\"".into()),
+    }
+    .map_err(|e| format!("email cannot be built: {e}"))?;
+    Ok(Prepared {
+        envelope: message.envelope().clone(),
+        bytes: message.formatted(),
+        message_id: id,
+    })
+}
+
+fn optional_string(v: Option<&Value>, field: &str) -> Result<Option<String>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!(
+            "email \"{field}\" must be a string, not {}",
+            type_name(other)
+        )),
+    }
+}
+
+/// One address, `a@example.com` or `Name <a@example.com>`.
+pub fn mailbox(field: &str, v: &Value) -> Result<Mailbox, String> {
+    let Value::String(s) = v else {
+        return Err(format!(
+            "email \"{field}\" must be an address string, not {}",
+            type_name(v)
+        ));
+    };
+    if s.contains(['\r', '\n']) {
+        return Err(format!("email \"{field}\" address contains a line break"));
+    }
+    s.parse::<Mailbox>()
+        .map_err(|e| format!("email \"{field}\" address {s:?} is invalid: {e}"))
+}
+
+fn mailboxes(field: &str, v: Option<&Value>) -> Result<Vec<Mailbox>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items.iter().map(|i| mailbox(field, i)).collect(),
+        Some(single @ Value::String(_)) => Ok(vec![mailbox(field, single)?]),
+        Some(other) => Err(format!(
+            "email \"{field}\" must be a list of addresses, not {}",
+            type_name(other)
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn text(p: &Prepared) -> String {
+        String::from_utf8(p.bytes.clone()).unwrap()
+    }
+
+    #[test]
+    fn builds_the_contract_shape() {
+        let p = prepare(
+            &json!({"from": "Shop <shop@example.com>", "to": ["a@example.com", "B <b@example.org>"],
+                    "cc": ["c@example.com"], "bcc": ["hidden@example.com"], "reply_to": "help@example.com",
+                    "subject": "Your order", "text": "Thanks!", "html": "<p>Thanks!</p>"}),
+            "order:1", 0, None,
+        )
+        .unwrap();
+        let t = text(&p);
+        assert!(t.contains("Subject: Your order"), "{t}");
+        assert!(t.contains(&format!("Message-ID: {}", p.message_id)), "{t}");
+        assert!(!t.contains("hidden@example.com"), "Bcc is not a header");
+        assert_eq!(p.envelope.to().len(), 4, "but it is a recipient");
+        assert!(p.message_id.ends_with("@example.com>"));
+        assert_eq!(p.message_id, prepare(&json!({"from": "shop@example.com", "to": ["x@example.com"], "subject": "s", "text": "t"}), "order:1", 0, None).unwrap().message_id);
+        assert_ne!(
+            p.message_id,
+            message_id("order:1", 1, &"shop@example.com".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn header_injection_cannot_add_headers_or_recipients() {
+        let p = prepare(
+            &json!({"from": "shop@example.com", "to": ["a@example.com"],
+                    "subject": "hi\r\nBcc: victim@example.com\r\nX-Evil: 1", "text": "t"}),
+            "k",
+            0,
+            None,
+        )
+        .unwrap();
+        let t = text(&p);
+        assert!(!t.contains("\r\nBcc:") && !t.contains("\r\nX-Evil:"), "{t}");
+        assert_eq!(p.envelope.to().len(), 1);
+        for bad in ["a@example.com\r\nBcc: v@example.com", "a@example.com\nX: y"] {
+            let err = prepare(
+                &json!({"from": "shop@example.com", "to": [bad], "subject": "s", "text": "t"}),
+                "k",
+                0,
+                None,
+            )
+            .err()
+            .unwrap();
+            assert!(err.contains("line break"), "{err}");
+        }
+    }
+
+    #[test]
+    fn refuses_bad_payloads_with_a_reason() {
+        let from: Mailbox = "shop@example.com".parse().unwrap();
+        for (payload, needle) in [
+            (json!("x"), "must be a JSON object"),
+            (
+                json!({"to": ["a@example.com"], "subject": "s", "text": "t"}),
+                "no \"from\"",
+            ),
+            (
+                json!({"from": "not an address", "to": ["a@example.com"], "subject": "s", "text": "t"}),
+                "\"from\" address",
+            ),
+            (
+                json!({"to": [], "subject": "s", "text": "t"}),
+                "at least one address",
+            ),
+            (
+                json!({"to": ["@nope"], "subject": "s", "text": "t"}),
+                "invalid",
+            ),
+            (
+                json!({"to": [5], "subject": "s", "text": "t"}),
+                "must be an address string",
+            ),
+            (
+                json!({"to": {"a": 1}, "subject": "s", "text": "t"}),
+                "must be a list",
+            ),
+            (
+                json!({"to": ["a@example.com"], "text": "t"}),
+                "no \"subject\"",
+            ),
+            (
+                json!({"to": ["a@example.com"], "subject": 1, "text": "t"}),
+                "\"subject\" must be a string",
+            ),
+            (
+                json!({"to": ["a@example.com"], "subject": "s"}),
+                "needs \"text\" or \"html\"",
+            ),
+            (
+                json!({"to": ["a@example.com"], "subject": "s", "text": "t", "attachments": []}),
+                "unknown field",
+            ),
+        ] {
+            let needs_default = !payload.get("from").is_some() && needle != "no \"from\"";
+            let err = prepare(&payload, "k", 0, needs_default.then_some(&from))
+                .err()
+                .unwrap_or_default();
+            assert!(
+                err.contains(needle),
+                "{payload}: {err:?} should mention {needle:?}"
+            );
+        }
+    }
+}

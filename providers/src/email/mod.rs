@@ -1,0 +1,94 @@
+//! Email over SMTP (lettre, tokio, rustls).
+//!
+//! The SMTP transaction is driven step by step so that a failure can be
+//! placed: anything that fails before the message body has been sent
+//! (connect, greeting, MAIL, RCPT, DATA) changed nothing and is transient;
+//! a failure after the body was sent (timeout, dropped connection,
+//! incomplete reply) may or may not have delivered it and is ambiguous.
+//! A 4yz reply is transient, a 5yz reply a rejection with the reply kept.
+
+pub mod message;
+mod smtp;
+
+use std::time::Duration;
+
+use lettre::message::Mailbox;
+
+use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Secret};
+pub use smtp::{Security, SmtpTarget};
+
+/// Email settings, validated by the relay's config loader.
+#[derive(Debug, Clone)]
+pub struct EmailConfig {
+    /// Where and how to connect; credentials may come from the URL.
+    pub target: SmtpTarget,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    /// Sender when a payload has no `from`.
+    pub from: Option<Mailbox>,
+    /// The whole send, from connect to the final reply (lettre's own
+    /// timeout covers only connecting).
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Idle connections kept for reuse.
+    pub pool_size: usize,
+    /// After an ambiguous send: park (default) or redeliver with the same
+    /// Message-ID.
+    pub on_ambiguous: AmbiguityPolicy,
+    /// EHLO name; default the machine's host name.
+    pub hello_name: Option<String>,
+}
+
+impl EmailConfig {
+    pub fn new(target: SmtpTarget) -> Self {
+        EmailConfig {
+            target,
+            username: None,
+            password: None,
+            from: None,
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            pool_size: 8,
+            on_ambiguous: AmbiguityPolicy::Park,
+            hello_name: None,
+        }
+    }
+}
+
+pub struct EmailProvider {
+    smtp: smtp::Client,
+    config: EmailConfig,
+}
+
+impl EmailProvider {
+    pub fn new(config: EmailConfig) -> Result<Self, String> {
+        Ok(EmailProvider {
+            smtp: smtp::Client::new(&config)?,
+            config,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for EmailProvider {
+    fn kind(&self) -> &'static str {
+        "email"
+    }
+
+    async fn deliver(&self, d: &Delivery<'_>) -> Outcome {
+        let prepared = match message::prepare(
+            d.payload,
+            d.key,
+            d.key_generation,
+            self.config.from.as_ref(),
+        ) {
+            Ok(p) => p,
+            Err(reason) => return Outcome::invalid(reason),
+        };
+        self.smtp.send(&prepared).await
+    }
+
+    fn on_ambiguous(&self) -> AmbiguityPolicy {
+        self.config.on_ambiguous
+    }
+}
