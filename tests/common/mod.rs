@@ -2,6 +2,9 @@
 //! loopback, relay configurations, and condition waits with deadlines.
 #![allow(dead_code)]
 
+pub mod smtp;
+pub mod stripe;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,0 +1,267 @@
+//! A faithful in-test fake of Stripe's PaymentIntents idempotency semantics:
+//! the first response for a key is stored and replayed (500s included) with
+//! `Idempotent-Replayed: true`; reuse with other parameters is a 400
+//! idempotency_error; a request while the first is still executing is a 409;
+//! search by metadata finds created intents.
+//!
+//! The payment method picks the behaviour: `pm_card_visa` succeeds,
+//! `pm_card_chargeDeclined` is declined (402), `pm_500_after_create` creates
+//! the payment and then answers 500, `pm_500_before_create` answers 500
+//! without creating anything, `pm_slow` takes 1.5 s.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{json, Value};
+
+pub const API_KEY: &str = "sk_test_fake_4eC39HqLyjWDarjtT1zdp7dc";
+
+#[derive(Debug, Clone)]
+enum Stored {
+    InFlight(Vec<(String, String)>),
+    Done {
+        params: Vec<(String, String)>,
+        status: u16,
+        body: Value,
+    },
+}
+
+#[derive(Default)]
+struct Inner {
+    keys: HashMap<String, Stored>,
+    payments: Vec<Value>,
+    /// Every request: (idempotency key, replayed?)
+    log: Vec<(String, bool, u16)>,
+}
+
+#[derive(Clone, Default)]
+pub struct FakeStripe {
+    inner: Arc<Mutex<Inner>>,
+}
+
+pub struct Running {
+    pub fake: FakeStripe,
+    pub base: String,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl FakeStripe {
+    pub async fn start() -> Running {
+        let fake = FakeStripe::default();
+        let app = axum::Router::new()
+            .route("/v1/payment_intents", post(create))
+            .route("/v1/payment_intents/search", get(search))
+            .with_state(fake.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Running { fake, base, server }
+    }
+
+    pub fn payments(&self) -> Vec<Value> {
+        self.inner.lock().unwrap().payments.clone()
+    }
+
+    /// (Idempotency-Key, replayed, status) of every create request.
+    pub fn requests(&self) -> Vec<(String, bool, u16)> {
+        self.inner.lock().unwrap().log.clone()
+    }
+
+    /// Pretend another request under `key` is executing right now.
+    pub fn hold(&self, key: &str) {
+        self.inner
+            .lock()
+            .unwrap()
+            .keys
+            .insert(key.into(), Stored::InFlight(vec![]));
+    }
+
+    pub fn release(&self, key: &str) {
+        self.inner.lock().unwrap().keys.remove(key);
+    }
+}
+
+fn error(status: u16, kind: &str, code: Option<&str>, message: &str) -> (u16, Value) {
+    (
+        status,
+        json!({"error": {"type": kind, "code": code, "message": message}}),
+    )
+}
+
+async fn create(State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes) -> Response {
+    if headers.get("authorization").and_then(|v| v.to_str().ok())
+        != Some(&format!("Bearer {API_KEY}"))
+    {
+        let (s, b) = error(
+            401,
+            "invalid_request_error",
+            None,
+            "Invalid API Key provided",
+        );
+        return reply(s, b, false);
+    }
+    let params: Vec<(String, String)> = url::form_urlencoded::parse(&body).into_owned().collect();
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        let (s, b) = error(
+            400,
+            "invalid_request_error",
+            None,
+            "the fake requires an Idempotency-Key",
+        );
+        return reply(s, b, false);
+    };
+    {
+        let mut inner = fake.inner.lock().unwrap();
+        match inner.keys.get(&key).cloned() {
+            Some(Stored::InFlight(_)) => {
+                inner.log.push((key, false, 409));
+                let (s, b) = error(
+                    409,
+                    "idempotency_error",
+                    None,
+                    "There is currently another in-progress request using this Idempotency-Key",
+                );
+                return reply(s, b, false);
+            }
+            Some(Stored::Done {
+                params: first,
+                status,
+                body,
+            }) => {
+                if first != params {
+                    inner.log.push((key, false, 400));
+                    let (s, b) = error(400, "idempotency_error", None, "Keys for idempotent requests can only be used with the same parameters they were first used with");
+                    return reply(s, b, false);
+                }
+                inner.log.push((key, true, status));
+                return reply(status, body, true);
+            }
+            None => {
+                inner
+                    .keys
+                    .insert(key.clone(), Stored::InFlight(params.clone()));
+            }
+        }
+    }
+    let get = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let pm = get("payment_method");
+    if pm == "pm_slow" {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    }
+    let mut inner = fake.inner.lock().unwrap();
+    let mut create_payment = |status: &str| {
+        let id = format!("pi_fake{:04}", inner.payments.len() + 1);
+        let metadata: serde_json::Map<String, Value> = params
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix("metadata[")
+                    .and_then(|k| k.strip_suffix(']'))
+                    .map(|k| (k.to_string(), json!(v)))
+            })
+            .collect();
+        let pi = json!({"id": id, "object": "payment_intent", "amount": get("amount").parse::<i64>().unwrap_or(0),
+                        "currency": get("currency"), "status": status, "metadata": metadata});
+        inner.payments.push(pi.clone());
+        pi
+    };
+    let (status, body) = match pm.as_str() {
+        "pm_card_chargeDeclined" => {
+            let pi = create_payment("requires_payment_method");
+            (
+                402,
+                json!({"error": {"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
+                                   "message": "Your card was declined.", "payment_intent": pi}}),
+            )
+        }
+        "pm_500_after_create" => {
+            create_payment("succeeded");
+            error(500, "api_error", None, "An unknown error occurred")
+        }
+        "pm_500_before_create" => error(500, "api_error", None, "An unknown error occurred"),
+        _ => (200, create_payment("succeeded")),
+    };
+    inner.keys.insert(
+        key.clone(),
+        Stored::Done {
+            params,
+            status,
+            body: body.clone(),
+        },
+    );
+    inner.log.push((key, false, status));
+    reply(status, body, false)
+}
+
+async fn search(
+    State(fake): State<FakeStripe>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Response {
+    if headers.get("authorization").and_then(|v| v.to_str().ok())
+        != Some(&format!("Bearer {API_KEY}"))
+    {
+        let (s, b) = error(
+            401,
+            "invalid_request_error",
+            None,
+            "Invalid API Key provided",
+        );
+        return reply(s, b, false);
+    }
+    let query = url::form_urlencoded::parse(q.unwrap_or_default().as_bytes())
+        .find(|(k, _)| k == "query")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    // metadata['NAME']:'VALUE'
+    let parsed = query
+        .strip_prefix("metadata['")
+        .and_then(|rest| rest.split_once("']:'"))
+        .map(|(name, value)| (name.to_string(), value.trim_end_matches('\'').to_string()));
+    let Some((name, value)) = parsed else {
+        let (s, b) = error(
+            400,
+            "invalid_request_error",
+            None,
+            "unsupported search query",
+        );
+        return reply(s, b, false);
+    };
+    let data: Vec<Value> = fake
+        .payments()
+        .into_iter()
+        .filter(|pi| pi["metadata"][&name] == value.as_str())
+        .collect();
+    reply(200, json!({"object": "search_result", "data": data}), false)
+}
+
+fn reply(status: u16, body: Value, replayed: bool) -> Response {
+    let mut resp = (StatusCode::from_u16(status).unwrap(), axum::Json(body)).into_response();
+    if replayed {
+        resp.headers_mut()
+            .insert("idempotent-replayed", "true".parse().unwrap());
+    }
+    resp
+}
