@@ -86,6 +86,10 @@ fn record_metrics(
     created_at: Option<chrono::DateTime<chrono::Utc>>,
 ) {
     let kind = c.kind.clone();
+    if c.uncounted {
+        metrics::counter!("outbox_deferrals_total", "kind" => kind).increment(1);
+        return;
+    }
     metrics::counter!("outbox_attempts_total", "kind" => kind.clone(), "outcome" => c.outcome)
         .increment(1);
     if !accepted {

@@ -174,6 +174,8 @@ pub struct WebhookSection {
     pub endpoints: HashMap<String, String>,
     /// "redeliver" (default) or "park".
     pub on_ambiguous: AmbiguityPolicy,
+    /// Requests in flight to one origin at most; more wait (deferred).
+    pub max_in_flight_per_host: usize,
 }
 
 impl Default for WebhookSection {
@@ -188,6 +190,7 @@ impl Default for WebhookSection {
             max_retry_after: Dur(d.max_retry_after),
             endpoints: HashMap::new(),
             on_ambiguous: d.on_ambiguous,
+            max_in_flight_per_host: d.max_in_flight_per_host,
         }
     }
 }
@@ -209,6 +212,7 @@ impl WebhookSection {
             endpoints: self.endpoints.clone(),
             max_retry_after: self.max_retry_after.0,
             on_ambiguous: self.on_ambiguous,
+            max_in_flight_per_host: self.max_in_flight_per_host,
         })
     }
 }
@@ -443,6 +447,9 @@ impl Config {
         }
         if !(0.0..=1.0).contains(&retry.jitter) {
             bail!("retry.jitter must be between 0.0 and 1.0");
+        }
+        if self.webhook.max_in_flight_per_host == 0 {
+            bail!("webhook.max_in_flight_per_host must be at least 1");
         }
         if self.webhook.max_response_bytes > 1 << 20 {
             bail!("webhook.max_response_bytes must be at most 1 MiB");

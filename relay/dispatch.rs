@@ -132,7 +132,7 @@ pub fn settle(
         (_, r) => r.map(str::to_string),
     };
     let run_after = match next {
-        Next::Retry(delay) => {
+        Next::Retry(delay) | Next::Defer(delay) => {
             Some(finished_at + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX))
         }
         _ => None,
@@ -151,6 +151,7 @@ pub fn settle(
         provider_ref,
         error,
         replayed,
+        uncounted: matches!(next, Next::Defer(_)),
         state: next.state(),
         run_after,
         response,
@@ -178,6 +179,7 @@ fn log_outcome(
         Outcome::Misconfigured { reason, .. } => {
             tracing::error!(ms, reason = %reason, "provider refused our configuration; intent is dead")
         }
+        Outcome::Deferred { reason, .. } => tracing::debug!(reason = %reason, "deferred"),
     }
     if completion.state == "dead" {
         tracing::warn!(

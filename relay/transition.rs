@@ -54,6 +54,8 @@ pub enum Next {
     Rejected,
     /// Back to pending, due after this delay.
     Retry(Duration),
+    /// Back to pending after this delay, the attempt not counted.
+    Defer(Duration),
     /// The retry budget is spent.
     Dead,
     /// Parked for an operator: the effect may or may not have happened.
@@ -66,7 +68,7 @@ impl Next {
         match self {
             Next::Delivered => "delivered",
             Next::Rejected => "rejected",
-            Next::Retry(_) => "pending",
+            Next::Retry(_) | Next::Defer(_) => "pending",
             Next::Dead => "dead",
             Next::Ambiguous => "ambiguous",
         }
@@ -98,6 +100,7 @@ pub fn next(
         Outcome::Delivered { .. } => Next::Delivered,
         Outcome::Rejected { .. } => Next::Rejected,
         Outcome::Misconfigured { .. } => Next::Dead,
+        Outcome::Deferred { retry_after, .. } => Next::Defer(policy.jittered(*retry_after, unit)),
         Outcome::Transient { retry_after, .. } => retry(*retry_after),
         Outcome::Ambiguous { .. } => match on_ambiguous {
             AmbiguityPolicy::Park => Next::Ambiguous,
@@ -190,6 +193,15 @@ mod tests {
                 1,
                 Redeliver,
                 Next::Dead,
+            ),
+            (
+                &Outcome::Deferred {
+                    reason: "busy".into(),
+                    retry_after: secs(1),
+                },
+                3,
+                Park,
+                Next::Defer(secs(1)),
             ),
         ];
         for (outcome, attempt, policy, expected) in cases {

@@ -328,3 +328,72 @@ async fn the_guard_checks_resolved_names_before_connecting() {
     assert!(rx.requests().is_empty(), "no connection was made");
     db.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_receiver_cannot_take_every_delivery_slot() {
+    let db = TestDb::new().await;
+    let slow = Receiver::start(|_, _| Reply::status(200).after(Duration::from_millis(400))).await;
+    let fast = Receiver::ok().await;
+    let mut cfg = config();
+    cfg.webhook.max_in_flight_per_host = 2;
+    for n in 0..8 {
+        db.enqueue(
+            &format!("slow:{n}"),
+            "webhook",
+            json!({"url": slow.url("/"), "body": n}),
+        )
+        .await;
+    }
+    for n in 0..4 {
+        db.enqueue(
+            &format!("fast:{n}"),
+            "webhook",
+            json!({"url": fast.url("/"), "body": n}),
+        )
+        .await;
+    }
+    let store = db.store.clone();
+    run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(30),
+        || {
+            let store = store.clone();
+            async move {
+                let s = store.stats().await.unwrap();
+                let delivered: i64 = s
+                    .by_state
+                    .iter()
+                    .filter(|r| r.state == "delivered")
+                    .map(|r| r.count)
+                    .sum();
+                delivered == 12
+            }
+        },
+    )
+    .await;
+    let lead: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM max(delivered_at) FILTER (WHERE key LIKE 'slow:%')
+                                - max(delivered_at) FILTER (WHERE key LIKE 'fast:%'))::float8
+           FROM outbox.intents",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert!(
+        lead > 0.8,
+        "the fast host finished {lead}s before the slow one: it was not starved"
+    );
+    assert!(
+        slow.max_in_flight() <= 2,
+        "at most 2 in flight to the slow host, saw {}",
+        slow.max_in_flight()
+    );
+    let extra: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.attempts WHERE outcome <> 'delivered'")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(extra, 0, "deferrals are not attempts");
+    assert_eq!(db.count("attempts = 1").await, 12);
+    db.drop_db().await;
+}

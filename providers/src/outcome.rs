@@ -36,6 +36,13 @@ pub enum Outcome {
     /// Our side is misconfigured (the provider refused our credentials):
     /// retrying cannot help until an operator fixes it. Ends `dead`.
     Misconfigured { reason: String, status: Option<u16> },
+    /// Not attempted: the provider is saturated here (e.g. too many requests
+    /// in flight to one host). Back to pending after `retry_after`, without
+    /// spending an attempt of the retry budget.
+    Deferred {
+        reason: String,
+        retry_after: Duration,
+    },
 }
 
 impl Outcome {
@@ -47,6 +54,7 @@ impl Outcome {
             Outcome::Transient { .. } => "transient",
             Outcome::Ambiguous { .. } => "ambiguous",
             Outcome::Misconfigured { .. } => "rejected",
+            Outcome::Deferred { .. } => "deferred",
         }
     }
 
@@ -57,6 +65,7 @@ impl Outcome {
             | Outcome::Transient { status, .. }
             | Outcome::Ambiguous { status, .. }
             | Outcome::Misconfigured { status, .. } => *status,
+            Outcome::Deferred { .. } => None,
         }
     }
 
@@ -67,7 +76,8 @@ impl Outcome {
             Outcome::Rejected { reason, .. }
             | Outcome::Transient { reason, .. }
             | Outcome::Ambiguous { reason, .. }
-            | Outcome::Misconfigured { reason, .. } => Some(reason),
+            | Outcome::Misconfigured { reason, .. }
+            | Outcome::Deferred { reason, .. } => Some(reason),
         }
     }
 

@@ -53,6 +53,9 @@ pub struct Completion {
     pub provider_ref: Option<String>,
     pub error: Option<String>,
     pub replayed: bool,
+    /// Not an attempt (deferred before any call): the attempt counter goes
+    /// back down and no attempt row is written.
+    pub uncounted: bool,
     /// The intent's next state (pending for a retry).
     pub state: &'static str,
     /// For a retry: when.
@@ -197,15 +200,18 @@ impl Store {
                  SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::int[],
                                       $5::timestamptz[], $6::timestamptz[], $7::text[], $8::int[],
                                       $9::text[], $10::text[], $11::bool[], $12::text[],
-                                      $13::timestamptz[], $14::jsonb[])
+                                      $13::timestamptz[], $14::jsonb[], $16::bool[])
                      AS u(id, fence, attempt, key_generation, started_at, finished_at, outcome,
-                          status, provider_ref, error, replayed, state, run_after, response)),
+                          status, provider_ref, error, replayed, state, run_after, response,
+                          uncounted)),
              done AS (
                  UPDATE outbox.intents i
                     SET state = u.state,
+                        attempts = i.attempts - CASE WHEN u.uncounted THEN 1 ELSE 0 END,
                         run_after = coalesce(u.run_after, i.run_after),
                         provider_ref = coalesce(u.provider_ref, i.provider_ref),
-                        last_error = coalesce(u.error, i.last_error),
+                        last_error = CASE WHEN u.uncounted THEN i.last_error
+                                          ELSE coalesce(u.error, i.last_error) END,
                         response = coalesce(u.response, i.response),
                         owner = NULL, lease_expires_at = NULL, updated_at = now(),
                         delivered_at = CASE WHEN u.state = 'delivered' THEN now()
@@ -221,6 +227,7 @@ impl Store {
                         u.status, u.provider_ref, u.error, u.replayed, d.id IS NOT NULL,
                         u.key_generation
                    FROM u LEFT JOIN done d ON d.id = u.id
+                  WHERE NOT u.uncounted
                  ON CONFLICT (intent_id, fence) DO UPDATE
                     SET finished_at = excluded.finished_at, outcome = excluded.outcome,
                         status = excluded.status, provider_ref = excluded.provider_ref,
@@ -245,6 +252,7 @@ impl Store {
         .bind(col!(|c| c.run_after))
         .bind(col!(|c| c.response.clone()))
         .bind(owner)
+        .bind(col!(|c| c.uncounted))
         .fetch_all(&self.pool)
         .await?;
         rows.iter()

@@ -243,6 +243,8 @@ impl Reply {
 pub type Script = Arc<dyn Fn(&Received, usize) -> Reply + Send + Sync>;
 
 struct ReceiverState {
+    in_flight: std::sync::atomic::AtomicUsize,
+    max_in_flight: std::sync::atomic::AtomicUsize,
     log: Mutex<Vec<Received>>,
     seen: Mutex<HashMap<String, usize>>,
     script: Script,
@@ -260,6 +262,8 @@ impl Receiver {
         script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static,
     ) -> Receiver {
         let state = Arc::new(ReceiverState {
+            in_flight: Default::default(),
+            max_in_flight: Default::default(),
             log: Mutex::new(Vec::new()),
             seen: Mutex::new(HashMap::new()),
             script: Arc::new(script),
@@ -290,6 +294,13 @@ impl Receiver {
 
     pub fn requests(&self) -> Vec<Received> {
         self.state.log.lock().unwrap().clone()
+    }
+
+    /// The most requests that were in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.state
+            .max_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// How many requests carried each webhook-id.
@@ -326,9 +337,13 @@ async fn handle(
     state.log.lock().unwrap().push(received.clone());
     let reply = (state.script)(&received, nth);
     let _ = method;
+    use std::sync::atomic::Ordering::SeqCst;
+    let now = state.in_flight.fetch_add(1, SeqCst) + 1;
+    state.max_in_flight.fetch_max(now, SeqCst);
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
+    state.in_flight.fetch_sub(1, SeqCst);
     let mut resp = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
     for (name, value) in reply.headers {
         resp.headers_mut().insert(name, value.parse().unwrap());

@@ -5,6 +5,7 @@
 //! receiver that dedupes on it sees one message however often we retry.
 
 mod classify;
+mod hosts;
 pub mod request;
 mod resolve;
 pub mod sign;
@@ -39,6 +40,9 @@ pub struct WebhookConfig {
     /// following Standard Webhooks dedupe on it), or park for an operator
     /// when the receiver is known not to dedupe.
     pub on_ambiguous: AmbiguityPolicy,
+    /// Requests in flight to one origin (scheme, host, port) at most; more
+    /// are deferred without spending an attempt.
+    pub max_in_flight_per_host: usize,
 }
 
 impl Default for WebhookConfig {
@@ -52,6 +56,7 @@ impl Default for WebhookConfig {
             endpoints: HashMap::new(),
             max_retry_after: Duration::from_secs(3600),
             on_ambiguous: AmbiguityPolicy::Redeliver,
+            max_in_flight_per_host: 32,
         }
     }
 }
@@ -59,6 +64,7 @@ impl Default for WebhookConfig {
 pub struct WebhookProvider {
     client: reqwest::Client,
     keys: Vec<SigningKey>,
+    hosts: hosts::HostLimits,
     config: WebhookConfig,
 }
 
@@ -87,6 +93,7 @@ impl WebhookProvider {
         Ok(WebhookProvider {
             client,
             keys,
+            hosts: hosts::HostLimits::new(config.max_in_flight_per_host),
             config,
         })
     }
@@ -103,6 +110,16 @@ impl WebhookProvider {
                 return Outcome::invalid(reason);
             }
         }
+        let origin = hosts::origin(&req.url);
+        let Some(_slot) = self.hosts.try_acquire(&origin) else {
+            return Outcome::Deferred {
+                reason: format!(
+                    "{} requests to {origin} already in flight (webhook.max_in_flight_per_host)",
+                    self.hosts.limit()
+                ),
+                retry_after: Duration::from_millis(500),
+            };
+        };
         let id = keys::webhook_id(d.key, d.key_generation);
         let timestamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
