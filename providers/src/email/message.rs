@@ -245,7 +245,7 @@ mod tests {
                 "unknown field",
             ),
         ] {
-            let needs_default = !payload.get("from").is_some() && needle != "no \"from\"";
+            let needs_default = payload.get("from").is_none() && needle != "no \"from\"";
             let err = prepare(&payload, "k", 0, needs_default.then_some(&from))
                 .err()
                 .unwrap_or_default();
