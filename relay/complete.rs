@@ -106,6 +106,15 @@ fn record_metrics(
         metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "provider")
             .increment(1);
     }
+    if c.operator_replay {
+        metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "operator")
+            .increment(1);
+    }
+    if matches!(c.state, "delivered" | "rejected") && c.status.is_some_and(|s| s >= 500) {
+        metrics::counter!("outbox_invariant_violations_total", "kind" => kind.clone()).increment(1);
+        tracing::error!(intent = c.id, status = ?c.status, state = c.state,
+            "invariant violated: a 5xx answer was stored as terminal");
+    }
     if c.state == "delivered" && !c.delivered_before {
         metrics::counter!("outbox_delivered_total", "kind" => kind.clone()).increment(1);
         if let Some(created) = created_at {

@@ -141,6 +141,7 @@ pub fn settle(
         id: claim.id,
         kind: claim.kind.clone(),
         delivered_before: claim.delivered_before,
+        operator_replay: claim.attempts_base > 0 && claim.attempt == claim.attempts_base + 1,
         fence: claim.fence,
         attempt: claim.attempt,
         key_generation: claim.key_generation,

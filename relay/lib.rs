@@ -17,6 +17,7 @@
 //! - [`sweeper`]: expired leases → reconcile; duplicate-enqueue folding.
 //! - [`reconcile`]: what to do when an attempt's outcome was lost.
 //! - [`engine`]: wiring, `run` and `run --once`, graceful shutdown.
+//! - [`metrics`]: Prometheus metrics, queue gauges, /healthz and /readyz.
 //! - [`cli`]: the `outbox-relay` command.
 //! - [`telemetry`]: logging setup.
 //!
@@ -29,6 +30,7 @@ pub mod complete;
 pub mod config;
 pub mod dispatch;
 pub mod engine;
+pub mod metrics;
 pub mod reconcile;
 pub mod store;
 pub mod sweeper;

@@ -47,10 +47,11 @@ pub async fn settle_ambiguous(
         return outcome;
     };
     match provider.reconcile(delivery).await {
+        // the delivery is the provider's record, not this attempt's 5xx answer
         Reconciled::Found { reference } => Outcome::Delivered {
             reference: Some(reference),
             replayed: false,
-            status: *status,
+            status: None,
         },
         Reconciled::Absent => Outcome::Transient {
             reason: format!(

@@ -1,8 +1,13 @@
 //! `run`: the daemon.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
 use super::{Failure, Outcome};
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
+use crate::metrics::{self, Health};
 use crate::store::Store;
 
 pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
@@ -10,12 +15,28 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
     let providers = config
         .providers()
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
-    let engine = Engine::new(store, providers, EngineConfig::from_config(config));
     if once {
+        let engine = Engine::new(store, providers, EngineConfig::from_config(config));
         engine.run_once().await?;
-    } else {
-        engine.run(shutdown_signal()).await?;
+        return Ok(());
     }
+    let health = Arc::new(Health::default());
+    if let Some(addr) = &config.relay.metrics_addr {
+        let addr = addr.parse().map_err(|_| {
+            Failure::usage(format!("relay.metrics_addr {addr:?} is not an address"))
+        })?;
+        let bound = metrics::serve(addr, store.clone(), health.clone()).await?;
+        tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
+        tokio::spawn(metrics::gauges_loop(store.clone(), Duration::from_secs(5)));
+    }
+    let engine = Engine::new(store, providers, EngineConfig::from_config(config));
+    let stopping = health.clone();
+    engine
+        .run(async move {
+            shutdown_signal().await;
+            stopping.shutting_down.store(true, Ordering::SeqCst);
+        })
+        .await?;
     Ok(())
 }
 

@@ -42,6 +42,8 @@ pub struct Completion {
     /// Not stored; for metrics and logs.
     pub kind: String,
     pub delivered_before: bool,
+    /// The first attempt after an operator retry (or resolve --redeliver).
+    pub operator_replay: bool,
     pub fence: i64,
     pub attempt: i32,
     pub key_generation: i32,

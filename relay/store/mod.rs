@@ -101,12 +101,17 @@ impl Store {
 
     /// True when every embedded migration has been applied.
     pub async fn migrations_current(&self) -> Result<bool, sqlx::Error> {
-        let applied: Vec<i64> = sqlx::query_scalar(
+        let applied: Vec<i64> = match sqlx::query_scalar(
             "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
         )
         .fetch_all(&self.pool)
         .await
-        .unwrap_or_default();
+        {
+            Ok(v) => v,
+            // never migrated
+            Err(e) if sqlstate(&e).as_deref() == Some("42P01") => Vec::new(),
+            Err(e) => return Err(e),
+        };
         Ok(MIGRATOR
             .iter()
             .filter(|m| !m.migration_type.is_down_migration())

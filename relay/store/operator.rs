@@ -382,6 +382,29 @@ impl Store {
         })
     }
 
+    /// The live queue for the gauges, cheaply: counts of the non-terminal
+    /// states (pending, claimed, ambiguous, dead) by kind, from the
+    /// (state, kind) index, and the age of the oldest due intent per kind,
+    /// from the due index. Delivered history is never scanned.
+    #[allow(clippy::type_complexity)]
+    pub async fn stats_for_gauges(
+        &self,
+    ) -> Result<(Vec<(String, String, i64)>, Vec<(String, f64)>), sqlx::Error> {
+        let counts = sqlx::query_as(
+            "SELECT kind, state, count(*) FROM outbox.intents
+              WHERE state IN ('pending', 'claimed', 'ambiguous', 'dead') GROUP BY kind, state",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let oldest = sqlx::query_as(
+            "SELECT kind, extract(epoch FROM now() - min(run_after))::float8 FROM outbox.intents
+              WHERE state = 'pending' AND run_after <= now() GROUP BY kind",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok((counts, oldest))
+    }
+
     /// Delete terminal intents last changed before `older_than` ago, in
     /// batches (short transactions, SKIP LOCKED). Returns how many.
     pub async fn purge(

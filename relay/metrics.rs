@@ -1,0 +1,197 @@
+//! Prometheus metrics, queue gauges and the health endpoints.
+//!
+//! One listener at `relay.metrics_addr` serves `/metrics`, `/healthz`
+//! (the process is alive) and `/readyz` (the database answers, the schema is
+//! current, and the relay is not shutting down).
+//!
+//! A broken idempotency layer fails by doing extra work successfully, so
+//! every kind of extra work has its own counter: replays are counted by
+//! source (`enqueue`, `provider`, `redelivery`, `operator`) and never in
+//! `outbox_delivered_total`, which counts each intent's first confirmed
+//! effect once.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::store::Store;
+
+/// The process-wide recorder (installed once).
+pub fn recorder() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets(&[
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0, 60.0, 300.0, 3600.0,
+                ])
+                .expect("static buckets")
+                .install_recorder()
+                .expect("the metrics recorder is installed once per process");
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "outbox_delivered_total",
+        "First confirmed effect of an intent, once each"
+    );
+    describe_counter!("outbox_replays_total", "Work that did not produce a new effect, by source: enqueue | provider | redelivery | operator");
+    describe_counter!(
+        "outbox_attempts_total",
+        "Delivery attempts by outcome: delivered | rejected | transient | ambiguous"
+    );
+    describe_counter!(
+        "outbox_fencing_rejections_total",
+        "Completions refused because the lease had moved on"
+    );
+    describe_counter!(
+        "outbox_leases_expired_total",
+        "Claims taken over by the sweeper after their lease expired"
+    );
+    describe_counter!("outbox_reconcile_total", "Reconcile decisions by result");
+    describe_counter!(
+        "outbox_deferrals_total",
+        "Deliveries deferred without an attempt (per-host limit)"
+    );
+    describe_counter!(
+        "outbox_invariant_violations_total",
+        "Attempts that would have stored a 5xx or a timeout as terminal (must stay 0)"
+    );
+    describe_gauge!("outbox_intents", "Intents by kind and state");
+    describe_gauge!(
+        "outbox_oldest_due_seconds",
+        Unit::Seconds,
+        "Age of the oldest due pending intent"
+    );
+    describe_histogram!(
+        "outbox_attempt_duration_seconds",
+        Unit::Seconds,
+        "Duration of one delivery attempt"
+    );
+    describe_histogram!(
+        "outbox_delivery_latency_seconds",
+        Unit::Seconds,
+        "From enqueue to delivered"
+    );
+}
+
+/// Readiness inputs shared with the daemon.
+#[derive(Debug, Default)]
+pub struct Health {
+    pub shutting_down: AtomicBool,
+}
+
+#[derive(Clone)]
+struct Served {
+    handle: PrometheusHandle,
+    store: Store,
+    health: Arc<Health>,
+}
+
+/// Bind `addr` (port 0 picks one) and serve until the task is dropped.
+/// Returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    store: Store,
+    health: Arc<Health>,
+) -> anyhow::Result<SocketAddr> {
+    let served = Served {
+        handle: recorder(),
+        store,
+        health,
+    };
+    let app = axum::Router::new()
+        .route("/metrics", get(render))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(served);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on relay.metrics_addr {addr}: {e}"))?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(error = %err, "metrics listener stopped");
+        }
+    });
+    Ok(bound)
+}
+
+async fn render(State(s): State<Served>) -> String {
+    s.handle.render()
+}
+
+async fn ready(State(s): State<Served>) -> (StatusCode, String) {
+    if s.health.shutting_down.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".into());
+    }
+    let check = tokio::time::timeout(Duration::from_secs(2), s.store.migrations_current()).await;
+    match check {
+        Ok(Ok(true)) => (StatusCode::OK, "ready\n".into()),
+        Ok(Ok(false)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "schema not current: run `outbox-relay migrate`\n".into(),
+        ),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("database unreachable: {e}\n"),
+        ),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database did not answer within 2s\n".into(),
+        ),
+    }
+}
+
+/// The states `outbox_intents` reports (terminal history is counted by the
+/// counters, not rescanned every few seconds).
+pub const GAUGED_STATES: &[&str] = &["pending", "claimed", "ambiguous", "dead"];
+
+/// Refresh the queue gauges from one cheap query. Kinds seen before keep
+/// being reported (at 0) after they drain.
+pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
+    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let s = store.stats_for_gauges().await?;
+    let kinds: Vec<String> = {
+        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        seen.extend(outbox_providers::KNOWN_KINDS.iter().map(|k| k.to_string()));
+        seen.extend(s.0.iter().map(|r| r.0.clone()));
+        seen.iter().cloned().collect()
+    };
+    for kind in &kinds {
+        for state in GAUGED_STATES {
+            let n =
+                s.0.iter()
+                    .find(|r| r.0 == *kind && r.1 == *state)
+                    .map_or(0, |r| r.2);
+            metrics::gauge!("outbox_intents", "kind" => kind.to_string(), "state" => *state)
+                .set(n as f64);
+        }
+        let oldest = s.1.iter().find(|r| r.0 == *kind).map_or(0.0, |r| r.1);
+        metrics::gauge!("outbox_oldest_due_seconds", "kind" => kind.to_string()).set(oldest);
+    }
+    Ok(())
+}
+
+/// Refresh the gauges every `every` until the task is dropped.
+pub async fn gauges_loop(store: Store, every: Duration) {
+    loop {
+        if let Err(err) = refresh_gauges(&store).await {
+            tracing::debug!(error = %err, "gauge refresh failed");
+        }
+        tokio::time::sleep(every).await;
+    }
+}

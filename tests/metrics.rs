@@ -1,0 +1,274 @@
+//! /metrics, /healthz and /readyz of a running relay, scraped over HTTP.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{relay_bin, wait_for, Receiver, Reply, TestDb};
+use serde_json::json;
+use tokio::net::{TcpListener, TcpStream};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Prometheus text → "name{labels}" → value.
+async fn scrape(port: u16) -> HashMap<String, f64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            l.rsplit_once(' ')
+                .map(|(k, v)| (k.to_string(), v.parse().unwrap_or(f64::NAN)))
+        })
+        .collect()
+}
+
+/// The sum of every series of `name` whose labels include all of `labels`.
+fn sum(m: &HashMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.split('{').next() == Some(name) && labels.iter().all(|l| k.contains(l)))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+fn spawn(db_url: &str, port: u16, extra: &[(&str, &str)]) -> tokio::process::Child {
+    let mut cmd = tokio::process::Command::new(relay_bin());
+    cmd.arg("run")
+        .env("DATABASE_URL", db_url)
+        .env(
+            "OUTBOX_RELAY__RELAY__METRICS_ADDR",
+            format!("\"127.0.0.1:{port}\""),
+        )
+        .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "50ms")
+        .env("OUTBOX_RELAY__RELAY__SWEEP_INTERVAL", "100ms")
+        .env("OUTBOX_RELAY__RELAY__LEASE", "5s")
+        .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s")
+        .env(
+            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
+            "[\"127.0.0.0/8\"]",
+        )
+        .env("OUTBOX_RELAY__RETRY__SCHEDULE", "[\"50ms\"]")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_are_counted_by_source_and_each_effect_once() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|r, _| {
+        if r.path == "/replayed" {
+            Reply::status(200).header("idempotent-replayed", "true")
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
+    let hook = |path: &str| json!({"url": rx.url(path), "body": {"p": path}});
+    // a: plain; b: enqueued three times (2 duplicates); c: the receiver reports a replay;
+    // d: claimed by a relay that died (lease expires, redelivered)
+    db.enqueue("m:a", "webhook", hook("/a")).await;
+    for _ in 0..3 {
+        db.enqueue("m:b", "webhook", hook("/b")).await;
+    }
+    db.enqueue("m:c", "webhook", hook("/replayed")).await;
+    db.enqueue("m:d", "webhook", hook("/d")).await;
+    let dead = db.store.claim("dead-relay", 1, 100, &[]).await.unwrap();
+    assert_eq!(dead[0].key, "m:a", "the dead relay took m:a");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    let port = free_port();
+    let mut relay = spawn(&db.url, port, &[]);
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            db.count("state = 'delivered'").await == 4
+        })
+        .await
+    );
+    // a duplicate enqueue of an intent already delivered still counts
+    db.enqueue("m:b", "webhook", hook("/b")).await;
+    // an operator retry re-sends a delivered intent under the same key
+    let out = tokio::process::Command::new(relay_bin())
+        .args(["retry", "m:d"])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            let m = scrape(port).await;
+            sum(&m, "outbox_replays_total", &["source=\"operator\""]) == 1.0
+                && sum(&m, "outbox_replays_total", &["source=\"enqueue\""]) == 3.0
+        })
+        .await
+    );
+    let m = scrape(port).await;
+    let replays = |source: &str| {
+        sum(
+            &m,
+            "outbox_replays_total",
+            &[&format!("source=\"{source}\"")],
+        )
+    };
+    assert_eq!(replays("enqueue"), 3.0, "three duplicate enqueues");
+    assert_eq!(replays("provider"), 1.0, "one provider-reported replay");
+    assert_eq!(
+        replays("redelivery"),
+        1.0,
+        "one redelivery after a lease expiry"
+    );
+    assert_eq!(replays("operator"), 1.0, "one operator retry");
+    assert_eq!(
+        sum(&m, "outbox_delivered_total", &["kind=\"webhook\""]),
+        4.0,
+        "each effect once"
+    );
+    assert_eq!(
+        sum(&m, "outbox_attempts_total", &["outcome=\"delivered\""]),
+        5.0
+    );
+    assert_eq!(sum(&m, "outbox_leases_expired_total", &[]), 1.0);
+    assert_eq!(sum(&m, "outbox_fencing_rejections_total", &[]), 0.0);
+    assert_eq!(sum(&m, "outbox_invariant_violations_total", &[]), 0.0);
+    assert!(m
+        .keys()
+        .any(|k| k.starts_with("outbox_delivery_latency_seconds_bucket")));
+    assert!(m
+        .keys()
+        .any(|k| k.starts_with("outbox_attempt_duration_seconds_bucket")));
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            let m = scrape(port).await;
+            m.get("outbox_intents{kind=\"webhook\",state=\"pending\"}") == Some(&0.0)
+                && m.contains_key("outbox_oldest_due_seconds{kind=\"webhook\"}")
+        })
+        .await,
+        "queue gauges are refreshed"
+    );
+    common::terminate(&mut relay).await;
+    db.drop_db().await;
+}
+
+/// A TCP proxy in front of Postgres that can be taken down and brought back.
+struct Proxy {
+    port: u16,
+    upstream: String,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Proxy {
+    fn new(upstream: String) -> Proxy {
+        Proxy {
+            port: free_port(),
+            upstream,
+            task: None,
+        }
+    }
+
+    async fn up(&mut self) {
+        let listener = TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
+        let upstream = self.upstream.clone();
+        self.task = Some(tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                let upstream = upstream.clone();
+                conns.spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        }));
+    }
+
+    /// Refuse new connections and cut the open ones.
+    fn down(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_the_database_and_healthz_the_process() {
+    let db = TestDb::new().await;
+    let admin = reqwest::Url::parse(&common::admin_url()).unwrap();
+    let mut proxy = Proxy::new(format!(
+        "{}:{}",
+        admin.host_str().unwrap(),
+        admin.port().unwrap_or(5432)
+    ));
+    proxy.up().await;
+    let mut via_proxy = reqwest::Url::parse(&db.url).unwrap();
+    via_proxy.set_host(Some("127.0.0.1")).unwrap();
+    via_proxy.set_port(Some(proxy.port)).unwrap();
+
+    let port = free_port();
+    let mut relay = spawn(via_proxy.as_str(), port, &[]);
+    let status = |path: &'static str| async move {
+        match reqwest::get(format!("http://127.0.0.1:{port}{path}")).await {
+            Ok(r) => r.status().as_u16(),
+            Err(_) => 0,
+        }
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            status("/readyz").await == 200
+        })
+        .await,
+        "ready"
+    );
+    proxy.down();
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            status("/readyz").await == 503
+        })
+        .await,
+        "not ready without the database"
+    );
+    assert_eq!(status("/healthz").await, 200, "but alive");
+    proxy.up().await;
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            status("/readyz").await == 200
+        })
+        .await,
+        "ready again"
+    );
+    // and it still delivers
+    let rx = Receiver::ok().await;
+    db.enqueue(
+        "after-outage",
+        "webhook",
+        json!({"url": rx.url("/"), "body": 1}),
+    )
+    .await;
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            db.state("after-outage").await == "delivered"
+        })
+        .await
+    );
+    let status_code = common::terminate(&mut relay).await;
+    assert!(status_code.success());
+    proxy.down();
+    db.drop_db().await;
+}
