@@ -48,6 +48,10 @@ fn describe() {
         "outbox_delivered_total",
         "First confirmed effect of an intent, once each"
     );
+    describe_counter!(
+        "outbox_duplicate_enqueues_total",
+        "Duplicate enqueues by enqueuing client (the p_source of outbox.enqueue)"
+    );
     describe_counter!("outbox_replays_total", "Work that did not produce a new effect, by source: enqueue | provider | redelivery | operator");
     describe_counter!(
         "outbox_attempts_total",

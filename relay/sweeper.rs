@@ -20,6 +20,9 @@ pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
     for (kind, source, n) in ctx.store.fold_duplicates(10_000).await? {
         metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "enqueue")
             .increment(n as u64);
+        let client = source.clone().unwrap_or_else(|| "unknown".into());
+        metrics::counter!("outbox_duplicate_enqueues_total", "kind" => kind.clone(), "client" => client)
+            .increment(n as u64);
         tracing::debug!(
             kind,
             source = source.as_deref().unwrap_or("-"),

@@ -99,8 +99,12 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
         })
         .await
     );
-    // a duplicate enqueue of an intent already delivered still counts
-    db.enqueue("m:b", "webhook", hook("/b")).await;
+    // a duplicate enqueue of an intent already delivered still counts, per client
+    sqlx::query("SELECT * FROM outbox.enqueue('m:b', 'webhook', $1, p_source => 'checkout')")
+        .bind(hook("/b"))
+        .execute(db.pool())
+        .await
+        .unwrap();
     // an operator retry re-sends a delivered intent under the same key
     let out = tokio::process::Command::new(relay_bin())
         .args(["retry", "m:d"])
@@ -133,6 +137,22 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
         "one redelivery after a lease expiry"
     );
     assert_eq!(replays("operator"), 1.0, "one operator retry");
+    assert_eq!(
+        sum(
+            &m,
+            "outbox_duplicate_enqueues_total",
+            &["client=\"checkout\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(
+            &m,
+            "outbox_duplicate_enqueues_total",
+            &["client=\"unknown\""]
+        ),
+        2.0
+    );
     assert_eq!(
         sum(&m, "outbox_delivered_total", &["kind=\"webhook\""]),
         4.0,
