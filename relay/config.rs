@@ -41,8 +41,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text.trim()).map_err(|e| {
         format!("invalid duration {text:?}: {e} (write e.g. \"200ms\", \"5s\", \"2h\")")
     })?;
-    if d > Duration::from_secs(30 * 24 * 3600) {
-        return Err(format!("duration {text:?} is longer than 30 days"));
+    if d > Duration::from_secs(366 * 24 * 3600) {
+        return Err(format!("duration {text:?} is longer than a year"));
     }
     Ok(d)
 }
@@ -61,6 +61,59 @@ pub struct Config {
     pub webhook: WebhookSection,
     pub email: EmailSection,
     pub charge: ChargeSection,
+    pub retention: RetentionSection,
+    #[serde(rename = "schedule")]
+    pub schedules: Vec<ScheduleEntry>,
+}
+
+/// `[[schedule]]`: one intent per tick, key `schedule:<name>:<tick>`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleEntry {
+    pub name: String,
+    /// With seconds first, as the cron crate reads it: "0 0 9 * * *".
+    pub cron: String,
+    pub kind: String,
+    #[serde(default)]
+    pub destination: Option<String>,
+    pub payload: serde_json::Value,
+    /// Missed ticks enqueued after downtime, most recent first (default 1).
+    #[serde(default = "one")]
+    pub catch_up: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `[retention]`: how long terminal intents and their keys are kept. The
+/// ledger retention is the client's retry deadline.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionSection {
+    /// Delivered, rejected and cancelled intents are purged this long after
+    /// their last change ("0s" disables the daemon's purge).
+    pub intents: Dur,
+    /// Purge dead intents too.
+    pub include_dead: bool,
+    /// Purged keys are remembered (duplicate / OB409 / show) this long.
+    pub ledger: Dur,
+    /// How often the daemon purges.
+    pub interval: Dur,
+    /// Rows per purge statement.
+    pub batch_size: u32,
+}
+
+impl Default for RetentionSection {
+    fn default() -> Self {
+        RetentionSection {
+            intents: dur("7d"),
+            include_dead: false,
+            ledger: dur("90d"),
+            interval: dur("1m"),
+            batch_size: 1000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -344,6 +397,20 @@ impl Config {
         Ok(set)
     }
 
+    /// The configured schedules, parsed.
+    pub fn schedules(&self) -> anyhow::Result<Vec<crate::schedule::Schedule>> {
+        let mut seen = std::collections::HashSet::new();
+        self.schedules
+            .iter()
+            .map(|e| {
+                if !seen.insert(e.name.clone()) {
+                    bail!("schedule {:?} is defined twice", e.name);
+                }
+                crate::schedule::Schedule::from_entry(e).map_err(anyhow::Error::msg)
+            })
+            .collect()
+    }
+
     /// The longest time one attempt may take, over the enabled kinds.
     fn longest_attempt(&self) -> Duration {
         let mut longest = self.webhook.timeout.0;
@@ -456,6 +523,19 @@ impl Config {
         }
         // building the providers checks secrets, URLs and addresses
         self.providers()?;
+        self.schedules()?;
+        let ret = &self.retention;
+        if ret.ledger.0 < ret.intents.0 {
+            bail!(
+                "retention.ledger must be at least retention.intents: a purged key must stay known"
+            );
+        }
+        if !(1..=100_000).contains(&ret.batch_size) {
+            bail!("retention.batch_size must be between 1 and 100000");
+        }
+        if ret.interval.0 < Duration::from_secs(1) {
+            bail!("retention.interval must be at least 1s");
+        }
         if let Some(addr) = &r.metrics_addr {
             addr.parse::<std::net::SocketAddr>().map_err(|_| {
                 anyhow::anyhow!("relay.metrics_addr {addr:?} is not an address like 127.0.0.1:9187")
@@ -572,7 +652,11 @@ mod tests {
             ("[relay]\nconcurency = 3", "concurency"),
             ("[relay]\nlease = \"5 parsecs\"", "5 parsecs"),
             ("[relay]\nlease = 60", "duration must be a string"),
-            ("[relay]\nlease = \"9999999h\"", "longer than 30 days"),
+            ("[relay]\nlease = \"9999999h\"", "longer than a year"),
+            ("[[schedule]]\nname = \"d\"\ncron = \"every day\"\nkind = \"email\"\npayload = {}", "cron \"every day\" is invalid"),
+            ("[[schedule]]\nname = \"d\"\ncron = \"* * * * * *\"\nkind = \"email\"\npayload = {}\n[[schedule]]\nname = \"d\"\ncron = \"* * * * * *\"\nkind = \"email\"\npayload = {}", "twice"),
+            ("[[schedule]]\nname = \"d\"\ncron = \"* * * * * *\"\nkind = \"email\"", "payload"),
+            ("[retention]\nintents = \"1h\"\nledger = \"30m\"", "retention.ledger"),
             ("[relay]\nconcurrency = 0", "relay.concurrency"),
             (
                 "[relay]\nlease = \"10s\"\n[webhook]\ntimeout = \"15s\"",

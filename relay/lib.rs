@@ -16,6 +16,8 @@
 //! - [`complete`]: batched, fenced, never-dropped completion writes.
 //! - [`sweeper`]: expired leases → reconcile; duplicate-enqueue folding.
 //! - [`reconcile`]: what to do when an attempt's outcome was lost.
+//! - [`schedule`]: `[[schedule]]` ticks → intents, leaderless.
+//! - [`retention`]: purging terminal intents into the ledger, and the ledger.
 //! - [`engine`]: wiring, `run` and `run --once`, graceful shutdown.
 //! - [`metrics`]: Prometheus metrics, queue gauges, /healthz and /readyz.
 //! - [`cli`]: the `outbox-relay` command.
@@ -32,6 +34,8 @@ pub mod dispatch;
 pub mod engine;
 pub mod metrics;
 pub mod reconcile;
+pub mod retention;
+pub mod schedule;
 pub mod store;
 pub mod sweeper;
 pub mod telemetry;

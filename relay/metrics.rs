@@ -16,12 +16,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
 
-use crate::store::Store;
+use crate::store::operator::Known;
+use crate::store::{Store, StoreError};
 
 /// The process-wide recorder (installed once).
 pub fn recorder() -> PrometheusHandle {
@@ -37,9 +41,28 @@ pub fn recorder() -> PrometheusHandle {
                 .install_recorder()
                 .expect("the metrics recorder is installed once per process");
             describe();
+            zero();
             handle
         })
         .clone()
+}
+
+/// Create the counters that alerts watch at 0, so their first increment is
+/// visible to `rate()` and `increase()`.
+fn zero() {
+    metrics::counter!("outbox_fencing_rejections_total").absolute(0);
+    for kind in outbox_providers::KNOWN_KINDS {
+        metrics::counter!("outbox_invariant_violations_total", "kind" => *kind).absolute(0);
+        metrics::counter!("outbox_delivered_total", "kind" => *kind).absolute(0);
+        for source in ["enqueue", "provider", "redelivery", "operator"] {
+            metrics::counter!("outbox_replays_total", "kind" => *kind, "source" => source)
+                .absolute(0);
+        }
+        for outcome in ["delivered", "rejected", "transient", "ambiguous"] {
+            metrics::counter!("outbox_attempts_total", "kind" => *kind, "outcome" => outcome)
+                .absolute(0);
+        }
+    }
 }
 
 fn describe() {
@@ -75,6 +98,10 @@ fn describe() {
         "Attempts that would have stored a 5xx or a timeout as terminal (must stay 0)"
     );
     describe_gauge!("outbox_intents", "Intents by kind and state");
+    describe_gauge!(
+        "outbox_blocked_ordering_keys",
+        "Ordering keys whose oldest live intent is dead or ambiguous"
+    );
     describe_gauge!(
         "outbox_oldest_due_seconds",
         Unit::Seconds,
@@ -121,6 +148,7 @@ pub async fn serve(
         .route("/metrics", get(render))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .route("/v1/intents/{*key}", get(intent))
         .with_state(served);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -136,6 +164,41 @@ pub async fn serve(
 
 async fn render(State(s): State<Served>) -> String {
     s.handle.render()
+}
+
+/// `GET /v1/intents/{key}`: did this operation happen? Read-only, from the
+/// live table or the ledger, so a client whose retry window has closed can
+/// ask instead of retrying blindly.
+async fn intent(State(s): State<Served>, Path(key): Path<String>) -> Response {
+    let body = match s.store.lookup(&key).await {
+        Ok(Known::Live(i)) => json!({
+            "source": "live", "key": i.key, "id": i.id, "kind": i.kind, "state": i.state,
+            "attempts": i.attempts, "provider_ref": i.provider_ref, "last_error": i.last_error,
+            "created_at": i.created_at, "updated_at": i.updated_at, "delivered_at": i.delivered_at,
+        }),
+        Ok(Known::Ledger(e)) => json!({
+            "source": "ledger", "key": e.key, "id": e.intent_id, "kind": e.kind, "state": e.state,
+            "provider_ref": e.provider_ref, "last_error": e.last_error, "created_at": e.created_at,
+            "completed_at": e.completed_at, "purged_at": e.purged_at,
+        }),
+        Err(StoreError::NotFound(_)) => {
+            return (
+                StatusCode::NOT_FOUND,
+                [(CONTENT_TYPE, "application/json")],
+                json!({"error": "no intent has this key", "key": key}).to_string(),
+            )
+                .into_response()
+        }
+        Err(err) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(CONTENT_TYPE, "application/json")],
+                json!({"error": err.to_string()}).to_string(),
+            )
+                .into_response()
+        }
+    };
+    ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 async fn ready(State(s): State<Served>) -> (StatusCode, String) {
@@ -169,6 +232,7 @@ pub const GAUGED_STATES: &[&str] = &["pending", "claimed", "ambiguous", "dead"];
 pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
     static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
     let s = store.stats_for_gauges().await?;
+    metrics::gauge!("outbox_blocked_ordering_keys").set(s.2 as f64);
     let kinds: Vec<String> = {
         let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
         seen.extend(outbox_providers::KNOWN_KINDS.iter().map(|k| k.to_string()));

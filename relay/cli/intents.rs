@@ -6,6 +6,8 @@ use serde_json::json;
 
 use super::output::{clip, json, opt, table, time};
 use super::{Failure, Outcome};
+use crate::config::Config;
+use crate::store::operator::Known;
 use crate::store::{enqueue as store_enqueue, NewIntent, Store, StoreError, STATES};
 
 #[derive(Debug, Args)]
@@ -145,11 +147,36 @@ pub struct ShowArgs {
 }
 
 pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
-    let intent = store.find(&a.reference).await?;
+    let intent = match store.lookup(&a.reference).await? {
+        Known::Live(i) => *i,
+        Known::Ledger(entry) => {
+            if a.json {
+                json(&Known::Ledger(entry));
+            } else {
+                for (name, value) in [
+                    ("key", entry.key.clone()),
+                    ("id", entry.intent_id.to_string()),
+                    ("kind", entry.kind.clone()),
+                    ("state", entry.state.clone()),
+                    ("provider ref", opt(entry.provider_ref.as_deref())),
+                    ("last error", opt(entry.last_error.as_deref())),
+                    ("created", time(entry.created_at)),
+                    ("completed", time(entry.completed_at)),
+                    ("purged", time(entry.purged_at)),
+                ] {
+                    println!("{name:<15} {value}");
+                }
+                println!("\n(purged: answered from the ledger; the payload and attempts are gone)");
+            }
+            return Ok(());
+        }
+    };
     let attempts = store.attempts(intent.id).await?;
     let actions = store.actions(intent.id).await?;
     if a.json {
-        json(&json!({"intent": intent, "attempts": attempts, "operator_actions": actions}));
+        json(
+            &json!({"source": "live", "intent": intent, "attempts": attempts, "operator_actions": actions}),
+        );
         return Ok(());
     }
     let fields = [
@@ -226,5 +253,63 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
             opt(act.detail)
         );
     }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct SchedulesArgs {
+    /// How many upcoming fire times to show.
+    #[arg(long, default_value_t = 3)]
+    next: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn schedules(store: &Store, config: &Config, a: SchedulesArgs) -> Outcome {
+    let schedules = config
+        .schedules()
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let watermarks = store.schedule_watermarks().await.unwrap_or_default();
+    let now = Utc::now();
+    let rows: Vec<serde_json::Value> = schedules
+        .iter()
+        .map(|s| {
+            let last = watermarks
+                .iter()
+                .find(|(n, _)| *n == s.name)
+                .map(|(_, t)| *t);
+            json!({
+                "name": s.name, "cron": s.expression, "kind": s.kind, "destination": s.destination,
+                "catch_up": s.catch_up, "last_tick": last,
+                "next": s.upcoming(now, a.next),
+            })
+        })
+        .collect();
+    if a.json {
+        json(&rows);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no schedules configured ([[schedule]] in the config file)");
+        return Ok(());
+    }
+    let cells: Vec<Vec<String>> = schedules
+        .iter()
+        .zip(&rows)
+        .map(|(s, r)| {
+            vec![
+                s.name.clone(),
+                s.expression.clone(),
+                s.kind.clone(),
+                r["last_tick"].as_str().unwrap_or("-").to_string(),
+                s.upcoming(now, a.next)
+                    .iter()
+                    .map(|t| time(*t))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ]
+        })
+        .collect();
+    table(&["NAME", "CRON", "KIND", "LAST TICK", "NEXT"], &cells);
     Ok(())
 }

@@ -65,8 +65,10 @@ enum Command {
     Resolve(operate::ResolveArgs),
     /// Counts by state and kind, and the age of the oldest due intent.
     Stats(JsonFlag),
-    /// Delete terminal intents older than a duration.
+    /// Delete terminal intents older than a duration (their keys stay in the ledger).
     Purge(operate::PurgeArgs),
+    /// List the configured schedules with their next fire times.
+    Schedules(intents::SchedulesArgs),
 }
 
 #[derive(Debug, Args)]
@@ -209,5 +211,6 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Resolve(args) => operate::resolve(&store, args).await,
         Command::Stats(flag) => operate::stats(&store, flag.json).await,
         Command::Purge(args) => operate::purge(&store, args).await,
+        Command::Schedules(args) => intents::schedules(&store, &config, args).await,
     }
 }

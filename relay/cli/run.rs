@@ -29,14 +29,34 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
         tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
         tokio::spawn(metrics::gauges_loop(store.clone(), Duration::from_secs(5)));
     }
+    let schedules = config
+        .schedules()
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let side_tasks = [
+        tokio::spawn(crate::schedule::run(
+            store.clone(),
+            schedules,
+            stop_rx.clone(),
+        )),
+        tokio::spawn(crate::retention::run(
+            store.clone(),
+            config.retention.clone(),
+            stop_rx,
+        )),
+    ];
     let engine = Engine::new(store, providers, EngineConfig::from_config(config));
     let stopping = health.clone();
     engine
         .run(async move {
             shutdown_signal().await;
             stopping.shutting_down.store(true, Ordering::SeqCst);
+            let _ = stop_tx.send(true);
         })
         .await?;
+    for t in side_tasks {
+        let _ = t.await;
+    }
     Ok(())
 }
 

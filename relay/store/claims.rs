@@ -110,9 +110,14 @@ impl Store {
     ) -> Result<Vec<Claimed>, sqlx::Error> {
         let sql = format!(
             "WITH due AS (
-                 SELECT id FROM outbox.intents
+                 SELECT id FROM outbox.intents c
                   WHERE state = 'pending' AND run_after <= now()
                     AND kind <> ALL($4::text[])
+                    -- per-key ordering: only the oldest live intent of a key
+                    AND (c.ordering_key IS NULL OR NOT EXISTS (
+                         SELECT 1 FROM outbox.intents e
+                          WHERE e.ordering_key = c.ordering_key AND e.id < c.id
+                            AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead')))
                   ORDER BY run_after, id
                   LIMIT $1
                   FOR UPDATE SKIP LOCKED)
@@ -300,12 +305,12 @@ impl Store {
                  DELETE FROM outbox.enqueue_duplicates
                   WHERE id IN (SELECT id FROM outbox.enqueue_duplicates ORDER BY id
                                LIMIT $1 FOR UPDATE SKIP LOCKED)
-                 RETURNING intent_id, source),
+                 RETURNING intent_id, source, kind),
              per_intent AS (
                  UPDATE outbox.intents i SET duplicates = i.duplicates + c.n
                    FROM (SELECT intent_id, count(*)::int AS n FROM d GROUP BY intent_id) c
                   WHERE i.id = c.intent_id)
-             SELECT coalesce(i.kind, 'unknown'), d.source, count(*)
+             SELECT coalesce(d.kind, i.kind, 'unknown'), d.source, count(*)
                FROM d LEFT JOIN outbox.intents i ON i.id = d.intent_id
               GROUP BY 1, 2",
         )

@@ -7,6 +7,7 @@
 pub mod claims;
 pub mod enqueue;
 pub mod operator;
+pub mod schedules;
 
 use std::time::Duration;
 

@@ -89,6 +89,34 @@ pub struct Stats {
     pub due: Vec<DueRow>,
     pub expired_leases: i64,
     pub duplicate_enqueues: i64,
+    /// Ordering keys whose oldest live intent is dead or ambiguous: that key
+    /// waits for an operator (cancel, retry or resolve the head).
+    pub blocked_ordering_keys: i64,
+    /// Purged intents whose keys the ledger still remembers.
+    pub ledger_keys: i64,
+}
+
+/// A purged intent, as the ledger remembers it.
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct LedgerEntry {
+    pub key: String,
+    pub intent_id: i64,
+    pub kind: String,
+    pub destination: Option<String>,
+    pub state: String,
+    pub provider_ref: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub completed_at: DateTime<Utc>,
+    pub purged_at: DateTime<Utc>,
+}
+
+/// What is known about a key: the live intent, or the ledger's record.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "source", rename_all = "lowercase")]
+pub enum Known {
+    Live(Box<Intent>),
+    Ledger(LedgerEntry),
 }
 
 /// Which intents a bulk retry touches.
@@ -97,6 +125,13 @@ pub struct Filter {
     pub state: String,
     pub kind: Option<String>,
 }
+
+/// Ordering keys whose oldest live intent is dead or ambiguous.
+const BLOCKED_KEYS: &str = "SELECT count(*) FROM (
+         SELECT DISTINCT ON (ordering_key) ordering_key, state FROM outbox.intents
+          WHERE ordering_key IS NOT NULL AND state IN ('pending', 'claimed', 'ambiguous', 'dead')
+          ORDER BY ordering_key, id) heads
+     WHERE state IN ('dead', 'ambiguous')";
 
 const INTENT_COLUMNS: &str = "id, key, kind, destination, payload, state, attempts, run_after, \
     ordering_key, provider_ref, last_error, response, owner, lease_expires_at, key_generation, \
@@ -131,6 +166,29 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?
             .ok_or_else(|| StoreError::NotFound(reference.to_string()))
+    }
+
+    /// The live intent with this key or id, else the ledger's record of it.
+    pub async fn lookup(&self, reference: &str) -> Result<Known, StoreError> {
+        match self.find(reference).await {
+            Ok(i) => Ok(Known::Live(Box::new(i))),
+            Err(StoreError::NotFound(_)) => {
+                let entry: Option<LedgerEntry> = sqlx::query_as(
+                    "SELECT key, intent_id, kind, destination, state, provider_ref, last_error,
+                            created_at, completed_at, purged_at
+                       FROM outbox.ledger WHERE key = $1
+                        OR intent_id = $2 ORDER BY (key = $1) DESC LIMIT 1",
+                )
+                .bind(reference)
+                .bind(reference.parse::<i64>().ok())
+                .fetch_optional(&self.pool)
+                .await?;
+                entry
+                    .map(Known::Ledger)
+                    .ok_or_else(|| StoreError::NotFound(reference.to_string()))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub async fn attempts(&self, intent_id: i64) -> Result<Vec<Attempt>, StoreError> {
@@ -366,19 +424,25 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        let (expired_leases, duplicate_enqueues): (i64, i64) = sqlx::query_as(
+        let (expired_leases, duplicate_enqueues, ledger_keys): (i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM outbox.intents
                       WHERE state = 'claimed' AND lease_expires_at < now()),
                     (SELECT coalesce(sum(duplicates), 0)::bigint FROM outbox.intents)
-                    + (SELECT count(*) FROM outbox.enqueue_duplicates)",
+                    + (SELECT count(*) FROM outbox.enqueue_duplicates),
+                    (SELECT count(*) FROM outbox.ledger)",
         )
         .fetch_one(&self.pool)
         .await?;
+        let blocked_ordering_keys: i64 = sqlx::query_scalar(BLOCKED_KEYS)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(Stats {
             by_state,
             due,
             expired_leases,
             duplicate_enqueues,
+            blocked_ordering_keys,
+            ledger_keys,
         })
     }
 
@@ -389,7 +453,7 @@ impl Store {
     #[allow(clippy::type_complexity)]
     pub async fn stats_for_gauges(
         &self,
-    ) -> Result<(Vec<(String, String, i64)>, Vec<(String, f64)>), sqlx::Error> {
+    ) -> Result<(Vec<(String, String, i64)>, Vec<(String, f64)>, i64), sqlx::Error> {
         let counts = sqlx::query_as(
             "SELECT kind, state, count(*) FROM outbox.intents
               WHERE state IN ('pending', 'claimed', 'ambiguous', 'dead') GROUP BY kind, state",
@@ -402,7 +466,10 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok((counts, oldest))
+        let blocked: i64 = sqlx::query_scalar(BLOCKED_KEYS)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((counts, oldest, blocked))
     }
 
     /// Delete terminal intents last changed before `older_than` ago, in
@@ -433,13 +500,53 @@ impl Store {
         }
         let mut total = 0u64;
         loop {
-            let n = sqlx::query(
-                "DELETE FROM outbox.intents WHERE id IN (
-                     SELECT id FROM outbox.intents
-                      WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'
-                      LIMIT $3 FOR UPDATE SKIP LOCKED)",
+            // each batch is one short statement: the rows leave the live
+            // table and their keys enter the ledger atomically
+            let n: i64 = sqlx::query_scalar(
+                "WITH gone AS (
+                     DELETE FROM outbox.intents WHERE id IN (
+                         SELECT id FROM outbox.intents
+                          WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'
+                          LIMIT $3 FOR UPDATE SKIP LOCKED)
+                     RETURNING *),
+                 kept AS (
+                     INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
+                                                provider_ref, last_error, created_at, completed_at)
+                     SELECT key, id, kind, destination, outbox.fingerprint(payload), state,
+                            provider_ref, last_error, created_at, coalesce(delivered_at, updated_at)
+                       FROM gone
+                     ON CONFLICT (key) DO NOTHING)
+                 SELECT count(*) FROM gone",
             )
             .bind(states)
+            .bind(ms)
+            .bind(batch)
+            .fetch_one(&self.pool)
+            .await?;
+            total += n as u64;
+            if n < batch {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Forget ledger entries purged longer ago than `older_than`, in batches.
+    /// After this, a retry with such a key is a new operation: the ledger
+    /// retention is the client's retry deadline.
+    pub async fn purge_ledger(
+        &self,
+        older_than: std::time::Duration,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
+        let ms = older_than.as_millis() as i64;
+        let mut total = 0u64;
+        loop {
+            let n = sqlx::query(
+                "DELETE FROM outbox.ledger WHERE key IN (
+                     SELECT key FROM outbox.ledger
+                      WHERE purged_at < now() - $1 * interval '1 millisecond'
+                      LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
             .bind(ms)
             .bind(batch)
             .execute(&self.pool)

@@ -1,0 +1,254 @@
+//! Scheduled intents: each tick of a `[[schedule]]` becomes one intent with
+//! the key `schedule:<name>:<RFC 3339 tick in UTC>`.
+//!
+//! Any number of relays evaluate the same schedules with no leader: the key
+//! makes a tick one intent, and relays take turns on the schedule's row, so a
+//! tick is normally enqueued once rather than once per relay. After downtime
+//! at most `catch_up` missed ticks (the most recent) are enqueued; a new
+//! schedule starts from now.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, SubsecRound, Utc};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::config::ScheduleEntry;
+use crate::store::{NewIntent, Store};
+
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    pub name: String,
+    pub expression: String,
+    cron: cron::Schedule,
+    pub kind: String,
+    pub destination: Option<String>,
+    pub payload: Value,
+    pub catch_up: usize,
+}
+
+impl Schedule {
+    pub fn from_entry(e: &ScheduleEntry) -> Result<Schedule, String> {
+        let name_ok = !e.name.is_empty()
+            && e.name.len() <= 64
+            && e.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+        if !name_ok {
+            return Err(format!(
+                "schedule name {:?} must be 1-64 letters, digits, '_', '.' or '-'",
+                e.name
+            ));
+        }
+        let cron = cron::Schedule::from_str(&e.cron).map_err(|err| {
+            format!("schedule {:?}: cron {:?} is invalid ({err}); it has seconds first, e.g. \"0 0 9 * * *\"", e.name, e.cron)
+        })?;
+        if cron.upcoming(Utc).next().is_none() {
+            return Err(format!(
+                "schedule {:?}: cron {:?} never fires",
+                e.name, e.cron
+            ));
+        }
+        if !(1..=1000).contains(&e.catch_up) {
+            return Err(format!(
+                "schedule {:?}: catch_up must be between 1 and 1000",
+                e.name
+            ));
+        }
+        if !e.payload.is_object() {
+            return Err(format!("schedule {:?}: payload must be a table", e.name));
+        }
+        Ok(Schedule {
+            name: e.name.clone(),
+            expression: e.cron.clone(),
+            cron,
+            kind: e.kind.clone(),
+            destination: e.destination.clone(),
+            payload: e.payload.clone(),
+            catch_up: e.catch_up as usize,
+        })
+    }
+
+    /// `schedule:<name>:<tick>`, the tick as RFC 3339 UTC with seconds.
+    pub fn key(&self, tick: DateTime<Utc>) -> String {
+        format!(
+            "schedule:{}:{}",
+            self.name,
+            tick.format("%Y-%m-%dT%H:%M:%SZ")
+        )
+    }
+
+    /// The ticks to enqueue at `now` after `watermark` (the last tick
+    /// enqueued), and the new watermark. Pure.
+    pub fn due(
+        &self,
+        watermark: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> (Vec<DateTime<Utc>>, DateTime<Utc>) {
+        let anchor = now.trunc_subsecs(0) + chrono::Duration::seconds(1);
+        let mut past = self.cron.after(&anchor).rev();
+        let Some(watermark) = watermark else {
+            // a schedule seen for the first time starts from now
+            return (
+                Vec::new(),
+                past.next().unwrap_or(now).max(now.trunc_subsecs(0)),
+            );
+        };
+        let mut ticks: Vec<DateTime<Utc>> = past
+            .take_while(|t| *t > watermark)
+            .take(self.catch_up)
+            .collect();
+        ticks.reverse();
+        let new_watermark = ticks.last().copied().unwrap_or(watermark).max(watermark);
+        (ticks, new_watermark)
+    }
+
+    /// The next `n` fire times after `now`.
+    pub fn upcoming(&self, now: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+        self.cron.after(&now).take(n).collect()
+    }
+
+    fn intent(&self, tick: DateTime<Utc>) -> NewIntent {
+        NewIntent {
+            destination: self.destination.clone(),
+            source: Some("schedule".into()),
+            ..NewIntent::new(self.key(tick), self.kind.clone(), self.payload.clone())
+        }
+    }
+}
+
+/// Evaluate every schedule once.
+pub async fn tick(store: &Store, schedules: &[Schedule], now: DateTime<Utc>) -> usize {
+    let mut enqueued = 0;
+    for s in schedules {
+        let fired = store
+            .fire_schedule(&s.name, |watermark| {
+                let (ticks, new_watermark) = s.due(watermark, now);
+                (
+                    ticks.into_iter().map(|t| s.intent(t)).collect(),
+                    new_watermark,
+                )
+            })
+            .await;
+        match fired {
+            Ok(Some(n)) => {
+                if n > 0 {
+                    tracing::info!(schedule = %s.name, n, "schedule fired");
+                }
+                enqueued += n;
+            }
+            Ok(None) => {}
+            Err(err) => {
+                tracing::warn!(schedule = %s.name, error = %err, "schedule could not fire; will try again")
+            }
+        }
+    }
+    enqueued
+}
+
+/// Evaluate the schedules at every second boundary until `stop`.
+pub async fn run(store: Store, schedules: Vec<Schedule>, mut stop: watch::Receiver<bool>) {
+    if schedules.is_empty() {
+        return;
+    }
+    loop {
+        tick(&store, &schedules, Utc::now()).await;
+        let now = Utc::now();
+        let next_second = now.trunc_subsecs(0) + chrono::Duration::seconds(1);
+        let wait = (next_second - now)
+            .to_std()
+            .unwrap_or(Duration::from_millis(100))
+            + Duration::from_millis(5);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn every(expr: &str, catch_up: u32) -> Schedule {
+        Schedule::from_entry(&ScheduleEntry {
+            name: "t".into(),
+            cron: expr.into(),
+            kind: "webhook".into(),
+            destination: None,
+            payload: serde_json::json!({}),
+            catch_up,
+        })
+        .unwrap()
+    }
+
+    fn at(h: u32, m: u32, s: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, h, m, s).unwrap()
+    }
+
+    #[test]
+    fn keys_name_the_tick_in_utc() {
+        assert_eq!(
+            every("0 0 9 * * *", 1).key(at(9, 0, 0)),
+            "schedule:t:2026-01-01T09:00:00Z"
+        );
+    }
+
+    #[test]
+    fn a_new_schedule_starts_from_now() {
+        let s = every("0 * * * * *", 1);
+        let (ticks, w) = s.due(None, at(10, 0, 30));
+        assert!(ticks.is_empty());
+        assert_eq!(w, at(10, 0, 30));
+    }
+
+    #[test]
+    fn each_tick_fires_once_in_order() {
+        let s = every("* * * * * *", 5);
+        let (ticks, w) = s.due(Some(at(10, 0, 0)), at(10, 0, 3));
+        assert_eq!(ticks, [at(10, 0, 1), at(10, 0, 2), at(10, 0, 3)]);
+        assert_eq!(w, at(10, 0, 3));
+        let (again, w2) = s.due(Some(w), at(10, 0, 3));
+        assert!(again.is_empty());
+        assert_eq!(w2, w);
+    }
+
+    #[test]
+    fn catch_up_is_bounded_to_the_most_recent_ticks() {
+        let hourly = every("0 0 * * * *", 1);
+        let (ticks, w) = hourly.due(Some(at(1, 0, 0)), at(9, 30, 0));
+        assert_eq!(ticks, [at(9, 0, 0)], "only the most recent missed tick");
+        assert_eq!(w, at(9, 0, 0));
+        let three = every("0 0 * * * *", 3);
+        let (ticks, _) = three.due(Some(at(1, 0, 0)), at(9, 30, 0));
+        assert_eq!(ticks, [at(7, 0, 0), at(8, 0, 0), at(9, 0, 0)]);
+        // a year of per-second downtime is not iterated
+        let secondly = every("* * * * * *", 2);
+        let (ticks, _) = secondly.due(Some(at(0, 0, 0) - chrono::Duration::days(365)), at(9, 0, 0));
+        assert_eq!(ticks, [at(8, 59, 59), at(9, 0, 0)]);
+    }
+
+    #[test]
+    fn bad_entries_are_refused_with_the_reason() {
+        let entry = |name: &str, cron: &str| ScheduleEntry {
+            name: name.into(),
+            cron: cron.into(),
+            kind: "email".into(),
+            destination: None,
+            payload: serde_json::json!({}),
+            catch_up: 1,
+        };
+        assert!(Schedule::from_entry(&entry("ok", "0 0 9 * * *")).is_ok());
+        assert!(Schedule::from_entry(&entry("bad name!", "0 0 9 * * *"))
+            .unwrap_err()
+            .contains("name"));
+        assert!(Schedule::from_entry(&entry("x", "every day"))
+            .unwrap_err()
+            .contains("invalid"));
+        assert!(Schedule::from_entry(&entry("x", "0 0 9 31 2 * 2020"))
+            .unwrap_err()
+            .contains("never fires"));
+    }
+}
