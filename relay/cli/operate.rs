@@ -224,7 +224,10 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
         "duplicate enqueues (all time):       {}",
         s.duplicate_enqueues
     );
-    println!("ordering keys blocked by a dead or ambiguous head: {}", s.blocked_ordering_keys);
+    println!(
+        "ordering keys blocked by a dead or ambiguous head: {}",
+        s.blocked_ordering_keys
+    );
     println!("purged keys remembered by the ledger: {}", s.ledger_keys);
     Ok(())
 }
