@@ -190,7 +190,7 @@ async fn transient_failures_end_dead_only_when_the_budget_is_spent() {
         Duration::from_secs(20),
         || {
             let store = store.clone();
-            async move { store.find("doomed").await.unwrap().state != "pending" }
+            async move { store.find("doomed").await.unwrap().state == "dead" }
         },
     )
     .await;

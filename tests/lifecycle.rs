@@ -241,15 +241,13 @@ async fn purging_100k_delivered_rows_in_batches_while_deliveries_continue() {
         || {
             let s = s.clone();
             async move {
-                s.find("live-499")
-                    .await
-                    .is_ok_and(|i| i.state == "delivered")
-                    && s.stats()
-                        .await
-                        .unwrap()
-                        .by_state
-                        .iter()
-                        .all(|r| r.state != "pending")
+                let delivered: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM outbox.intents WHERE key LIKE 'live-%' AND state = 'delivered'",
+                )
+                .fetch_one(s.pool())
+                .await
+                .unwrap();
+                delivered == 500
             }
         },
     )
