@@ -231,12 +231,19 @@ async fn a_409_for_a_key_in_use_is_transient_and_bad_credentials_are_dead() {
     let stripe = FakeStripe::start().await;
     stripe.fake.hold(&idempotency_key("busy", 0));
     db.enqueue("busy", "charge", charge("pm_card_visa")).await;
-    let cfg = charge_config(&stripe);
+    let mut cfg = charge_config(&stripe);
+    // long enough that `run --once` cannot see the retry fall due
+    cfg.retry.schedule = vec![outbox_relay::config::Dur(Duration::from_secs(30))];
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
     let busy = db.store.find("busy").await.unwrap();
     assert_eq!((busy.state.as_str(), busy.attempts), ("pending", 1));
     assert!(busy.last_error.unwrap().contains("409"));
     stripe.fake.release(&idempotency_key("busy", 0));
+    // the retry falls due
+    sqlx::query("UPDATE outbox.intents SET run_after = now() WHERE key = 'busy'")
+        .execute(db.pool())
+        .await
+        .unwrap();
     let store = db.store.clone();
     run_until(
         engine(db.store.clone(), &cfg),
