@@ -22,10 +22,12 @@
 //! - [`metrics`]: Prometheus metrics, queue gauges, /healthz and /readyz.
 //! - [`cli`]: the `outbox-relay` command.
 //! - [`telemetry`]: logging setup.
+//! - [`bench`]: the reproducible benchmark (`outbox-relay bench`).
 //!
 //! Effects themselves live in the `outbox-providers` crate, which never
 //! touches Postgres; this crate never builds an HTTP request.
 
+pub mod bench;
 pub mod claim;
 pub mod cli;
 pub mod complete;

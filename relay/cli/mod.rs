@@ -69,6 +69,28 @@ enum Command {
     Purge(operate::PurgeArgs),
     /// List the configured schedules with their next fire times.
     Schedules(intents::SchedulesArgs),
+    /// Benchmark the engine in a scratch database on this server.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Webhook intents to drain.
+    #[arg(long, default_value_t = 20_000)]
+    intents: usize,
+    /// HTTP requests in flight (relay.concurrency).
+    #[arg(long, default_value_t = 16)]
+    in_flight: usize,
+    /// Offered load for the latency measurement, intents per second.
+    #[arg(long, default_value_t = 1000)]
+    latency_rate: u32,
+    #[arg(long, default_value_t = 5)]
+    latency_seconds: u64,
+    /// Keep the scratch database afterwards.
+    #[arg(long)]
+    keep: bool,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -212,5 +234,21 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Stats(flag) => operate::stats(&store, flag.json).await,
         Command::Purge(args) => operate::purge(&store, args).await,
         Command::Schedules(args) => intents::schedules(&store, &config, args).await,
+        Command::Bench(a) => {
+            let args = crate::bench::BenchArgs {
+                intents: a.intents.max(1),
+                in_flight: a.in_flight.clamp(1, 10_000),
+                latency_rate: a.latency_rate.max(1),
+                latency_seconds: a.latency_seconds.max(1),
+                keep: a.keep,
+            };
+            let report = crate::bench::run(&url, &config, &args).await?;
+            if a.json {
+                output::json(&report);
+            } else {
+                crate::bench::print(&report);
+            }
+            Ok(())
+        }
     }
 }

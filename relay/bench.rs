@@ -1,0 +1,360 @@
+//! `outbox-relay bench`: a reproducible benchmark of the real engine.
+//!
+//! In a scratch database on the configured server it measures, in one run:
+//! the enqueue rate through `outbox.enqueue` (one per transaction and in
+//! batches) against a plain INSERT of the same rows into a table with a
+//! unique key; the **ceiling** (the engine's own claim + fenced complete +
+//! attempt-record SQL with no network call); the end-to-end drain rate of
+//! webhook intents against a local HTTP receiver running on its own runtime
+//! thread; enqueue→delivered latency at a steady offered load (LISTEN/NOTIFY
+//! wake-ups); and the process's peak RSS. Ratios measured in one run are the
+//! figures to compare: these machines are noisy.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde_json::json;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection, Executor};
+
+use crate::config::Config;
+use crate::engine::{Engine, EngineConfig};
+use crate::store::{enqueue, Completion, NewIntent, Store};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchArgs {
+    pub intents: usize,
+    pub in_flight: usize,
+    pub latency_rate: u32,
+    pub latency_seconds: u64,
+    pub keep: bool,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub intents: usize,
+    pub in_flight: usize,
+    pub enqueue_single_per_s: f64,
+    pub plain_insert_single_per_s: f64,
+    pub enqueue_cost_ratio: f64,
+    pub enqueue_batched_per_s: f64,
+    pub ceiling_per_s: f64,
+    pub drain_per_s: f64,
+    pub drain_ceiling_ratio: f64,
+    pub latency_offered_per_s: u32,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub peak_rss_mb: f64,
+}
+
+pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
+    let admin: PgConnectOptions = server_url.parse()?;
+    let name = format!("outbox_bench_{}", std::process::id());
+    let mut conn = admin.connect().await?;
+    conn.execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
+        .await?;
+    conn.execute(format!("CREATE DATABASE {name}").as_str())
+        .await?;
+    let db_opts = admin.clone().database(&name);
+    let url = db_opts.to_url_lossy().to_string();
+    let store = Store::connect(&url, (args.in_flight as u32 / 4).max(4) + 4).await?;
+    store.migrate().await?;
+    let result = measure(&store, config, args).await;
+    store.pool().close().await;
+    if !args.keep {
+        conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+            .await?;
+    } else {
+        eprintln!("bench: kept database {name}");
+    }
+    conn.close().await.ok();
+    result
+}
+
+async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
+    let (port, _receiver) = receiver()?;
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let payload = |n: usize| {
+        json!({"url": url, "body": {"event": "order.created", "order_id": n, "customer": "cus_0123456789",
+               "amount": 1999, "currency": "usd", "items": [{"sku": "SKU-42", "qty": 1}],
+               "note": "bench payload padded to about three hundred bytes"}})
+    };
+    let n = args.intents;
+    let single_n = n.min(5000);
+
+    eprintln!("bench: enqueue, one per transaction ({single_n})");
+    let t = Instant::now();
+    for i in 0..single_n {
+        enqueue(
+            store.pool(),
+            &NewIntent::new(format!("single-{i}"), "webhook", payload(i)),
+        )
+        .await?;
+    }
+    let enqueue_single = single_n as f64 / t.elapsed().as_secs_f64();
+
+    eprintln!(
+        "bench: plain INSERT into a table with a unique key, one per transaction ({single_n})"
+    );
+    sqlx::query(
+        "CREATE TABLE bench_plain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, key text UNIQUE NOT NULL,
+                                   kind text NOT NULL, payload jsonb NOT NULL, created_at timestamptz DEFAULT now())",
+    )
+    .execute(store.pool())
+    .await?;
+    let t = Instant::now();
+    for i in 0..single_n {
+        sqlx::query("INSERT INTO bench_plain (key, kind, payload) VALUES ($1, $2, $3)")
+            .bind(format!("single-{i}"))
+            .bind("webhook")
+            .bind(payload(i))
+            .execute(store.pool())
+            .await?;
+    }
+    let plain_single = single_n as f64 / t.elapsed().as_secs_f64();
+    sqlx::query("TRUNCATE outbox.intents CASCADE")
+        .execute(store.pool())
+        .await?;
+
+    eprintln!("bench: ceiling: claim + fenced complete + attempt rows, no network ({n})");
+    enqueue_batched(store, n, "ceiling", &payload).await?;
+    let t = Instant::now();
+    let mut done = 0;
+    loop {
+        let claims = store.claim("bench-ceiling", 100, 60_000, &[]).await?;
+        if claims.is_empty() {
+            break;
+        }
+        let now = Utc::now();
+        let batch: Vec<Completion> = claims
+            .iter()
+            .map(|c| Completion {
+                id: c.id,
+                kind: c.kind.clone(),
+                delivered_before: false,
+                operator_replay: false,
+                fence: c.fence,
+                attempt: c.attempt,
+                key_generation: c.key_generation,
+                started_at: now,
+                finished_at: now,
+                outcome: "delivered",
+                status: Some(200),
+                provider_ref: Some(format!("msg_{}", c.id)),
+                error: None,
+                replayed: false,
+                uncounted: false,
+                state: "delivered",
+                run_after: None,
+                response: None,
+            })
+            .collect();
+        done += store.complete("bench-ceiling", &batch).await?.len();
+    }
+    let ceiling = done as f64 / t.elapsed().as_secs_f64();
+    sqlx::query("TRUNCATE outbox.intents CASCADE")
+        .execute(store.pool())
+        .await?;
+
+    eprintln!("bench: enqueue in transactions of 100 ({n})");
+    let t = Instant::now();
+    enqueue_batched(store, n, "drain", &payload).await?;
+    let enqueue_batched_rate = n as f64 / t.elapsed().as_secs_f64();
+    sqlx::query("VACUUM ANALYZE outbox.intents")
+        .execute(store.pool())
+        .await?;
+
+    eprintln!("bench: drain {n} webhooks, {} in flight", args.in_flight);
+    let mut cfg = config.clone();
+    cfg.relay.concurrency = args.in_flight as u32;
+    cfg.webhook.allowed_networks = vec!["127.0.0.1/32".into()];
+    cfg.webhook.max_in_flight_per_host = args.in_flight;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let engine = Engine::new(
+        store.clone(),
+        cfg.providers()?,
+        EngineConfig::from_config(&cfg),
+    );
+    let t = Instant::now();
+    let running = tokio::spawn(engine.run(async {
+        let _ = stopped.await;
+    }));
+    wait_delivered(store, n as i64).await?;
+    let drain = n as f64 / t.elapsed().as_secs_f64();
+
+    eprintln!(
+        "bench: latency at {}/s offered for {}s (relay idle, woken by NOTIFY)",
+        args.latency_rate, args.latency_seconds
+    );
+    sqlx::query("TRUNCATE outbox.intents CASCADE")
+        .execute(store.pool())
+        .await?;
+    let total = args.latency_rate as u64 * args.latency_seconds;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.latency_rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    for i in 0..total {
+        tick.tick().await;
+        let store = store.clone();
+        let p = payload(i as usize);
+        tokio::spawn(async move {
+            let _ = enqueue(
+                store.pool(),
+                &NewIntent::new(format!("latency-{i}"), "webhook", p),
+            )
+            .await;
+        });
+    }
+    wait_delivered(store, total as i64).await?;
+    let (p50, p99): (f64, f64) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)
+           FROM (SELECT extract(epoch FROM delivered_at - created_at) * 1000 AS ms
+                   FROM outbox.intents WHERE key LIKE 'latency-%') t",
+    )
+    .fetch_one(store.pool())
+    .await?;
+    let _ = stop.send(());
+    running.await??;
+
+    Ok(Report {
+        intents: n,
+        in_flight: args.in_flight,
+        enqueue_single_per_s: enqueue_single,
+        plain_insert_single_per_s: plain_single,
+        enqueue_cost_ratio: plain_single / enqueue_single,
+        enqueue_batched_per_s: enqueue_batched_rate,
+        ceiling_per_s: ceiling,
+        drain_per_s: drain,
+        drain_ceiling_ratio: drain / ceiling,
+        latency_offered_per_s: args.latency_rate,
+        latency_p50_ms: p50,
+        latency_p99_ms: p99,
+        peak_rss_mb: peak_rss_mb(),
+    })
+}
+
+async fn enqueue_batched(
+    store: &Store,
+    n: usize,
+    prefix: &str,
+    payload: &impl Fn(usize) -> serde_json::Value,
+) -> anyhow::Result<()> {
+    let mut i = 0;
+    while i < n {
+        let mut tx = store.pool().begin().await?;
+        for j in i..(i + 100).min(n) {
+            enqueue(
+                &mut *tx,
+                &NewIntent::new(format!("{prefix}-{j}"), "webhook", payload(j)),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        i += 100;
+    }
+    Ok(())
+}
+
+async fn wait_delivered(store: &Store, n: i64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let done: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox.intents WHERE state = 'delivered'")
+                .fetch_one(store.pool())
+                .await?;
+        if done >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("only {done} of {n} delivered after 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A webhook receiver on its own thread and runtime, so it does not share
+/// the relay's executor. Answers 200 to every POST.
+fn receiver() -> anyhow::Result<(u16, std::thread::JoinHandle<()>)> {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    std_listener.set_nonblocking(true)?;
+    let port = std_listener.local_addr()?.port();
+    let handle = std::thread::Builder::new()
+        .name("bench-receiver".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+                let app = axum::Router::new().fallback(|| async { "" });
+                let _ = axum::serve(listener, app).await;
+            });
+        })?;
+    Ok((port, handle))
+}
+
+/// The process's peak resident set (VmHWM), in MB.
+pub fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|kb| kb.parse::<f64>().ok())
+            })
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+pub fn print(r: &Report) {
+    println!(
+        "outbox-relay bench: {} webhook intents, {} in flight, attempt history on",
+        r.intents, r.in_flight
+    );
+    println!();
+    let rows = [
+        (
+            "enqueue, 1 per transaction",
+            format!("{:.0}/s", r.enqueue_single_per_s),
+        ),
+        (
+            "plain INSERT, 1 per transaction",
+            format!("{:.0}/s", r.plain_insert_single_per_s),
+        ),
+        (
+            "  enqueue cost vs plain INSERT",
+            format!("{:.2}x", r.enqueue_cost_ratio),
+        ),
+        (
+            "enqueue, 100 per transaction",
+            format!("{:.0}/s", r.enqueue_batched_per_s),
+        ),
+        (
+            "ceiling (claim+complete SQL, no network)",
+            format!("{:.0}/s", r.ceiling_per_s),
+        ),
+        ("drain, end to end", format!("{:.0}/s", r.drain_per_s)),
+        (
+            "  drain / ceiling",
+            format!("{:.0}%", r.drain_ceiling_ratio * 100.0),
+        ),
+        (
+            "latency enqueue→delivered",
+            format!(
+                "p50 {:.1} ms, p99 {:.1} ms at {}/s offered",
+                r.latency_p50_ms, r.latency_p99_ms, r.latency_offered_per_s
+            ),
+        ),
+        (
+            "peak RSS (relay and receiver)",
+            format!("{:.0} MB", r.peak_rss_mb),
+        ),
+    ];
+    for (k, v) in rows {
+        println!("{k:<42} {v}");
+    }
+}
