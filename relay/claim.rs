@@ -47,7 +47,7 @@ pub fn try_take(sem: &Arc<Semaphore>, max: usize) -> Vec<OwnedSemaphorePermit> {
 /// Claim and dispatch until `stop` turns true.
 pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(100);
-    while let Some(mut permits) = take_permits(&ctx.sem, ctx.cfg.batch_size, &mut stop).await {
+    while let Some(mut permits) = take_permits(&ctx.claims, ctx.cfg.batch_size, &mut stop).await {
         let wanted = permits.len();
         match ctx.claim(wanted).await {
             Ok(claims) => {

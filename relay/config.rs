@@ -412,7 +412,7 @@ impl Config {
     }
 
     /// The longest time one attempt may take, over the enabled kinds.
-    fn longest_attempt(&self) -> Duration {
+    pub fn longest_attempt(&self) -> Duration {
         let mut longest = self.webhook.timeout.0;
         if self.email.smtp_url.is_some() {
             longest = longest.max(self.email.timeout.0);

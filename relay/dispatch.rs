@@ -1,8 +1,10 @@
 //! Performing one claimed intent's effect and settling its next state.
 //!
-//! A delivery task owns one concurrency permit from claim to the moment its
-//! completion is written, so a relay never holds more claims than it can
-//! work on and backs off by itself while the database is unreachable.
+//! A delivery task holds a claim permit from the claim until its completion
+//! is written, and a delivery slot only while the effect is in progress, so
+//! claiming, delivering and completing overlap. While the database is
+//! unreachable, completions wait, claim permits run out and the relay stops
+//! claiming by itself.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,9 +19,25 @@ use crate::reconcile::{self, Recovery};
 use crate::store::{Claimed, Completion};
 use crate::transition::{self, Next, RetryPolicy};
 
-/// Deliver one claim, hand the completion to the completer and wait until
-/// it is written. The permit is released only then.
+/// Wait for a delivery slot, deliver one claim, hand the completion to the
+/// completer and wait until it is written; the claim permit is released only
+/// then. A claim that cannot start in time — shutdown began, or too little of
+/// its lease is left for a whole attempt — is handed back without an attempt.
 pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit) {
+    let mut stopping = ctx.stopping.clone();
+    let slot = tokio::select! {
+        biased;
+        _ = stopping.wait_for(|s| *s) => None,
+        slot = ctx.in_flight.clone().acquire_owned() => slot.ok(),
+    };
+    let lease_left = ctx.cfg.lease.saturating_sub(claim.claimed_at.elapsed());
+    let enough = lease_left > ctx.cfg.max_attempt_time + std::time::Duration::from_secs(1);
+    let Some(slot) = slot.filter(|_| enough) else {
+        ctx.release(std::slice::from_ref(&claim)).await;
+        drop(permit);
+        ctx.task_done.notify_one();
+        return;
+    };
     let span = tracing::info_span!(
         "deliver",
         intent = claim.id,
@@ -32,6 +50,7 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
         let started = Utc::now();
         let clock = Instant::now();
         let (outcome, on_ambiguous) = attempt(&ctx, &claim).await;
+        drop(slot);
         let elapsed = clock.elapsed();
         metrics::histogram!("outbox_attempt_duration_seconds", "kind" => claim.kind.clone())
             .record(elapsed.as_secs_f64());
@@ -208,6 +227,7 @@ mod tests {
             key_generation: 0,
             created_at: Utc::now(),
             delivered_before: false,
+            claimed_at: std::time::Instant::now(),
             recovered_from: None,
         }
     }

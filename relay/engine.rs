@@ -25,6 +25,9 @@ pub struct EngineConfig {
     pub poll_interval: Duration,
     pub sweep_interval: Duration,
     pub shutdown_timeout: Duration,
+    /// The longest one attempt may take (the providers' timeouts): a claim
+    /// with less lease than this left is handed back rather than started.
+    pub max_attempt_time: Duration,
     pub retry: RetrySection,
 }
 
@@ -39,6 +42,7 @@ impl EngineConfig {
             poll_interval: r.poll_interval.0,
             sweep_interval: r.sweep_interval.0,
             shutdown_timeout: r.shutdown_timeout.0,
+            max_attempt_time: config.longest_attempt(),
             retry: config.retry.clone(),
         }
     }
@@ -61,8 +65,16 @@ pub struct Ctx {
     pub cfg: EngineConfig,
     /// Known kinds this relay has no provider for: left for other relays.
     pub unserved: Vec<String>,
-    /// One permit per delivery in flight.
-    pub sem: Arc<Semaphore>,
+    /// One permit per intent this relay holds a claim on, from the claim
+    /// until its completion is written: the claim budget
+    /// (`concurrency + batch_size`), so claiming, delivering and completing
+    /// overlap while the number of claims held stays bounded.
+    pub claims: Arc<Semaphore>,
+    pub claim_budget: usize,
+    /// One permit per effect in progress (`relay.concurrency`).
+    pub in_flight: Arc<Semaphore>,
+    /// Turns true when shutdown begins: claims not yet started are handed back.
+    pub stopping: watch::Receiver<bool>,
     pub completions: mpsc::UnboundedSender<complete::Pending>,
     policies: HashMap<String, RetryPolicy>,
     default_policy: RetryPolicy,
@@ -109,7 +121,7 @@ impl Ctx {
     }
 
     fn idle(&self) -> bool {
-        self.sem.available_permits() == self.cfg.concurrency
+        self.claims.available_permits() == self.claim_budget
     }
 }
 
@@ -117,6 +129,7 @@ impl Ctx {
 pub struct Engine {
     ctx: Arc<Ctx>,
     completer: tokio::task::JoinHandle<()>,
+    stop_tx: watch::Sender<bool>,
 }
 
 impl Engine {
@@ -132,6 +145,8 @@ impl Engine {
             .map(|k| (k.to_string(), cfg.retry.policy(k)))
             .collect();
         let (tx, rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let claim_budget = cfg.concurrency + cfg.batch_size;
         let completer = tokio::spawn(complete::run(
             store.clone(),
             cfg.owner.clone(),
@@ -139,7 +154,10 @@ impl Engine {
             cfg.batch_size.max(cfg.concurrency),
         ));
         let ctx = Arc::new(Ctx {
-            sem: Arc::new(Semaphore::new(cfg.concurrency)),
+            claims: Arc::new(Semaphore::new(claim_budget)),
+            claim_budget,
+            in_flight: Arc::new(Semaphore::new(cfg.concurrency)),
+            stopping: stop_rx,
             default_policy: cfg.retry.policy("*"),
             policies,
             unserved,
@@ -149,7 +167,11 @@ impl Engine {
             completions: tx,
             task_done: Notify::new(),
         });
-        Engine { ctx, completer }
+        Engine {
+            ctx,
+            completer,
+            stop_tx,
+        }
     }
 
     pub fn owner(&self) -> &str {
@@ -161,7 +183,7 @@ impl Engine {
     /// return. Deliveries still running at the deadline are abandoned: their
     /// leases expire and the sweeper reconciles them.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let stop_rx = self.ctx.stopping.clone();
         let wake = Arc::new(Notify::new());
         let tasks = [
             tokio::spawn(claim::listen(
@@ -180,7 +202,7 @@ impl Engine {
         );
         shutdown.await;
         tracing::info!("shutting down: no new claims; waiting for deliveries in flight");
-        let _ = stop_tx.send(true);
+        let _ = self.stop_tx.send(true);
         for t in tasks {
             let _ = t.await;
         }
@@ -196,7 +218,7 @@ impl Engine {
         let (_never, mut stop) = watch::channel(false);
         loop {
             let idle_before = ctx.idle();
-            let mut permits = claim::take_permits(&ctx.sem, ctx.cfg.batch_size, &mut stop)
+            let mut permits = claim::take_permits(&ctx.claims, ctx.cfg.batch_size, &mut stop)
                 .await
                 .expect("not stopped");
             let claims = ctx.claim(permits.len()).await?;
@@ -217,13 +239,13 @@ impl Engine {
     }
 
     async fn finish(self) -> anyhow::Result<()> {
-        let all = self.ctx.cfg.concurrency as u32;
+        let all = self.ctx.claim_budget as u32;
         let deadline = self.ctx.cfg.shutdown_timeout;
-        if tokio::time::timeout(deadline, self.ctx.sem.acquire_many(all))
+        if tokio::time::timeout(deadline, self.ctx.claims.acquire_many(all))
             .await
             .is_err()
         {
-            let left = self.ctx.cfg.concurrency - self.ctx.sem.available_permits();
+            let left = self.ctx.claim_budget - self.ctx.claims.available_permits();
             tracing::warn!(left, "deliveries still running at the shutdown deadline are abandoned; their leases will expire and the sweeper will reconcile them");
         }
         drop(self.ctx);

@@ -30,7 +30,7 @@ pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
             "duplicate enqueues"
         );
     }
-    let mut permits = claim::try_take(&ctx.sem, ctx.cfg.batch_size);
+    let mut permits = claim::try_take(&ctx.claims, ctx.cfg.batch_size);
     if permits.is_empty() {
         return Ok(0);
     }

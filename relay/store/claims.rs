@@ -30,6 +30,8 @@ pub struct Claimed {
     /// The intent was delivered before (an operator retried it): a new
     /// delivery is not a first effect.
     pub delivered_before: bool,
+    /// When this process received the claim; the lease started a little earlier.
+    pub claimed_at: std::time::Instant,
     /// Set when the sweeper reclaimed an expired lease: the previous attempt's
     /// outcome is unknown and must be reconciled, not guessed.
     pub recovered_from: Option<String>,
@@ -90,6 +92,7 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
         key_generation: row.try_get("key_generation")?,
         created_at: row.try_get("created_at")?,
         delivered_before: row.try_get("delivered_before")?,
+        claimed_at: std::time::Instant::now(),
         recovered_from: if recovered {
             row.try_get("previous_owner")?
         } else {
