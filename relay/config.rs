@@ -483,9 +483,9 @@ impl Config {
         if r.sweep_interval.0 < Duration::from_millis(10) {
             bail!("relay.sweep_interval must be at least 10ms");
         }
-        if self.longest_attempt() >= r.lease.0 {
+        if self.longest_attempt() + Duration::from_secs(1) > r.lease.0 {
             bail!(
-                "relay.lease ({:?}) must be longer than the longest provider timeout ({:?}; \
+                "relay.lease ({:?}) must exceed the longest provider timeout ({:?}; \
                  webhook.timeout, email.timeout, charge.timeout): a delivery must end before its \
                  lease can expire, or a slow request would be redelivered while it runs",
                 r.lease.0,

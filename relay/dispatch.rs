@@ -31,7 +31,14 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
         slot = ctx.in_flight.clone().acquire_owned() => slot.ok(),
     };
     let lease_left = ctx.cfg.lease.saturating_sub(claim.claimed_at.elapsed());
-    let enough = lease_left > ctx.cfg.max_attempt_time + std::time::Duration::from_secs(1);
+    let enough = lease_left > ctx.cfg.max_attempt_time + std::time::Duration::from_millis(500);
+    if !enough && slot.is_some() {
+        tracing::warn!(
+            intent = claim.id,
+            ?lease_left,
+            "too little of the lease is left for a whole attempt; handing the claim back"
+        );
+    }
     let Some(slot) = slot.filter(|_| enough) else {
         ctx.release(std::slice::from_ref(&claim)).await;
         drop(permit);

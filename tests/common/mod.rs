@@ -127,6 +127,8 @@ pub fn config() -> Config {
                 "[\"127.0.0.0/8\"]",
             ),
             ("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s"),
+            ("OUTBOX_RELAY__EMAIL__TIMEOUT", "3s"),
+            ("OUTBOX_RELAY__CHARGE__TIMEOUT", "3s"),
             ("OUTBOX_RELAY__RELAY__LEASE", "5s"),
             ("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "50ms"),
             ("OUTBOX_RELAY__RELAY__SWEEP_INTERVAL", "100ms"),
@@ -371,7 +373,7 @@ pub fn config_file(text: &str) -> PathBuf {
 pub const SUBPROCESS_CONFIG: &str = r#"
 [relay]
 concurrency = 16
-lease = "3s"
+lease = "4s"
 poll_interval = "50ms"
 sweep_interval = "100ms"
 shutdown_timeout = "5s"
