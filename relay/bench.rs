@@ -46,6 +46,14 @@ pub struct Report {
     pub latency_offered_per_s: u32,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
+    /// Drain rate of the same workload while 100k delivered rows are purged
+    /// in batches at the same time, over a drain of the same workload
+    /// beside that history without purging (measured in this run).
+    pub drain_beside_history_per_s: f64,
+    pub drain_during_purge_per_s: f64,
+    pub purge_impact_ratio: f64,
+    pub purged_rows: u64,
+    pub purge_rows_per_s: f64,
     pub peak_rss_mb: f64,
 }
 
@@ -214,6 +222,47 @@ async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Re
     )
     .fetch_one(store.pool())
     .await?;
+
+    eprintln!("bench: drain beside 100k rows of delivered history, then again while the daemon's paced purge removes them");
+    sqlx::query("TRUNCATE outbox.intents CASCADE")
+        .execute(store.pool())
+        .await?;
+    sqlx::query(
+        "INSERT INTO outbox.intents (key, kind, payload, state, delivered_at, updated_at)
+         SELECT 'history-' || g, 'webhook', '{\"body\": 1}'::jsonb, 'delivered',
+                now() - interval '30 days', now() - interval '30 days'
+           FROM generate_series(1, 100000) g",
+    )
+    .execute(store.pool())
+    .await?;
+    sqlx::query("VACUUM ANALYZE outbox.intents")
+        .execute(store.pool())
+        .await?;
+    let t = Instant::now();
+    enqueue_batched(store, n, "beside", &payload).await?;
+    wait_delivered_prefix(store, "beside-", n as i64).await?;
+    let beside = n as f64 / t.elapsed().as_secs_f64();
+    let purger = store.clone();
+    let retention = config.retention.clone();
+    let t = Instant::now();
+    let purge = tokio::spawn(async move {
+        let t = Instant::now();
+        let n = purger
+            .purge_paced(
+                Duration::from_secs(7 * 86_400),
+                false,
+                retention.batch_size as i64,
+                retention.batch_pause.0,
+            )
+            .await;
+        (n, t.elapsed())
+    });
+    enqueue_batched(store, n, "during", &payload).await?;
+    wait_delivered_prefix(store, "during-", n as i64).await?;
+    let during = n as f64 / t.elapsed().as_secs_f64();
+    let (purged, purge_time) = purge.await?;
+    let purged = purged?;
+
     let _ = stop.send(());
     running.await??;
 
@@ -230,6 +279,11 @@ async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Re
         latency_offered_per_s: args.latency_rate,
         latency_p50_ms: p50,
         latency_p99_ms: p99,
+        drain_beside_history_per_s: beside,
+        drain_during_purge_per_s: during,
+        purge_impact_ratio: during / beside,
+        purged_rows: purged,
+        purge_rows_per_s: purged as f64 / purge_time.as_secs_f64(),
         peak_rss_mb: peak_rss_mb(),
     })
 }
@@ -254,6 +308,25 @@ async fn enqueue_batched(
         i += 100;
     }
     Ok(())
+}
+
+async fn wait_delivered_prefix(store: &Store, prefix: &str, n: i64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.intents WHERE state = 'delivered' AND key LIKE $1 || '%'",
+        )
+        .bind(prefix)
+        .fetch_one(store.pool())
+        .await?;
+        if done >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("only {done} of {n} delivered after 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn wait_delivered(store: &Store, n: i64) -> anyhow::Result<()> {
@@ -348,6 +421,22 @@ pub fn print(r: &Report) {
                 "p50 {:.1} ms, p99 {:.1} ms at {}/s offered",
                 r.latency_p50_ms, r.latency_p99_ms, r.latency_offered_per_s
             ),
+        ),
+        (
+            "enqueue+drain beside 100k history rows",
+            format!("{:.0}/s", r.drain_beside_history_per_s),
+        ),
+        (
+            "  same, while the paced purge runs",
+            format!("{:.0}/s", r.drain_during_purge_per_s),
+        ),
+        (
+            "  during purge / beside history",
+            format!("{:.2}x", r.purge_impact_ratio),
+        ),
+        (
+            "  purge",
+            format!("{} rows at {:.0}/s", r.purged_rows, r.purge_rows_per_s),
         ),
         (
             "peak RSS (relay and receiver)",

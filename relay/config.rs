@@ -102,6 +102,8 @@ pub struct RetentionSection {
     pub interval: Dur,
     /// Rows per purge statement.
     pub batch_size: u32,
+    /// Pause between purge batches, leaving the database room for deliveries.
+    pub batch_pause: Dur,
 }
 
 impl Default for RetentionSection {
@@ -112,6 +114,7 @@ impl Default for RetentionSection {
             ledger: dur("90d"),
             interval: dur("1m"),
             batch_size: 1000,
+            batch_pause: dur("50ms"),
         }
     }
 }

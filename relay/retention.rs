@@ -18,11 +18,11 @@ pub async fn run(store: Store, cfg: RetentionSection, mut stop: watch::Receiver<
     }
     loop {
         match store
-            .purge(
+            .purge_paced(
                 cfg.intents.0,
                 cfg.include_dead,
-                false,
                 cfg.batch_size as i64,
+                cfg.batch_pause.0,
             )
             .await
         {

@@ -139,6 +139,15 @@ const INTENT_COLUMNS: &str = "id, key, kind, destination, payload, state, attemp
                    WHERE d.intent_id = intents.id)::int AS duplicates, \
     source, created_at, updated_at, delivered_at";
 
+/// The states a purge removes.
+fn purgeable(include_dead: bool) -> &'static [&'static str] {
+    if include_dead {
+        &["delivered", "rejected", "cancelled", "dead"]
+    } else {
+        &["delivered", "rejected", "cancelled"]
+    }
+}
+
 /// States an operator retry applies to (anything but a live claim).
 const RETRYABLE: &[&str] = &[
     "pending",
@@ -481,11 +490,7 @@ impl Store {
         dry_run: bool,
         batch: i64,
     ) -> Result<u64, StoreError> {
-        let states: &[&str] = if include_dead {
-            &["delivered", "rejected", "cancelled", "dead"]
-        } else {
-            &["delivered", "rejected", "cancelled"]
-        };
+        let states = purgeable(include_dead);
         let ms = older_than.as_millis() as i64;
         if dry_run {
             let n: i64 = sqlx::query_scalar(
@@ -498,6 +503,21 @@ impl Store {
             .await?;
             return Ok(n as u64);
         }
+        self.purge_paced(older_than, include_dead, batch, std::time::Duration::ZERO)
+            .await
+    }
+
+    /// Purge in batches of `batch`, sleeping `pause` between batches so a
+    /// large purge leaves the database room for the claim path.
+    pub async fn purge_paced(
+        &self,
+        older_than: std::time::Duration,
+        include_dead: bool,
+        batch: i64,
+        pause: std::time::Duration,
+    ) -> Result<u64, StoreError> {
+        let states = purgeable(include_dead);
+        let ms = older_than.as_millis() as i64;
         let mut total = 0u64;
         loop {
             // each batch is one short statement: the rows leave the live
@@ -526,6 +546,9 @@ impl Store {
             total += n as u64;
             if n < batch {
                 return Ok(total);
+            }
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
             }
         }
     }
