@@ -189,7 +189,7 @@ async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Re
     let running = tokio::spawn(engine.run(async {
         let _ = stopped.await;
     }));
-    wait_delivered(store, n as i64).await?;
+    wait_delivered(store, "drain-", n as i64).await?;
     let drain = n as f64 / t.elapsed().as_secs_f64();
 
     eprintln!(
@@ -214,7 +214,7 @@ async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Re
             .await;
         });
     }
-    wait_delivered(store, total as i64).await?;
+    wait_delivered(store, "latency-", total as i64).await?;
     let (p50, p99): (f64, f64) = sqlx::query_as(
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)
            FROM (SELECT extract(epoch FROM delivered_at - created_at) * 1000 AS ms
@@ -240,7 +240,7 @@ async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Re
         .await?;
     let t = Instant::now();
     enqueue_batched(store, n, "beside", &payload).await?;
-    wait_delivered_prefix(store, "beside-", n as i64).await?;
+    wait_delivered(store, "beside-", n as i64).await?;
     let beside = n as f64 / t.elapsed().as_secs_f64();
     let purger = store.clone();
     let retention = config.retention.clone();
@@ -258,7 +258,7 @@ async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Re
         (n, t.elapsed())
     });
     enqueue_batched(store, n, "during", &payload).await?;
-    wait_delivered_prefix(store, "during-", n as i64).await?;
+    wait_delivered(store, "during-", n as i64).await?;
     let during = n as f64 / t.elapsed().as_secs_f64();
     let (purged, purge_time) = purge.await?;
     let purged = purged?;
@@ -310,7 +310,8 @@ async fn enqueue_batched(
     Ok(())
 }
 
-async fn wait_delivered_prefix(store: &Store, prefix: &str, n: i64) -> anyhow::Result<()> {
+/// Wait until `n` intents whose key starts with `prefix` are delivered.
+async fn wait_delivered(store: &Store, prefix: &str, n: i64) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let done: i64 = sqlx::query_scalar(
@@ -319,23 +320,6 @@ async fn wait_delivered_prefix(store: &Store, prefix: &str, n: i64) -> anyhow::R
         .bind(prefix)
         .fetch_one(store.pool())
         .await?;
-        if done >= n {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("only {done} of {n} delivered after 10 minutes");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn wait_delivered(store: &Store, n: i64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let done: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox.intents WHERE state = 'delivered'")
-                .fetch_one(store.pool())
-                .await?;
         if done >= n {
             return Ok(());
         }

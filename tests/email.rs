@@ -155,18 +155,17 @@ async fn a_connection_dropped_after_data_is_parked_then_resolved_by_an_operator(
         "the server did receive the whole message"
     );
 
-    let out = tokio::process::Command::new(common::relay_bin())
-        .args([
+    let out = common::cli(
+        &db,
+        &[
             "resolve",
             "to-drop",
             "--delivered",
             "--ref",
             "checked-in-mail-log-77",
-        ])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .await
-        .unwrap();
+        ],
+    )
+    .await;
     assert!(
         out.status.success(),
         "{}",

@@ -11,14 +11,6 @@ use common::{
 use outbox_relay::store::{enqueue, EnqueueError, NewIntent};
 use serde_json::json;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_running_an_every_second_schedule_make_one_intent_per_tick() {
     let db = TestDb::new().await;
@@ -73,19 +65,18 @@ async fn two_relays_running_an_every_second_schedule_make_one_intent_per_tick() 
         "each tick delivered once"
     );
 
-    let out = tokio::process::Command::new(relay_bin())
-        .args([
+    let out = common::cli(
+        &db,
+        &[
             "--config",
             cfg.to_str().unwrap(),
             "schedules",
             "--next",
             "2",
             "--json",
-        ])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .await
-        .unwrap();
+        ],
+    )
+    .await;
     assert!(
         out.status.success(),
         "{}",
@@ -140,12 +131,7 @@ async fn a_purged_key_is_still_known_to_enqueue_show_and_the_lookup_endpoint() {
     assert!(matches!(e, EnqueueError::Conflict { .. }), "{e:?}");
     assert_eq!(rx.requests().len(), 1);
 
-    let out = tokio::process::Command::new(relay_bin())
-        .args(["show", "order:9", "--json"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .await
-        .unwrap();
+    let out = common::cli(&db, &["show", "order:9", "--json"]).await;
     assert!(out.status.success());
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
@@ -156,7 +142,7 @@ async fn a_purged_key_is_still_known_to_enqueue_show_and_the_lookup_endpoint() {
 
     // the daemon answers "did it happen?" over HTTP, live or purged
     db.enqueue("order:live", "webhook", payload.clone()).await;
-    let port = free_port();
+    let port = common::free_port();
     let cfg = common::config_file(&common::SUBPROCESS_CONFIG.replace(
         "[relay]",
         &format!("[relay]\nmetrics_addr = \"127.0.0.1:{port}\""),

@@ -9,14 +9,6 @@ use common::{relay_bin, wait_for, Receiver, Reply, TestDb};
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Prometheus text → "name{labels}" → value.
 async fn scrape(port: u16) -> HashMap<String, f64> {
     let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
@@ -91,7 +83,7 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
     assert_eq!(dead[0].key, "m:a", "the dead relay took m:a");
     tokio::time::sleep(Duration::from_millis(150)).await;
 
-    let port = free_port();
+    let port = common::free_port();
     let mut relay = spawn(&db.url, port, &[]);
     assert!(
         wait_for(Duration::from_secs(20), || async {
@@ -106,12 +98,7 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
         .await
         .unwrap();
     // an operator retry re-sends a delivered intent under the same key
-    let out = tokio::process::Command::new(relay_bin())
-        .args(["retry", "m:d"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .await
-        .unwrap();
+    let out = common::cli(&db, &["retry", "m:d"]).await;
     assert!(out.status.success());
     assert!(
         wait_for(Duration::from_secs(20), || async {
@@ -194,7 +181,7 @@ struct Proxy {
 impl Proxy {
     fn new(upstream: String) -> Proxy {
         Proxy {
-            port: free_port(),
+            port: common::free_port(),
             upstream,
             task: None,
         }
@@ -241,7 +228,7 @@ async fn readyz_follows_the_database_and_healthz_the_process() {
     via_proxy.set_host(Some("127.0.0.1")).unwrap();
     via_proxy.set_port(Some(proxy.port)).unwrap();
 
-    let port = free_port();
+    let port = common::free_port();
     let mut relay = spawn(via_proxy.as_str(), port, &[]);
     let status = |path: &'static str| async move {
         match reqwest::get(format!("http://127.0.0.1:{port}{path}")).await {

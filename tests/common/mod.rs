@@ -353,6 +353,26 @@ async fn handle(
     resp
 }
 
+/// A port that was free a moment ago, for a listener the test starts later.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Run `outbox-relay ARGS` against the test database and wait for it.
+pub async fn cli(db: &TestDb, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(relay_bin())
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .output()
+        .await
+        .expect("run outbox-relay")
+}
+
 /// The relay binary built for these tests.
 pub fn relay_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay"))
