@@ -11,7 +11,11 @@ use crate::metrics::{self, Health};
 use crate::store::Store;
 
 pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
-    store.migrate().await?;
+    // Migrate only when needed, so a relay role without DDL rights can run
+    // against a schema its owner migrated.
+    if !store.migrations_current().await.unwrap_or(false) {
+        store.migrate().await?;
+    }
     let providers = config
         .providers()
         .map_err(|e| Failure::usage(format!("{e:#}")))?;

@@ -1,0 +1,40 @@
+-- Roles for outbox-relay, least privilege. Run once per database as its
+-- owner, after `outbox-relay migrate` (psql -v ON_ERROR_STOP=1 -f roles.sql),
+-- and again after upgrades (it is idempotent). The roles are NOLOGIN groups:
+-- grant them to your login roles, e.g. GRANT outbox_app TO checkout_service.
+--
+--   outbox_app       EXECUTE outbox.enqueue / outbox.derive_key; nothing else:
+--                    cannot read payloads, cannot change states
+--   outbox_relay     the daemon: read and write the outbox tables
+--   outbox_operator  read-only: list, show, stats, schedules
+--
+-- Migrations are applied by the database owner (outbox-relay migrate), not
+-- by these roles; `outbox-relay run` skips migrating when the schema is
+-- current, so the relay role never needs DDL rights.
+
+DO $$
+DECLARE r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['outbox_app', 'outbox_relay', 'outbox_operator'] LOOP
+        BEGIN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+        EXCEPTION WHEN duplicate_object THEN
+            NULL; -- exists already (roles are cluster-wide)
+        END;
+    END LOOP;
+END
+$$;
+
+GRANT USAGE ON SCHEMA outbox TO outbox_app, outbox_relay, outbox_operator;
+
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, text, timestamptz, text, text)
+    TO outbox_app, outbox_relay;
+GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_relay, outbox_operator;
+GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
+
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA outbox TO outbox_relay;
+GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA outbox TO outbox_relay;
+GRANT SELECT ON ALL TABLES IN SCHEMA outbox TO outbox_operator;
+
+-- readiness checks read which migrations are applied
+GRANT SELECT ON public._sqlx_migrations TO outbox_relay, outbox_operator;

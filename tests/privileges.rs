@@ -1,0 +1,130 @@
+//! Least privilege: deploy/sql/roles.sql, and each role doing only its job.
+
+mod common;
+
+use common::{Receiver, TestDb};
+use outbox_relay::store::{enqueue, NewIntent, Store};
+use serde_json::json;
+
+/// Apply roles.sql and create a login role in each group (roles are
+/// cluster-wide; every step tolerates another test having done it first).
+async fn roles(db: &TestDb) {
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/sql/roles.sql"))
+            .unwrap();
+    sqlx::raw_sql(&script)
+        .execute(db.pool())
+        .await
+        .expect("roles.sql applies");
+    sqlx::raw_sql(
+        "DO $$ DECLARE r text[]; BEGIN
+           FOREACH r SLICE 1 IN ARRAY ARRAY[['t_outbox_app','outbox_app'],['t_outbox_relay','outbox_relay'],
+                                           ['t_outbox_operator','outbox_operator']] LOOP
+             BEGIN EXECUTE format('CREATE ROLE %I LOGIN IN ROLE %I', r[1], r[2]);
+             EXCEPTION WHEN duplicate_object THEN NULL; END;
+           END LOOP;
+         END $$;",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+}
+
+fn url_as(db: &TestDb, user: &str) -> String {
+    let mut url = reqwest::Url::parse(&db.url).unwrap();
+    url.set_username(user).unwrap();
+    url.set_password(None).unwrap();
+    url.to_string()
+}
+
+fn denied(err: sqlx::Error) -> bool {
+    err.as_database_error().and_then(|e| e.code()).as_deref() == Some("42501")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read() {
+    let db = TestDb::new().await;
+    roles(&db).await;
+    sqlx::raw_sql(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/sql/roles.sql"))
+            .unwrap(),
+    )
+    .execute(db.pool())
+    .await
+    .expect("roles.sql is idempotent");
+    let rx = Receiver::ok().await;
+
+    // the application: enqueue and derive_key, nothing else
+    let app = Store::connect(&url_as(&db, "t_outbox_app"), 2)
+        .await
+        .unwrap();
+    let r = enqueue(
+        app.pool(),
+        &NewIntent::new(
+            "priv:1",
+            "webhook",
+            json!({"url": rx.url("/"), "body": {"secret": "payload"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(!r.duplicate);
+    let again = enqueue(
+        app.pool(),
+        &NewIntent::new(
+            "priv:1",
+            "webhook",
+            json!({"url": rx.url("/"), "body": {"secret": "payload"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(again.duplicate, "dedupe works under the application role");
+    let key: String = sqlx::query_scalar("SELECT outbox.derive_key('order:1', 'charge')")
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
+    assert_eq!(key.len(), 64);
+    for sql in [
+        "SELECT payload FROM outbox.intents",
+        "UPDATE outbox.intents SET state = 'delivered'",
+        "DELETE FROM outbox.intents",
+        "SELECT * FROM outbox.attempts",
+        "INSERT INTO outbox.intents (key, kind, payload) VALUES ('x', 'webhook', '{}')",
+    ] {
+        let err = sqlx::query(sql).execute(app.pool()).await.unwrap_err();
+        assert!(denied(err), "the application role must not run: {sql}");
+    }
+
+    // the relay role delivers (and does not need to migrate)
+    let out = tokio::process::Command::new(common::relay_bin())
+        .args(["run", "--once"])
+        .env("DATABASE_URL", url_as(&db, "t_outbox_relay"))
+        .env(
+            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
+            "[\"127.0.0.0/8\"]",
+        )
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(db.state("priv:1").await, "delivered");
+
+    // the operator role reads, and cannot change anything
+    let operator = Store::connect(&url_as(&db, "t_outbox_operator"), 2)
+        .await
+        .unwrap();
+    assert_eq!(operator.list(None, None, 10).await.unwrap().len(), 1);
+    assert!(operator.stats().await.is_ok());
+    let err = operator.retry("priv:1", false).await.unwrap_err();
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    assert_eq!(db.state("priv:1").await, "delivered");
+
+    app.pool().close().await;
+    operator.pool().close().await;
+    db.drop_db().await;
+}
