@@ -113,8 +113,8 @@ impl Default for RetentionSection {
             include_dead: false,
             ledger: dur("90d"),
             interval: dur("1m"),
-            batch_size: 1000,
-            batch_pause: dur("50ms"),
+            batch_size: 500,
+            batch_pause: dur("100ms"),
         }
     }
 }
