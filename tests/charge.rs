@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::stripe::{FakeStripe, Running, API_KEY};
-use common::{config, engine, run_until, TestDb};
+use common::{config, engine, TestDb};
 use outbox_providers::charge::request::idempotency_key;
 use outbox_providers::Secret;
 use outbox_relay::config::Config;
@@ -154,14 +154,12 @@ async fn a_500_with_no_payment_is_retried_under_the_same_key_and_never_duplicate
     cfg.retry.max_attempts = 3;
     db.enqueue("no-payment", "charge", charge("pm_500_before_create"))
         .await;
-    let store = db.store.clone();
-    run_until(
+    common::run_until_state(
         engine(db.store.clone(), &cfg),
+        &db.store,
+        "no-payment",
+        "dead",
         Duration::from_secs(20),
-        || {
-            let store = store.clone();
-            async move { store.find("no-payment").await.unwrap().state == "dead" }
-        },
     )
     .await;
     assert!(stripe.fake.payments().is_empty());
@@ -244,14 +242,12 @@ async fn a_409_for_a_key_in_use_is_transient_and_bad_credentials_are_dead() {
         .execute(db.pool())
         .await
         .unwrap();
-    let store = db.store.clone();
-    run_until(
+    common::run_until_state(
         engine(db.store.clone(), &cfg),
+        &db.store,
+        "busy",
+        "delivered",
         Duration::from_secs(10),
-        || {
-            let store = store.clone();
-            async move { store.find("busy").await.unwrap().state == "delivered" }
-        },
     )
     .await;
 

@@ -93,14 +93,12 @@ async fn a_503_twice_then_200_is_delivered_on_the_third_attempt_under_one_id() {
         json!({"url": rx.url("/"), "body": {"x": 1}}),
     )
     .await;
-    let store = db.store.clone();
-    run_until(
+    common::run_until_state(
         engine(db.store.clone(), &config()),
+        &db.store,
+        "flaky",
+        "delivered",
         Duration::from_secs(20),
-        || {
-            let store = store.clone();
-            async move { store.find("flaky").await.unwrap().state == "delivered" }
-        },
     )
     .await;
 
@@ -184,14 +182,12 @@ async fn transient_failures_end_dead_only_when_the_budget_is_spent() {
     cfg.retry.max_attempts = 3;
     db.enqueue("doomed", "webhook", json!({"url": rx.url("/"), "body": 1}))
         .await;
-    let store = db.store.clone();
-    run_until(
+    common::run_until_state(
         engine(db.store.clone(), &cfg),
+        &db.store,
+        "doomed",
+        "dead",
         Duration::from_secs(20),
-        || {
-            let store = store.clone();
-            async move { store.find("doomed").await.unwrap().state == "dead" }
-        },
     )
     .await;
     let intent = db.store.find("doomed").await.unwrap();

@@ -169,6 +169,24 @@ where
     assert!(ok, "condition not reached within {limit:?}");
 }
 
+/// Run `engine` until the intent `key` is in `state` (or `limit` passes).
+pub async fn run_until_state(
+    engine: Engine,
+    store: &Store,
+    key: &str,
+    state: &str,
+    limit: Duration,
+) {
+    run_until(engine, limit, || async move {
+        store
+            .find(key)
+            .await
+            .map(|i| i.state == state)
+            .unwrap_or(false)
+    })
+    .await
+}
+
 /// Poll `cond` every 25ms until it holds or `limit` passes.
 pub async fn wait_for<F, Fut>(limit: Duration, mut cond: F) -> bool
 where

@@ -102,16 +102,8 @@ fn error(status: u16, kind: &str, code: Option<&str>, message: &str) -> (u16, Va
 }
 
 async fn create(State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes) -> Response {
-    if headers.get("authorization").and_then(|v| v.to_str().ok())
-        != Some(&format!("Bearer {API_KEY}"))
-    {
-        let (s, b) = error(
-            401,
-            "invalid_request_error",
-            None,
-            "Invalid API Key provided",
-        );
-        return reply(s, b, false);
+    if let Some(refused) = unauthorized(&headers) {
+        return refused;
     }
     let params: Vec<(String, String)> = url::form_urlencoded::parse(&body).into_owned().collect();
     let Some(key) = headers
@@ -220,16 +212,8 @@ async fn search(
     headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Response {
-    if headers.get("authorization").and_then(|v| v.to_str().ok())
-        != Some(&format!("Bearer {API_KEY}"))
-    {
-        let (s, b) = error(
-            401,
-            "invalid_request_error",
-            None,
-            "Invalid API Key provided",
-        );
-        return reply(s, b, false);
+    if let Some(refused) = unauthorized(&headers) {
+        return refused;
     }
     let query = url::form_urlencoded::parse(q.unwrap_or_default().as_bytes())
         .find(|(k, _)| k == "query")
@@ -255,6 +239,21 @@ async fn search(
         .filter(|pi| pi["metadata"][&name] == value.as_str())
         .collect();
     reply(200, json!({"object": "search_result", "data": data}), false)
+}
+
+/// A 401 unless the request carries the fake's API key.
+fn unauthorized(headers: &HeaderMap) -> Option<Response> {
+    let expected = format!("Bearer {API_KEY}");
+    if headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str()) {
+        return None;
+    }
+    let (s, b) = error(
+        401,
+        "invalid_request_error",
+        None,
+        "Invalid API Key provided",
+    );
+    Some(reply(s, b, false))
 }
 
 fn reply(status: u16, body: Value, replayed: bool) -> Response {
