@@ -596,6 +596,20 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_loads_and_states_the_defaults() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/config.example.toml");
+        let example =
+            Config::load(Some(&path), Vec::new()).expect("deploy/config.example.toml is valid");
+        let defaults = Config::load(None, Vec::new()).unwrap();
+        assert_eq!(
+            format!("{example:?}"),
+            format!("{defaults:?}"),
+            "the example documents the defaults"
+        );
+    }
+
+    #[test]
     fn empty_config_gives_the_documented_defaults() {
         let c = Config::load(None, Vec::new()).unwrap();
         assert_eq!(c.relay.concurrency, 64);
