@@ -5,9 +5,9 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::proxy::Proxy;
 use common::{relay_bin, wait_for, Receiver, Reply, TestDb};
 use serde_json::json;
-use tokio::net::{TcpListener, TcpStream};
 
 /// Prometheus text → "name{labels}" → value.
 async fn scrape(port: u16) -> HashMap<String, f64> {
@@ -171,62 +171,11 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
     db.drop_db().await;
 }
 
-/// A TCP proxy in front of Postgres that can be taken down and brought back.
-struct Proxy {
-    port: u16,
-    upstream: String,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Proxy {
-    fn new(upstream: String) -> Proxy {
-        Proxy {
-            port: common::free_port(),
-            upstream,
-            task: None,
-        }
-    }
-
-    async fn up(&mut self) {
-        let listener = TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
-        let upstream = self.upstream.clone();
-        self.task = Some(tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            loop {
-                let Ok((mut client, _)) = listener.accept().await else {
-                    return;
-                };
-                let upstream = upstream.clone();
-                conns.spawn(async move {
-                    if let Ok(mut server) = TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                });
-            }
-        }));
-    }
-
-    /// Refuse new connections and cut the open ones.
-    fn down(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_the_database_and_healthz_the_process() {
     let db = TestDb::new().await;
-    let admin = reqwest::Url::parse(&common::admin_url()).unwrap();
-    let mut proxy = Proxy::new(format!(
-        "{}:{}",
-        admin.host_str().unwrap(),
-        admin.port().unwrap_or(5432)
-    ));
-    proxy.up().await;
-    let mut via_proxy = reqwest::Url::parse(&db.url).unwrap();
-    via_proxy.set_host(Some("127.0.0.1")).unwrap();
-    via_proxy.set_port(Some(proxy.port)).unwrap();
+    let mut proxy = Proxy::to_postgres().await;
+    let via_proxy = proxy.url_for(&db);
 
     let port = common::free_port();
     let mut relay = spawn(via_proxy.as_str(), port, &[]);
