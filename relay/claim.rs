@@ -64,10 +64,17 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<boo
                 drop(permits);
                 if got < wanted {
                     // Caught up: sleep until an enqueue NOTIFY, the next poll
-                    // or the next scheduled retry, whichever comes first.
+                    // or, when nothing at all was due, the next scheduled
+                    // retry, whichever comes first. (Asking for the next due
+                    // time only when idle keeps that query off the busy path.)
+                    let wait = if got == 0 {
+                        ctx.idle_wait().await
+                    } else {
+                        ctx.cfg.poll_interval
+                    };
                     tokio::select! {
                         _ = wake.notified() => {}
-                        _ = tokio::time::sleep(ctx.idle_wait().await) => {}
+                        _ = tokio::time::sleep(wait) => {}
                         _ = stop.wait_for(|s| *s) => break,
                     }
                 }
