@@ -6,12 +6,14 @@ use common::{Receiver, TestDb};
 use outbox_relay::store::{enqueue, NewIntent, Store};
 use serde_json::json;
 
+fn roles_sql() -> std::io::Result<String> {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/sql/roles.sql"))
+}
+
 /// Apply roles.sql and create a login role in each group (roles are
 /// cluster-wide; every step tolerates another test having done it first).
 async fn roles(db: &TestDb) {
-    let script =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/sql/roles.sql"))
-            .unwrap();
+    let script = roles_sql().unwrap();
     sqlx::raw_sql(&script)
         .execute(db.pool())
         .await
@@ -45,40 +47,24 @@ fn denied(err: sqlx::Error) -> bool {
 async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read() {
     let db = TestDb::new().await;
     roles(&db).await;
-    sqlx::raw_sql(
-        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/sql/roles.sql"))
-            .unwrap(),
-    )
-    .execute(db.pool())
-    .await
-    .expect("roles.sql is idempotent");
+    sqlx::raw_sql(&roles_sql().unwrap())
+        .execute(db.pool())
+        .await
+        .expect("roles.sql is idempotent");
     let rx = Receiver::ok().await;
 
     // the application: enqueue and derive_key, nothing else
     let app = Store::connect(&url_as(&db, "t_outbox_app"), 2)
         .await
         .unwrap();
-    let r = enqueue(
-        app.pool(),
-        &NewIntent::new(
-            "priv:1",
-            "webhook",
-            json!({"url": rx.url("/"), "body": {"secret": "payload"}}),
-        ),
-    )
-    .await
-    .unwrap();
+    let intent = NewIntent::new(
+        "priv:1",
+        "webhook",
+        json!({"url": rx.url("/"), "body": {"secret": "payload"}}),
+    );
+    let r = enqueue(app.pool(), &intent).await.unwrap();
     assert!(!r.duplicate);
-    let again = enqueue(
-        app.pool(),
-        &NewIntent::new(
-            "priv:1",
-            "webhook",
-            json!({"url": rx.url("/"), "body": {"secret": "payload"}}),
-        ),
-    )
-    .await
-    .unwrap();
+    let again = enqueue(app.pool(), &intent).await.unwrap();
     assert!(again.duplicate, "dedupe works under the application role");
     let key: String = sqlx::query_scalar("SELECT outbox.derive_key('order:1', 'charge')")
         .fetch_one(app.pool())

@@ -131,14 +131,8 @@ impl Store {
                FROM due WHERE i.id = due.id
              RETURNING {CLAIMED_COLUMNS}"
         );
-        let rows = sqlx::query(&sql)
-            .bind(limit)
-            .bind(owner)
-            .bind(lease_ms)
-            .bind(unserved_kinds)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(|r| claimed_from_row(r, false)).collect()
+        self.fetch_claims(&sql, owner, limit, lease_ms, unserved_kinds, false)
+            .await
     }
 
     /// Reclaim up to `limit` intents whose lease expired. The lost attempt is
@@ -174,14 +168,31 @@ impl Store {
                FROM expired e WHERE i.id = e.id
              RETURNING {CLAIMED_COLUMNS}, e.previous_owner"
         );
-        let rows = sqlx::query(&sql)
+        self.fetch_claims(&sql, owner, limit, lease_ms, unserved_kinds, true)
+            .await
+    }
+
+    /// Run a claim statement ($1 limit, $2 owner, $3 lease in ms, $4 kinds to
+    /// leave alone) and read the claims it returns.
+    async fn fetch_claims(
+        &self,
+        sql: &str,
+        owner: &str,
+        limit: i64,
+        lease_ms: i64,
+        unserved_kinds: &[String],
+        recovered: bool,
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        let rows = sqlx::query(sql)
             .bind(limit)
             .bind(owner)
             .bind(lease_ms)
             .bind(unserved_kinds)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(|r| claimed_from_row(r, true)).collect()
+        rows.iter()
+            .map(|r| claimed_from_row(r, recovered))
+            .collect()
     }
 
     /// Record a batch of attempts and move each intent to its next state, in
