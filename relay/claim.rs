@@ -95,8 +95,20 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<boo
 /// LISTEN for enqueue notifications and wake the claim loop. Reconnects on
 /// its own; a lost connection wakes the loop too, since notifications may
 /// have been missed meanwhile.
+///
+/// Once, after the first LISTEN, the relay sends itself a NOTIFY: when that
+/// does not arrive (a pooler in transaction mode such as PgBouncer passes
+/// LISTEN through but never delivers notifications), it says so and stops
+/// listening; the claim loop's poll interval then does the waking.
 pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+    let poll = ctx.cfg.poll_interval;
+    if !ctx.cfg.listen {
+        tracing::info!(poll_interval = ?poll, "relay.listen is false: delivering by polling");
+        metrics::gauge!("outbox_listen_active").set(0.0);
+        return;
+    }
     let mut backoff = Duration::from_millis(200);
+    let mut probed = false;
     'connect: loop {
         let mut listener = match sqlx::postgres::PgListener::connect_with(ctx.store.pool()).await {
             Ok(l) => l,
@@ -113,6 +125,37 @@ pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => { backoff = (backoff * 2).min(Duration::from_secs(10)); continue 'connect }
                 _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+        if !probed {
+            match probe(&ctx, &mut listener, &wake).await {
+                Ok(true) => {
+                    probed = true;
+                    metrics::gauge!("outbox_listen_active").set(1.0);
+                    tracing::info!(
+                        fallback_poll_interval = ?poll,
+                        "LISTEN/NOTIFY works: enqueues wake the relay at once"
+                    );
+                }
+                Ok(false) => {
+                    metrics::gauge!("outbox_listen_active").set(0.0);
+                    tracing::warn!(
+                        poll_interval = ?poll,
+                        "a NOTIFY sent to this relay did not arrive within {PROBE_WAIT:?}: the \
+                         database connection goes through a pooler that does not deliver \
+                         notifications (PgBouncer in transaction mode?). Delivering by polling \
+                         instead; set relay.listen = false to skip this check"
+                    );
+                    wake.notify_one();
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "LISTEN check failed; polling meanwhile");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => { backoff = (backoff * 2).min(Duration::from_secs(10)); continue 'connect }
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
             }
         }
         backoff = Duration::from_millis(200);
@@ -135,6 +178,34 @@ pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<
                     }
                 }
             }
+        }
+    }
+}
+
+/// How long the start-up check waits for its own NOTIFY.
+const PROBE_WAIT: Duration = Duration::from_secs(3);
+
+/// Send a NOTIFY with a unique payload through the pool and wait for it on
+/// the LISTEN connection. Other notifications seen meanwhile still wake the
+/// claim loop.
+async fn probe(
+    ctx: &Ctx,
+    listener: &mut sqlx::postgres::PgListener,
+    wake: &Notify,
+) -> Result<bool, String> {
+    let token = format!("probe:{}:{:016x}", ctx.cfg.owner, fastrand::u64(..));
+    ctx.store
+        .notify(CHANNEL, &token)
+        .await
+        .map_err(|e| e.to_string())?;
+    let deadline = tokio::time::Instant::now() + PROBE_WAIT;
+    loop {
+        match tokio::time::timeout_at(deadline, listener.try_recv()).await {
+            Err(_) => return Ok(false),
+            Ok(Ok(Some(n))) if n.payload() == token => return Ok(true),
+            Ok(Ok(Some(_))) => wake.notify_one(),
+            Ok(Ok(None)) => return Err("the LISTEN connection was lost".into()),
+            Ok(Err(e)) => return Err(e.to_string()),
         }
     }
 }

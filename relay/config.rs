@@ -130,6 +130,10 @@ pub struct RelaySection {
     pub lease: Dur,
     /// Fallback wake-up when no NOTIFY arrives.
     pub poll_interval: Dur,
+    /// LISTEN for enqueue notifications. At start the relay checks that a
+    /// NOTIFY reaches it; when none does (a pooler in transaction mode), or
+    /// when this is false, it delivers by polling every `poll_interval`.
+    pub listen: bool,
     /// How often the sweeper looks for expired leases.
     pub sweep_interval: Dur,
     /// How long in-flight deliveries may take to finish on SIGTERM.
@@ -149,6 +153,7 @@ impl Default for RelaySection {
             batch_size: 100,
             lease: dur("60s"),
             poll_interval: dur("1s"),
+            listen: true,
             sweep_interval: dur("5s"),
             shutdown_timeout: dur("30s"),
             metrics_addr: Some("127.0.0.1:9187".into()),

@@ -23,6 +23,8 @@ pub struct EngineConfig {
     pub batch_size: usize,
     pub lease: Duration,
     pub poll_interval: Duration,
+    /// LISTEN for enqueue notifications (else poll only).
+    pub listen: bool,
     pub sweep_interval: Duration,
     pub shutdown_timeout: Duration,
     /// The longest one attempt may take (the providers' timeouts): a claim
@@ -40,6 +42,7 @@ impl EngineConfig {
             batch_size: r.batch_size as usize,
             lease: r.lease.0,
             poll_interval: r.poll_interval.0,
+            listen: r.listen,
             sweep_interval: r.sweep_interval.0,
             shutdown_timeout: r.shutdown_timeout.0,
             max_attempt_time: config.longest_attempt(),

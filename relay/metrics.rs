@@ -99,6 +99,10 @@ fn describe() {
     );
     describe_gauge!("outbox_intents", "Intents by kind and state");
     describe_gauge!(
+        "outbox_listen_active",
+        "1 when enqueue notifications reach this relay, 0 when it delivers by polling"
+    );
+    describe_gauge!(
         "outbox_blocked_ordering_keys",
         "Ordering keys whose oldest live intent is dead or ambiguous"
     );

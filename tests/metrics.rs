@@ -192,6 +192,24 @@ async fn readyz_follows_the_database_and_healthz_the_process() {
         .await,
         "ready"
     );
+    // the container health check agrees, with no database URL of its own
+    // (0.0.0.0, as in a container's config, means this host)
+    let health = |args: Vec<String>| async move {
+        tokio::process::Command::new(relay_bin())
+            .arg("health")
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .output()
+            .await
+            .unwrap()
+    };
+    let out = health(vec!["--addr".into(), format!("0.0.0.0:{port}")]).await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("/readyz: ready"),
+        "{out:?}"
+    );
+
     proxy.down();
     assert!(
         wait_for(Duration::from_secs(20), || async {
@@ -201,6 +219,19 @@ async fn readyz_follows_the_database_and_healthz_the_process() {
         "not ready without the database"
     );
     assert_eq!(status("/healthz").await, 200, "but alive");
+    let out = health(vec!["--addr".into(), format!("127.0.0.1:{port}")]).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("503"),
+        "{out:?}"
+    );
+    let out = health(vec![
+        "--live".into(),
+        "--addr".into(),
+        format!("127.0.0.1:{port}"),
+    ])
+    .await;
+    assert!(out.status.success(), "{out:?}");
     proxy.up().await;
     assert!(
         wait_for(Duration::from_secs(30), || async {
@@ -225,6 +256,13 @@ async fn readyz_follows_the_database_and_healthz_the_process() {
     );
     let status_code = common::terminate(&mut relay).await;
     assert!(status_code.success());
+    // nobody listening: a clear failure, not a hang
+    let out = health(vec!["--addr".into(), format!("127.0.0.1:{port}")]).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/readyz"),
+        "{out:?}"
+    );
     proxy.down();
     db.drop_db().await;
 }

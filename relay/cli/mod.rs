@@ -71,6 +71,18 @@ enum Command {
     Schedules(intents::SchedulesArgs),
     /// Benchmark the engine in a scratch database on this server.
     Bench(BenchArgs),
+    /// Ask a running relay whether it is ready (for container health checks).
+    Health(HealthArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// The relay's listener; default relay.metrics_addr (0.0.0.0 and :: mean this host).
+    #[arg(long)]
+    addr: Option<String>,
+    /// Liveness (/healthz) instead of readiness (/readyz).
+    #[arg(long)]
+    live: bool,
 }
 
 #[derive(Debug, Args)]
@@ -108,6 +120,13 @@ pub struct Failure {
 }
 
 impl Failure {
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
     pub fn usage(message: impl Into<String>) -> Self {
         Failure {
             code: 2,
@@ -208,6 +227,9 @@ pub fn main() -> ExitCode {
 async fn execute(cli: Cli) -> Outcome {
     let config = Config::load(cli.config.as_deref(), std::env::vars())
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
+    if let Command::Health(args) = &cli.command {
+        return health(&config, args).await;
+    }
     let url = cli
         .database_url
         .clone()
@@ -250,5 +272,63 @@ async fn execute(cli: Cli) -> Outcome {
             }
             Ok(())
         }
+        Command::Health(_) => unreachable!("answered before connecting"),
+    }
+}
+
+/// GET /readyz (or /healthz) from a running relay; exit 0 on 200, 1 otherwise.
+async fn health(config: &Config, args: &HealthArgs) -> Outcome {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let configured = args
+        .addr
+        .clone()
+        .or_else(|| config.relay.metrics_addr.clone())
+        .ok_or_else(|| Failure::usage("no address: pass --addr or set relay.metrics_addr"))?;
+    let mut addr: std::net::SocketAddr = configured.parse().map_err(|_| {
+        Failure::usage(format!(
+            "{configured:?} is not an address like 127.0.0.1:9187"
+        ))
+    })?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let path = if args.live { "/healthz" } else { "/readyz" };
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut answer = Vec::new();
+        stream.take(64 * 1024).read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = match tokio::time::timeout(std::time::Duration::from_secs(5), ask).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => return Err(Failure::new(1, format!("http://{addr}{path}: {e}"))),
+        Err(_) => {
+            return Err(Failure::new(
+                1,
+                format!("http://{addr}{path}: no answer within 5s"),
+            ))
+        }
+    };
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.lines().next().unwrap_or("").to_string();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.trim())
+        .unwrap_or("");
+    if status.split_whitespace().nth(1) == Some("200") {
+        println!("{path}: {body}");
+        Ok(())
+    } else {
+        Err(Failure::new(
+            1,
+            format!("http://{addr}{path}: {status} {body}"),
+        ))
     }
 }

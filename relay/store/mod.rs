@@ -92,6 +92,16 @@ impl Store {
         &self.pool
     }
 
+    /// `pg_notify(channel, payload)`, committed at once.
+    pub async fn notify(&self, channel: &str, payload: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel)
+            .bind(payload)
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+    }
+
     /// Apply pending migrations; safe to run concurrently and repeatedly.
     pub async fn migrate(&self) -> anyhow::Result<()> {
         MIGRATOR
