@@ -445,7 +445,7 @@ impl Config {
             }
             None => toml::Table::new(),
         };
-        let env: Vec<(String, String)> = env.into_iter().collect();
+        let env = read_secret_files(env.into_iter().collect())?;
         apply_env(&mut table, env.iter().cloned())?;
         if let Some((_, key)) = env.iter().find(|(k, _)| k == "STRIPE_API_KEY") {
             let charge = table
@@ -551,6 +551,61 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Replace every `OUTBOX_RELAY__…_FILE` and `STRIPE_API_KEY_FILE` variable
+/// by the variable without the suffix, holding the file's contents (a
+/// trailing newline dropped): how container platforms hand out secrets.
+/// The value is always a string, except for a list key (`signing_secrets`),
+/// where each non-empty line is one item. Errors name the file, never its
+/// contents.
+pub fn read_secret_files(env: Vec<(String, String)>) -> anyhow::Result<Vec<(String, String)>> {
+    let mut out = Vec::with_capacity(env.len());
+    for (name, value) in &env {
+        let Some(base) = name.strip_suffix("_FILE") else {
+            out.push((name.clone(), value.clone()));
+            continue;
+        };
+        if !(base.starts_with("OUTBOX_RELAY__") || base == "STRIPE_API_KEY") {
+            out.push((name.clone(), value.clone()));
+            continue;
+        }
+        if env.iter().any(|(k, _)| k == base) {
+            bail!("both {base} and {name} are set; set one");
+        }
+        let contents = read_secret_file(name, value)?;
+        let toml_value = if base.to_ascii_lowercase().ends_with("__signing_secrets") {
+            toml::Value::Array(
+                contents
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(|l| toml::Value::String(l.to_string()))
+                    .collect(),
+            )
+        } else {
+            toml::Value::String(contents)
+        };
+        let raw = if base == "STRIPE_API_KEY" {
+            toml_value.as_str().unwrap_or_default().to_string()
+        } else {
+            toml_value.to_string()
+        };
+        out.push((base.to_string(), raw));
+    }
+    Ok(out)
+}
+
+/// The contents of the file a `*_FILE` variable names, without the trailing
+/// newline. An empty file is an error.
+pub fn read_secret_file(var: &str, path: &str) -> anyhow::Result<String> {
+    let contents =
+        std::fs::read_to_string(path).with_context(|| format!("{var}: cannot read {path}"))?;
+    let contents = contents.trim_end_matches(['\n', '\r']).to_string();
+    if contents.trim().is_empty() {
+        bail!("{var}: {path} is empty");
+    }
+    Ok(contents)
 }
 
 /// Merge `OUTBOX_RELAY__A__B=value` into the table at `a.b`.
@@ -729,6 +784,70 @@ mod tests {
             let err = format!("{:#}", load_str(text, &[]).unwrap_err());
             assert!(err.contains(needle), "{text:?}: {err}");
         }
+    }
+
+    #[test]
+    fn secrets_can_come_from_files() {
+        let dir = std::env::temp_dir().join(format!("outbox-relay-secrets-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p.display().to_string()
+        };
+        let password = write("smtp-password", "12345\n");
+        let stripe = write("stripe", "sk_test_from_file\n");
+        let signing = write(
+            "signing",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n\nwhsec_c2VjcmV0LXNpZ25pbmcta2V5LTEyMzQ1Njc4OTA=\n",
+        );
+        let c = load_str(
+            "[email]\nsmtp_url = \"smtp://127.0.0.1:2525\"\nfrom = \"a@example.com\"\nusername = \"u\"",
+            &[
+                ("OUTBOX_RELAY__EMAIL__PASSWORD_FILE", &password),
+                ("STRIPE_API_KEY_FILE", &stripe),
+                ("OUTBOX_RELAY__WEBHOOK__SIGNING_SECRETS_FILE", &signing),
+            ],
+        )
+        .unwrap();
+        // a numeric-looking password stays a string
+        assert_eq!(c.email.password.as_ref().unwrap().expose(), "12345");
+        assert_eq!(
+            c.charge.api_key.as_ref().unwrap().expose(),
+            "sk_test_from_file"
+        );
+        assert_eq!(c.webhook.signing_secrets.len(), 2);
+        assert_eq!(
+            c.webhook.signing_secrets[1].expose(),
+            "whsec_c2VjcmV0LXNpZ25pbmcta2V5LTEyMzQ1Njc4OTA="
+        );
+        // errors name the variable and the file, never the contents
+        let missing = dir.join("missing").display().to_string();
+        for (env, needle) in [
+            (
+                vec![("STRIPE_API_KEY_FILE", missing.as_str())],
+                "STRIPE_API_KEY_FILE: cannot read",
+            ),
+            (
+                vec![
+                    ("STRIPE_API_KEY_FILE", write("empty", "\n").as_str()),
+                    ("X", "y"),
+                ],
+                "is empty",
+            ),
+            (
+                vec![
+                    ("STRIPE_API_KEY_FILE", stripe.as_str()),
+                    ("STRIPE_API_KEY", "sk_test_env"),
+                ],
+                "both STRIPE_API_KEY and STRIPE_API_KEY_FILE are set",
+            ),
+        ] {
+            let err = format!("{:#}", load_str("", &env).unwrap_err());
+            assert!(err.contains(needle), "{err}");
+            assert!(!err.contains("sk_test_from_file"), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

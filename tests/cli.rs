@@ -468,6 +468,37 @@ async fn errors_name_the_problem_and_exit_codes_mean_something() {
     assert!(bad.stderr.contains("concurency"), "{}", bad.stderr);
     std::fs::remove_file(cfg).ok();
 
+    // the URL from a file (a mounted secret); its password never prints
+    let url_file = common::config_file("postgres://postgres:s3cret@127.0.0.1:1/x\n");
+    let from_file = cli_env(
+        None,
+        &["stats"],
+        &[("DATABASE_URL_FILE", url_file.to_str().unwrap())],
+    )
+    .await;
+    assert_eq!(from_file.code, 5, "{}", from_file.stderr);
+    assert!(
+        from_file.stderr.contains("127.0.0.1:1"),
+        "{}",
+        from_file.stderr
+    );
+    assert!(!from_file.stderr.contains("s3cret"), "{}", from_file.stderr);
+    std::fs::remove_file(url_file).ok();
+    let unreadable = cli_env(
+        None,
+        &["stats"],
+        &[("DATABASE_URL_FILE", "/nonexistent/db-url")],
+    )
+    .await;
+    assert_eq!(unreadable.code, 2);
+    assert!(
+        unreadable
+            .stderr
+            .contains("DATABASE_URL_FILE: cannot read /nonexistent/db-url"),
+        "{}",
+        unreadable.stderr
+    );
+
     let db = TestDb::new().await;
     sqlx::query("DROP SCHEMA outbox CASCADE")
         .execute(db.pool())

@@ -230,11 +230,19 @@ async fn execute(cli: Cli) -> Outcome {
     if let Command::Health(args) = &cli.command {
         return health(&config, args).await;
     }
+    let url_file = match std::env::var("DATABASE_URL_FILE") {
+        Ok(path) if cli.database_url.is_none() => Some(
+            crate::config::read_secret_file("DATABASE_URL_FILE", &path)
+                .map_err(|e| Failure::usage(format!("{e:#}")))?,
+        ),
+        _ => None,
+    };
     let url = cli
         .database_url
         .clone()
+        .or(url_file)
         .or_else(|| config.database_url.as_ref().map(|s| s.expose().to_string()))
-        .ok_or_else(|| Failure::usage("no database: pass --database-url, set DATABASE_URL, or set database_url in the config file"))?;
+        .ok_or_else(|| Failure::usage("no database: pass --database-url, set DATABASE_URL (or DATABASE_URL_FILE), or set database_url in the config file"))?;
     let connections = config
         .relay
         .max_connections
