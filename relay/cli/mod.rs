@@ -225,8 +225,10 @@ pub fn main() -> ExitCode {
 }
 
 async fn execute(cli: Cli) -> Outcome {
+    // a health check exits 0 or 1 (Docker reserves 2), whatever went wrong
+    let is_health = matches!(cli.command, Command::Health(_));
     let config = Config::load(cli.config.as_deref(), std::env::vars())
-        .map_err(|e| Failure::usage(format!("{e:#}")))?;
+        .map_err(|e| Failure::new(if is_health { 1 } else { 2 }, format!("{e:#}")))?;
     if let Command::Health(args) = &cli.command {
         return health(&config, args).await;
     }
@@ -291,11 +293,12 @@ async fn health(config: &Config, args: &HealthArgs) -> Outcome {
         .addr
         .clone()
         .or_else(|| config.relay.metrics_addr.clone())
-        .ok_or_else(|| Failure::usage("no address: pass --addr or set relay.metrics_addr"))?;
+        .ok_or_else(|| Failure::new(1, "no address: pass --addr or set relay.metrics_addr"))?;
     let mut addr: std::net::SocketAddr = configured.parse().map_err(|_| {
-        Failure::usage(format!(
-            "{configured:?} is not an address like 127.0.0.1:9187"
-        ))
+        Failure::new(
+            1,
+            format!("{configured:?} is not an address like 127.0.0.1:9187"),
+        )
     })?;
     if addr.ip().is_unspecified() {
         addr.set_ip(if addr.is_ipv4() {
