@@ -14,6 +14,11 @@ impl SmtpPeer {
     /// Start the peer. Fails loudly when Python or aiosmtpd is missing
     /// (tests/run.sh installs them).
     pub async fn start() -> SmtpPeer {
+        SmtpPeer::start_with(&[]).await
+    }
+
+    /// Start the peer with extra arguments (e.g. `--drop-rate 0.01`).
+    pub async fn start_with(args: &[&str]) -> SmtpPeer {
         let python = std::env::var("OUTBOX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
         let record = std::env::temp_dir().join(format!(
             "outbox-smtp-{}-{:08x}.jsonl",
@@ -25,6 +30,7 @@ impl SmtpPeer {
             .arg(script)
             .arg("--record")
             .arg(&record)
+            .args(args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())

@@ -10,11 +10,15 @@ part, so one server serves every test case:
   drop@...      the whole message is received, then the connection
                 is closed without a reply                        -> ambiguous
   anything else 250 2.0.0 Ok: queued as <ID>                     -> delivered
+
+With --drop-rate P, any message is dropped like drop@... with probability P
+(the chaos drill's flaky mail server).
 """
 import argparse
 import asyncio
 import itertools
 import json
+import random
 import socket
 import sys
 
@@ -22,8 +26,9 @@ from aiosmtpd.controller import Controller
 
 
 class Handler:
-    def __init__(self, record):
+    def __init__(self, record, drop_rate=0.0):
         self.record = record
+        self.drop_rate = drop_rate
         self.greylisted = set()
         self.ids = itertools.count(0xA000)
 
@@ -40,7 +45,9 @@ class Handler:
     async def handle_DATA(self, server, session, envelope):
         data = envelope.original_content or envelope.content
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-        if any(r.split("@", 1)[0].lower() == "drop" for r in envelope.rcpt_tos):
+        if any(r.split("@", 1)[0].lower() == "drop" for r in envelope.rcpt_tos) or (
+            self.drop_rate > 0 and random.random() < self.drop_rate
+        ):
             self.write(envelope, text, None, dropped=True)
             server.transport.abort()
             return "250 OK (never sent)"
@@ -68,9 +75,10 @@ def free_port():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--record", required=True)
+    parser.add_argument("--drop-rate", type=float, default=0.0)
     args = parser.parse_args()
     port = free_port()
-    controller = Controller(Handler(args.record), hostname="127.0.0.1", port=port)
+    controller = Controller(Handler(args.record, args.drop_rate), hostname="127.0.0.1", port=port)
     controller.start()
     print("PORT %d" % port, flush=True)
     try:

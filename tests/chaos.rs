@@ -1,0 +1,515 @@
+//! Chaos drill: three relay processes deliver a mixed workload (webhook,
+//! email, charge) against real peers while a driver SIGKILLs a random relay
+//! every few seconds and restarts it, the webhook receiver answers 500 to
+//! ~20% of requests and stalls past the timeout on ~2%, the SMTP server drops
+//! ~1% of connections after DATA, and Postgres itself (a private cluster) is
+//! restarted once mid-run.
+//!
+//! At the end: the intent count is unchanged; every intent is terminal (or
+//! ambiguous with its reason); no transient failure ended terminal; every
+//! delivered intent took effect at its peer, under one key across all its
+//! attempts; no payment was created twice; and the effects that happened
+//! more than once are counted and bounded by what the faults explain.
+//!
+//! Size: CHAOS_INTENTS (default 900), CHAOS_KILL_EVERY_MS (default 2000).
+//! The full drill: `CHAOS_INTENTS=3000 tests/run.sh --test chaos --no-capture`.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::Command as StdCommand;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::smtp::SmtpPeer;
+use common::stripe::{FakeStripe, API_KEY};
+use common::{relay_bin, Receiver, Reply};
+use outbox_relay::store::Store;
+use serde_json::{json, Value};
+
+const RELAYS: usize = 3;
+const CONCURRENCY: usize = 16;
+const WEBHOOK_TIMEOUT_MS: u64 = 1000;
+const STALL_MS: u64 = 1500;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A private PostgreSQL cluster (tests/peers/pg-cluster.sh), which this test
+/// may restart without disturbing the other tests' server.
+struct Cluster {
+    url: String,
+    dir: String,
+}
+
+impl Cluster {
+    fn script() -> String {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/pg-cluster.sh").to_string()
+    }
+
+    fn start() -> Cluster {
+        let name = format!("chaos-{}-{:04x}", std::process::id(), fastrand::u16(..));
+        let out = StdCommand::new(Cluster::script())
+            .args(["start", &name])
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run tests/peers/pg-cluster.sh");
+        assert!(
+            out.status.success(),
+            "the chaos drill needs a private PostgreSQL cluster; tests/peers/pg-cluster.sh start failed (see above)"
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut lines = text.lines();
+        Cluster {
+            url: lines.next().expect("url").to_string(),
+            dir: lines.next().expect("dir").to_string(),
+        }
+    }
+
+    fn restart(&self) -> Duration {
+        let started = Instant::now();
+        let status = StdCommand::new(Cluster::script())
+            .args(["restart", &self.dir])
+            .status()
+            .unwrap();
+        assert!(status.success(), "pg_ctl restart failed");
+        started.elapsed()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = StdCommand::new(Cluster::script())
+            .args(["stop", &self.dir])
+            .status();
+    }
+}
+
+/// What the webhook receiver decided for one request.
+#[derive(Debug, Clone)]
+struct Answer {
+    intent: String,
+    webhook_id: String,
+    status: u16,
+    stalled: bool,
+}
+
+fn spawn_relay(
+    db_url: &str,
+    config: &std::path::Path,
+    stripe_base: &str,
+    name: &str,
+) -> tokio::process::Child {
+    tokio::process::Command::new(relay_bin())
+        .arg("run")
+        .env("DATABASE_URL", db_url)
+        .env("OUTBOX_RELAY_CONFIG", config)
+        .env("OUTBOX_RELAY__RELAY__NAME", format!("\"{name}\""))
+        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
+        .env("OUTBOX_RELAY__CHARGE__API_BASE", stripe_base)
+        .env("STRIPE_API_KEY", API_KEY)
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn relay")
+}
+
+fn intent_of(i: usize) -> (String, &'static str) {
+    let kind = ["webhook", "email", "charge"][i % 3];
+    (format!("chaos-{kind}-{i}"), kind)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_drill() {
+    let n: usize = env_or("CHAOS_INTENTS", 900);
+    let kill_every = Duration::from_millis(env_or("CHAOS_KILL_EVERY_MS", 2000));
+    // enqueue over a stretch of time, so the faults land on a live workload
+    let enqueue_for = Duration::from_secs((n as u64 / 60).max(10));
+    let started = Instant::now();
+
+    let cluster = Cluster::start();
+    Store::connect(&cluster.url, 2)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&cluster.url)
+        .await
+        .unwrap();
+
+    // peers
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let log = answers.clone();
+    let rx = Receiver::start(move |req, _| {
+        let intent = serde_json::from_slice::<Value>(&req.body)
+            .ok()
+            .and_then(|b| b["k"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        let roll = fastrand::f64();
+        let (reply, status, stalled) = if roll < 0.02 {
+            (
+                Reply::status(200).after(Duration::from_millis(STALL_MS)),
+                200,
+                true,
+            )
+        } else if roll < 0.22 {
+            (Reply::status(500), 500, false)
+        } else {
+            (Reply::status(200), 200, false)
+        };
+        log.lock().unwrap().push(Answer {
+            intent,
+            webhook_id: req.webhook_id(),
+            status,
+            stalled,
+        });
+        reply
+    })
+    .await;
+    let smtp = SmtpPeer::start_with(&["--drop-rate", "0.01"]).await;
+    let stripe = FakeStripe::start().await;
+
+    let config = common::config_file(&format!(
+        r#"
+[relay]
+concurrency = {CONCURRENCY}
+batch_size = {CONCURRENCY}
+lease = "4s"
+poll_interval = "200ms"
+sweep_interval = "250ms"
+shutdown_timeout = "3s"
+
+[retry]
+max_attempts = 1000
+schedule = ["50ms", "100ms", "200ms"]
+jitter = 0.2
+
+[webhook]
+timeout = "{WEBHOOK_TIMEOUT_MS}ms"
+connect_timeout = "500ms"
+allowed_networks = ["127.0.0.0/8"]
+on_ambiguous = "redeliver"
+
+[email]
+smtp_url = "{smtp_url}"
+from = "Shop <shop@example.com>"
+timeout = "2s"
+connect_timeout = "500ms"
+on_ambiguous = "redeliver"
+
+[charge]
+timeout = "2s"
+connect_timeout = "500ms"
+on_ambiguous = "park"
+"#,
+        smtp_url = smtp.url()
+    ));
+
+    // three relays
+    let relays: Arc<tokio::sync::Mutex<Vec<tokio::process::Child>>> =
+        Arc::new(tokio::sync::Mutex::new(
+            (0..RELAYS)
+                .map(|r| spawn_relay(&cluster.url, &config, &stripe.base, &format!("relay-{r}-0")))
+                .collect(),
+        ));
+
+    // the enqueuer: n intents over `enqueue_for`, in small transactions,
+    // each retried (same keys) until it commits
+    let enqueue_errors = Arc::new(AtomicUsize::new(0));
+    let enqueuer = {
+        let pool = pool.clone();
+        let errors = enqueue_errors.clone();
+        let hook = rx.url("/hook");
+        tokio::spawn(async move {
+            let ticks = (enqueue_for.as_millis() / 100) as usize;
+            let per_tick = n.div_ceil(ticks);
+            let mut i = 0;
+            while i < n {
+                let batch: Vec<Value> = (i..(i + per_tick).min(n))
+                    .map(|j| {
+                        let (key, kind) = intent_of(j);
+                        let payload = match kind {
+                            "webhook" => json!({"url": hook, "body": {"k": key}}),
+                            "email" => json!({"to": [format!("user{j}@example.com")],
+                                              "subject": key, "text": "chaos"}),
+                            _ => json!({"amount": 100 + j, "currency": "usd",
+                                        "payment_method": "pm_card_visa", "description": key}),
+                        };
+                        json!({"k": key, "kind": kind, "payload": payload})
+                    })
+                    .collect();
+                loop {
+                    let r = sqlx::query(
+                        "SELECT outbox.enqueue(x.k, x.kind, x.payload)
+                           FROM jsonb_to_recordset($1) AS x(k text, kind text, payload jsonb)",
+                    )
+                    .bind(Value::Array(batch.clone()))
+                    .execute(&pool)
+                    .await;
+                    match r {
+                        Ok(_) => break,
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+                i += batch.len();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    // the killer: SIGKILL a random relay every `kill_every` and restart it,
+    // until the enqueuer is done and a little after
+    let kills = Arc::new(AtomicUsize::new(0));
+    let kill_until = Instant::now() + enqueue_for + Duration::from_secs(5);
+    let killer = {
+        let relays = relays.clone();
+        let kills = kills.clone();
+        let url = cluster.url.clone();
+        let config = config.clone();
+        let stripe_base = stripe.base.clone();
+        tokio::spawn(async move {
+            let mut generation = 0;
+            while Instant::now() < kill_until {
+                tokio::time::sleep(kill_every.mul_f64(0.75 + fastrand::f64() * 0.5)).await;
+                generation += 1;
+                let victim = fastrand::usize(..RELAYS);
+                let mut relays = relays.lock().await;
+                let _ = relays[victim].start_kill();
+                let _ = relays[victim].wait().await;
+                kills.fetch_add(1, Ordering::Relaxed);
+                relays[victim] = spawn_relay(
+                    &url,
+                    &config,
+                    &stripe_base,
+                    &format!("relay-{victim}-{generation}"),
+                );
+            }
+        })
+    };
+
+    // Postgres restarts once, half way through the enqueueing
+    tokio::time::sleep(enqueue_for / 2).await;
+    let restart_took = cluster.restart();
+    eprintln!("chaos: Postgres restarted in {restart_took:?}");
+
+    enqueuer.await.unwrap();
+    killer.await.unwrap();
+    eprintln!(
+        "chaos: {n} intents enqueued, {} kills; waiting for every intent to settle",
+        kills.load(Ordering::Relaxed)
+    );
+
+    // settle: nothing pending or claimed
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut open = i64::MAX;
+    while Instant::now() < deadline {
+        open = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.intents WHERE state IN ('pending', 'claimed')",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap_or(i64::MAX);
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for relay in relays.lock().await.iter_mut() {
+        common::terminate(relay).await;
+    }
+    let elapsed = started.elapsed();
+
+    // ---- the figures --------------------------------------------------
+    let states: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT kind, state, count(*) FROM outbox.intents GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let intents: Vec<(String, String, String, Option<String>)> =
+        sqlx::query_as("SELECT key, kind, state, last_error FROM outbox.intents")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let (attempts, stale, lost, replayed): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*),
+                count(*) FILTER (WHERE NOT accepted),
+                count(*) FILTER (WHERE outcome = 'lost'),
+                count(*) FILTER (WHERE replayed)
+           FROM outbox.attempts",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+
+    let answers = answers.lock().unwrap().clone();
+    let webhook_500 = answers.iter().filter(|a| a.status == 500).count();
+    let stalls = answers.iter().filter(|a| a.stalled).count();
+    let mut webhook_effects: HashMap<&str, usize> = HashMap::new();
+    let mut webhook_ids: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for a in &answers {
+        if a.status == 200 {
+            *webhook_effects.entry(&a.intent).or_default() += 1;
+        }
+        webhook_ids
+            .entry(&a.intent)
+            .or_default()
+            .insert(&a.webhook_id);
+    }
+    let webhook_dups: usize = webhook_effects.values().map(|c| c - 1).sum();
+
+    let messages = smtp.messages();
+    let header = |data: &str, name: &str| {
+        data.lines()
+            .find(|l| {
+                l.len() > name.len()
+                    && l[..name.len()].eq_ignore_ascii_case(name)
+                    && l.as_bytes()[name.len()] == b':'
+            })
+            .map(|l| l[name.len() + 1..].trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut email_effects: HashMap<String, usize> = HashMap::new();
+    let mut email_ids: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut smtp_drops = 0;
+    for m in &messages {
+        let data = m["data"].as_str().unwrap_or_default();
+        let subject = header(data, "Subject");
+        // every message reached the server whole: a dropped one may have
+        // been delivered too, as far as the relay can tell
+        *email_effects.entry(subject.clone()).or_default() += 1;
+        if m["dropped"].as_bool() == Some(true) {
+            smtp_drops += 1;
+        }
+        email_ids
+            .entry(subject)
+            .or_default()
+            .insert(header(data, "Message-ID"));
+    }
+    let email_dups: usize = email_effects.values().map(|c| c - 1).sum();
+
+    let payments = stripe.fake.payments();
+    let mut payments_per_intent: HashMap<String, usize> = HashMap::new();
+    for p in &payments {
+        let key = p["metadata"]["outbox_intent_key"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        *payments_per_intent.entry(key).or_default() += 1;
+    }
+    let stripe_requests = stripe.fake.requests();
+    let stripe_replays = stripe_requests.iter().filter(|r| r.1).count();
+    let stripe_keys: HashSet<&str> = stripe_requests.iter().map(|r| r.0.as_str()).collect();
+
+    let kills = kills.load(Ordering::Relaxed);
+    eprintln!("\n=== chaos drill: {n} intents, {RELAYS} relays, {elapsed:.1?} ===");
+    eprintln!(
+        "faults: {kills} relay kills (SIGKILL), 1 Postgres restart ({restart_took:?}), \
+         {webhook_500} webhook 500s, {stalls} webhook stalls past the timeout, \
+         {smtp_drops} SMTP connections dropped after DATA, {} enqueue retries",
+        enqueue_errors.load(Ordering::Relaxed)
+    );
+    eprintln!("intents by kind and state:");
+    for (kind, state, count) in &states {
+        eprintln!("  {kind:<8} {state:<10} {count}");
+    }
+    eprintln!(
+        "attempts: {attempts} recorded, {stale} completions refused by the fence, \
+         {lost} leases lost to kills and reconciled, {replayed} provider replays"
+    );
+    eprintln!(
+        "webhook: {} requests, {} intents took effect, {webhook_dups} effects repeated",
+        answers.len(),
+        webhook_effects.len()
+    );
+    eprintln!(
+        "email:   {} messages, {} intents took effect, {email_dups} messages repeated",
+        messages.len(),
+        email_effects.len()
+    );
+    eprintln!(
+        "charge:  {} requests ({stripe_replays} answered from Stripe's idempotency store), \
+         {} payments for {} intents",
+        stripe_requests.len(),
+        payments.len(),
+        payments_per_intent.len()
+    );
+    eprintln!(
+        "repeated effects explained by the faults: at most {lost} lost leases + {stalls} stalls \
+         + {smtp_drops} drops = {}",
+        lost as usize + stalls + smtp_drops
+    );
+
+    // ---- the verdict --------------------------------------------------
+    assert_eq!(open, 0, "intents still open after the settle deadline");
+    assert_eq!(intents.len(), n, "the intent count is unchanged");
+    for (key, _, state, error) in &intents {
+        match state.as_str() {
+            "delivered" => {}
+            "ambiguous" => assert!(
+                error.as_deref().is_some_and(|e| !e.is_empty()),
+                "{key} is ambiguous without a reason"
+            ),
+            // no input was bad and the retry budget is large: any other end
+            // is a transient failure that ended terminal
+            other => panic!("{key} ended {other}: {error:?}"),
+        }
+    }
+    for (key, kind, state, _) in &intents {
+        if state != "delivered" {
+            continue;
+        }
+        match kind.as_str() {
+            "webhook" => {
+                assert!(
+                    webhook_effects.contains_key(key.as_str()),
+                    "{key} never took effect"
+                );
+                assert_eq!(webhook_ids[key.as_str()].len(), 1, "{key}: one webhook-id");
+            }
+            "email" => {
+                assert!(email_effects.contains_key(key), "{key} never took effect");
+                assert_eq!(email_ids[key].len(), 1, "{key}: one Message-ID");
+            }
+            _ => assert_eq!(
+                payments_per_intent.get(key),
+                Some(&1),
+                "{key}: exactly one payment"
+            ),
+        }
+    }
+    assert!(
+        payments_per_intent.values().all(|&c| c == 1),
+        "no payment was created twice"
+    );
+    let charge_intents = intents.iter().filter(|i| i.1 == "charge").count();
+    assert_eq!(
+        stripe_keys.len(),
+        charge_intents,
+        "each charge reached Stripe under one idempotency key"
+    );
+    // A repeated effect needs a cause: a relay killed after the effect but
+    // before its completion was written (its lease is then reconciled as
+    // `lost` and, for a receiver that dedupes, redelivered under the same
+    // key), a request that outlived its timeout, or a mail dropped after DATA.
+    assert!(
+        webhook_dups + email_dups <= lost as usize + stalls + smtp_drops,
+        "more repeated effects ({webhook_dups} webhook, {email_dups} email) than the faults explain"
+    );
+    assert!(kills > 0, "the drill killed relays");
+    std::fs::remove_file(config).ok();
+}
