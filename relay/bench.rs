@@ -29,6 +29,26 @@ pub struct BenchArgs {
     pub latency_rate: u32,
     pub latency_seconds: u64,
     pub keep: bool,
+    /// Relay process counts for the scale-out drain.
+    pub relays: Vec<usize>,
+    /// How long the receiver takes to answer during the scale-out drains.
+    pub scale_receiver_delay: Duration,
+    /// The config file the scale-out relays are started with.
+    pub config_path: Option<std::path::PathBuf>,
+}
+
+/// One scale-out drain: `relays` processes on one database.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScaleOut {
+    pub relays: usize,
+    pub drain_per_s: f64,
+    /// Over the one-relay drain of this run.
+    pub speedup: f64,
+    pub requests: u64,
+    pub duplicate_requests: u64,
+    pub attempts: i64,
+    /// The largest peak RSS among the relay processes.
+    pub relay_peak_rss_mb: f64,
 }
 
 /// One run's figures.
@@ -55,6 +75,8 @@ pub struct Report {
     pub purged_rows: u64,
     pub purge_rows_per_s: f64,
     pub peak_rss_mb: f64,
+    pub scale_receiver_delay_ms: u64,
+    pub scale_out: Vec<ScaleOut>,
 }
 
 pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
@@ -69,7 +91,7 @@ pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow:
     let url = db_opts.to_url_lossy().to_string();
     let store = Store::connect(&url, (args.in_flight as u32 / 4).max(4) + 4).await?;
     store.migrate().await?;
-    let result = measure(&store, config, args).await;
+    let result = measure(&store, config, args, &url).await;
     store.pool().close().await;
     if !args.keep {
         conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
@@ -81,8 +103,13 @@ pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow:
     result
 }
 
-async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
-    let (port, _receiver) = receiver()?;
+async fn measure(
+    store: &Store,
+    config: &Config,
+    args: &BenchArgs,
+    db_url: &str,
+) -> anyhow::Result<Report> {
+    let (port, _receiver, seen) = receiver()?;
     let url = format!("http://127.0.0.1:{port}/hook");
     let payload = |n: usize| {
         json!({"url": url, "body": {"event": "order.created", "order_id": n, "customer": "cus_0123456789",
@@ -266,6 +293,21 @@ async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Re
     let _ = stop.send(());
     running.await??;
 
+    let mut scale_out = Vec::new();
+    seen.set_delay(args.scale_receiver_delay);
+    for &relays in &args.relays {
+        eprintln!(
+            "bench: scale-out: drain {n} webhooks with {relays} relay process(es), {} in flight each, receiver answering in {:?}",
+            args.in_flight, args.scale_receiver_delay
+        );
+        let mut run = scale_out_drain(store, args, db_url, &url, relays, &seen).await?;
+        let base = scale_out
+            .first()
+            .map_or(run.drain_per_s, |b: &ScaleOut| b.drain_per_s);
+        run.speedup = run.drain_per_s / base;
+        scale_out.push(run);
+    }
+
     Ok(Report {
         intents: n,
         in_flight: args.in_flight,
@@ -285,6 +327,103 @@ async fn measure(store: &Store, config: &Config, args: &BenchArgs) -> anyhow::Re
         purged_rows: purged,
         purge_rows_per_s: purged as f64 / purge_time.as_secs_f64(),
         peak_rss_mb: peak_rss_mb(),
+        scale_receiver_delay_ms: args.scale_receiver_delay.as_millis() as u64,
+        scale_out,
+    })
+}
+
+/// Start `relays` separate `outbox-relay run` processes on the bench
+/// database, let them go idle, commit `n` intents in one transaction and
+/// time until all are delivered. Counts the requests the receiver saw and
+/// the distinct webhook-ids among them: a duplicate effect would show.
+async fn scale_out_drain(
+    store: &Store,
+    args: &BenchArgs,
+    db_url: &str,
+    hook_url: &str,
+    relays: usize,
+    seen: &Seen,
+) -> anyhow::Result<ScaleOut> {
+    sqlx::query("TRUNCATE outbox.intents CASCADE")
+        .execute(store.pool())
+        .await?;
+    sqlx::query("VACUUM ANALYZE outbox.intents")
+        .execute(store.pool())
+        .await?;
+    seen.reset();
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for r in 0..relays {
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("run")
+            .env("DATABASE_URL", db_url)
+            .env("OUTBOX_RELAY__RELAY__NAME", format!("\"bench-{r}\""))
+            .env(
+                "OUTBOX_RELAY__RELAY__CONCURRENCY",
+                args.in_flight.to_string(),
+            )
+            .env(
+                "OUTBOX_RELAY__WEBHOOK__MAX_IN_FLIGHT_PER_HOST",
+                args.in_flight.to_string(),
+            )
+            .env(
+                "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
+                "[\"127.0.0.1/32\"]",
+            )
+            .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
+            .env("OUTBOX_RELAY__RETENTION__INTENTS", "\"0s\"")
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true);
+        match &args.config_path {
+            Some(p) => cmd.env("OUTBOX_RELAY_CONFIG", p),
+            None => cmd.env_remove("OUTBOX_RELAY_CONFIG"),
+        };
+        children.push(cmd.spawn()?);
+    }
+    // idle and listening before the work arrives
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for c in children.iter_mut() {
+        if let Some(status) = c.try_wait()? {
+            anyhow::bail!("a bench relay exited at start ({status}); run `outbox-relay run` by hand to see why");
+        }
+    }
+    let t = Instant::now();
+    sqlx::query(
+        "SELECT outbox.enqueue('scale-' || g, 'webhook',
+                jsonb_build_object('url', $1::text, 'body', jsonb_build_object(
+                    'event', 'order.created', 'order_id', g, 'customer', 'cus_0123456789',
+                    'amount', 1999, 'currency', 'usd', 'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-42', 'qty', 1)),
+                    'note', 'bench payload padded to about three hundred bytes')))
+           FROM generate_series(1, $2::int) g",
+    )
+    .bind(hook_url)
+    .bind(args.intents as i32)
+    .execute(store.pool())
+    .await?;
+    wait_delivered(store, "scale-", args.intents as i64).await?;
+    let drain = args.intents as f64 / t.elapsed().as_secs_f64();
+    let mut rss: f64 = 0.0;
+    for c in children.iter_mut() {
+        if let Some(pid) = c.id() {
+            rss = rss.max(peak_rss_mb_of(&format!("/proc/{pid}/status")));
+        }
+        let _ = c.start_kill();
+        let _ = c.wait().await;
+    }
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.attempts")
+        .fetch_one(store.pool())
+        .await?;
+    let (requests, distinct) = seen.counts();
+    Ok(ScaleOut {
+        relays,
+        drain_per_s: drain,
+        speedup: 1.0,
+        requests,
+        duplicate_requests: requests - distinct,
+        attempts,
+        relay_peak_rss_mb: rss,
     })
 }
 
@@ -330,9 +469,44 @@ async fn wait_delivered(store: &Store, prefix: &str, n: i64) -> anyhow::Result<(
     }
 }
 
+/// The webhook-ids the bench receiver has seen, and how many requests.
+#[derive(Clone, Default)]
+struct Seen {
+    log: std::sync::Arc<std::sync::Mutex<(u64, std::collections::HashSet<String>)>>,
+    /// How long the receiver takes to answer, in ms.
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Seen {
+    fn delay(&self) -> Duration {
+        Duration::from_millis(self.delay_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    fn set_delay(&self, d: Duration) {
+        self.delay_ms
+            .store(d.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn record(&self, id: Option<&str>) {
+        let mut s = self.log.lock().expect("receiver log");
+        s.0 += 1;
+        if let Some(id) = id {
+            s.1.insert(id.to_string());
+        }
+    }
+    fn reset(&self) {
+        *self.log.lock().expect("receiver log") = Default::default();
+    }
+    /// (requests, distinct webhook-ids)
+    fn counts(&self) -> (u64, u64) {
+        let s = self.log.lock().expect("receiver log");
+        (s.0, s.1.len() as u64)
+    }
+}
+
 /// A webhook receiver on its own thread and runtime, so it does not share
-/// the relay's executor. Answers 200 to every POST.
-fn receiver() -> anyhow::Result<(u16, std::thread::JoinHandle<()>)> {
+/// the relay's executor. Answers 200 to every POST and notes its webhook-id.
+fn receiver() -> anyhow::Result<(u16, std::thread::JoinHandle<()>, Seen)> {
+    let seen = Seen::default();
+    let log = seen.clone();
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     std_listener.set_nonblocking(true)?;
     let port = std_listener.local_addr()?.port();
@@ -345,16 +519,30 @@ fn receiver() -> anyhow::Result<(u16, std::thread::JoinHandle<()>)> {
                 .expect("runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-                let app = axum::Router::new().fallback(|| async { "" });
+                let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+                    log.record(headers.get("webhook-id").and_then(|v| v.to_str().ok()));
+                    let delay = log.delay();
+                    async move {
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                        ""
+                    }
+                });
                 let _ = axum::serve(listener, app).await;
             });
         })?;
-    Ok((port, handle))
+    Ok((port, handle, seen))
 }
 
 /// The process's peak resident set (VmHWM), in MB.
 pub fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    peak_rss_mb_of("/proc/self/status")
+}
+
+/// VmHWM from a /proc/<pid>/status file, in MB.
+fn peak_rss_mb_of(status: &str) -> f64 {
+    std::fs::read_to_string(status)
         .ok()
         .and_then(|s| {
             s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
@@ -429,5 +617,28 @@ pub fn print(r: &Report) {
     ];
     for (k, v) in rows {
         println!("{k:<42} {v}");
+    }
+    if !r.scale_out.is_empty() {
+        println!();
+        println!(
+            "scale-out: separate relay processes, {} in flight each, same database, receiver answering in {} ms",
+            r.in_flight, r.scale_receiver_delay_ms
+        );
+        println!(
+            "{:<8} {:>10} {:>9} {:>10} {:>11} {:>9} {:>14}",
+            "relays", "drain/s", "speedup", "requests", "duplicates", "attempts", "relay RSS MB"
+        );
+        for s in &r.scale_out {
+            println!(
+                "{:<8} {:>10.0} {:>8.2}x {:>10} {:>11} {:>9} {:>14.0}",
+                s.relays,
+                s.drain_per_s,
+                s.speedup,
+                s.requests,
+                s.duplicate_requests,
+                s.attempts,
+                s.relay_peak_rss_mb
+            );
+        }
     }
 }

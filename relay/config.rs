@@ -419,6 +419,49 @@ impl Config {
             .collect()
     }
 
+    /// Each schedule's kind is one this product delivers and its payload is
+    /// one that kind's provider accepts, checked the way the provider will:
+    /// otherwise every tick would enqueue an intent that can only end
+    /// `rejected`. Email payloads without `from` are checked against
+    /// `email.from` where email is configured (elsewhere another relay's
+    /// `email.from` applies).
+    fn check_schedule_payloads(&self) -> anyhow::Result<()> {
+        use outbox_providers::{charge, email, webhook, KNOWN_KINDS};
+        for s in &self.schedules {
+            let checked = match s.kind.as_str() {
+                "webhook" => webhook::request::parse(
+                    &s.payload,
+                    s.destination.as_deref(),
+                    &self.webhook.endpoints,
+                )
+                .map(drop),
+                "email" => {
+                    let from = match self.email.provider_config()? {
+                        Some(c) => c.from,
+                        None => Some("schedule-check@example.invalid".parse().expect("valid")),
+                    };
+                    outbox_providers::refuse_destination("email", s.destination.as_deref())
+                        .and_then(|()| {
+                            email::message::prepare(&s.payload, "schedule-check", 0, from.as_ref())
+                        })
+                        .map(drop)
+                }
+                "charge" => {
+                    outbox_providers::refuse_destination("charge", s.destination.as_deref())
+                        .and_then(|()| charge::request::form(&s.payload, "schedule-check", 0))
+                        .map(drop)
+                }
+                other => bail!(
+                    "schedule {:?}: kind {other:?} is not one this relay delivers ({})",
+                    s.name,
+                    KNOWN_KINDS.join(", ")
+                ),
+            };
+            checked.map_err(|e| anyhow::anyhow!("schedule {:?}: payload: {e}", s.name))?;
+        }
+        Ok(())
+    }
+
     /// The longest time one attempt may take, over the enabled kinds.
     pub fn longest_attempt(&self) -> Duration {
         let mut longest = self.webhook.timeout.0;
@@ -456,9 +499,18 @@ impl Config {
                     .or_insert_with(|| toml::Value::String(key.clone()));
             }
         }
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid configuration: {}", e.message()))
+        // serde_path_to_error names the key a bad value sits under
+        // ("relay.lease: invalid duration ..."), which serde alone does not.
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let message = e.into_inner().message().to_string();
+                if path == "." {
+                    anyhow::anyhow!("invalid configuration: {message}")
+                } else {
+                    anyhow::anyhow!("invalid configuration: {path}: {message}")
+                }
+            })
             .with_context(|| match path {
                 Some(p) => format!("in {}", p.display()),
                 None => "in the environment overrides".into(),
@@ -529,9 +581,24 @@ impl Config {
         if self.webhook.max_response_bytes > 1 << 20 {
             bail!("webhook.max_response_bytes must be at most 1 MiB");
         }
+        for (name, d) in [
+            ("webhook.timeout", self.webhook.timeout),
+            ("webhook.connect_timeout", self.webhook.connect_timeout),
+            ("email.timeout", self.email.timeout),
+            ("email.connect_timeout", self.email.connect_timeout),
+            ("charge.timeout", self.charge.timeout),
+            ("charge.connect_timeout", self.charge.connect_timeout),
+        ] {
+            // "0s" would time out every attempt (an email timed out after
+            // its body is ambiguous: every message would be parked)
+            if d.0 < Duration::from_millis(100) {
+                bail!("{name} must be at least 100ms, not {:?}", d.0);
+            }
+        }
         // building the providers checks secrets, URLs and addresses
         self.providers()?;
         self.schedules()?;
+        self.check_schedule_payloads()?;
         let ret = &self.retention;
         if ret.ledger.0 < ret.intents.0 {
             bail!(
@@ -727,7 +794,10 @@ mod tests {
     fn errors_name_the_key() {
         for (text, needle) in [
             ("[relay]\nconcurency = 3", "concurency"),
-            ("[relay]\nlease = \"5 parsecs\"", "5 parsecs"),
+            (
+                "[relay]\nlease = \"5 parsecs\"",
+                "relay.lease: invalid duration \"5 parsecs\"",
+            ),
             ("[relay]\nlease = 60", "duration must be a string"),
             ("[relay]\nlease = \"9999999h\"", "longer than a year"),
             ("[[schedule]]\nname = \"d\"\ncron = \"every day\"\nkind = \"email\"\npayload = {}", "cron \"every day\" is invalid"),
@@ -780,10 +850,141 @@ mod tests {
             ),
             ("[charge]\napi_key = \" \"", "is empty"),
             ("[relay", "not valid TOML"),
+            // absurd values: each refused with the key named, none panics
+            ("[relay]\nlease = \"0s\"", "relay.lease must be at least 1s"),
+            ("[relay]\nlease = \"-5s\"", "relay.lease: invalid duration \"-5s\""),
+            (
+                "[relay]\nlease = \"99999999999999999999s\"",
+                "relay.lease: invalid duration \"99999999999999999999s\"",
+            ),
+            (
+                "[relay]\npoll_interval = \"0ms\"",
+                "relay.poll_interval must be at least 10ms",
+            ),
+            (
+                "[relay]\nconcurrency = 1000000000",
+                "relay.concurrency must be between 1 and 10000, not 1000000000",
+            ),
+            ("[relay]\nconcurrency = 1e9", "relay.concurrency: invalid type"),
+            ("[relay]\nconcurrency = -1", "relay.concurrency"),
+            (
+                "[relay]\nbatch_size = 0",
+                "relay.batch_size must be between 1 and 10000, not 0",
+            ),
+            (
+                "[retry]\nschedule = [\"-1s\"]",
+                "retry.schedule[0]: invalid duration \"-1s\"",
+            ),
+            (
+                "[retry.charge]\nschedule = []",
+                "retry.charge.schedule must list at least one delay",
+            ),
+            ("[retry]\njitter = 2.0", "retry.jitter must be between 0.0 and 1.0"),
+            ("[retry]\njitter = -1", "retry.jitter must be between 0.0 and 1.0"),
+            ("[retry]\njitter = nan", "retry.jitter must be between 0.0 and 1.0"),
+            (
+                "[retry]\nmax_attempts = 0",
+                "retry.max_attempts must be between 1 and 1000",
+            ),
+            (
+                "[retry]\nmax_attempts = 99999999999",
+                "retry.max_attempts: invalid value",
+            ),
+            (
+                "[retention]\ninterval = \"0s\"",
+                "retention.interval must be at least 1s",
+            ),
+            (
+                "[webhook]\ntimeout = \"0s\"",
+                "webhook.timeout must be at least 100ms",
+            ),
+            (
+                "[email]\nconnect_timeout = \"0s\"",
+                "email.connect_timeout must be at least 100ms",
+            ),
+            (
+                "[relay]\nmetrics_addr = \"nonsense\"",
+                "relay.metrics_addr \"nonsense\" is not an address",
+            ),
+            (
+                "[[schedule]]\nname = \"d\"\ncron = \"* * *\"\nkind = \"webhook\"\npayload = {}",
+                "schedule \"d\": cron \"* * *\" is invalid (too few fields)",
+            ),
+            (
+                "[[schedule]]\nname = \"d\"\ncron = \"61 * * * * *\"\nkind = \"webhook\"\npayload = {}",
+                "schedule \"d\": cron \"61 * * * * *\" is invalid (Seconds must be",
+            ),
+            (
+                "[[schedule]]\nname = \"d\"\ncron = \"not a cron\"\nkind = \"webhook\"\npayload = {}",
+                "schedule \"d\": cron \"not a cron\" is invalid (The 'Seconds' field",
+            ),
+            (
+                "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"sms\"\npayload = { to = \"+100\" }",
+                "schedule \"d\": kind \"sms\" is not one this relay delivers",
+            ),
+            (
+                "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"webhook\"\npayload = { body = 1 }",
+                "schedule \"d\": payload: webhook payload has no \"url\"",
+            ),
+            (
+                "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"webhook\"\npayload = { url = \"gopher://x\", body = 1 }",
+                "schedule \"d\": payload: webhook url scheme \"gopher\"",
+            ),
+            (
+                "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"email\"\npayload = { to = [\"a@\"], subject = \"s\", text = \"t\" }",
+                "schedule \"d\": payload: email \"to\" address \"a@\" is invalid",
+            ),
+            (
+                "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"charge\"\npayload = { amount = 0, currency = \"usd\", payment_method = \"pm\" }",
+                "schedule \"d\": payload: charge \"amount\" must be between 1 and 99999999",
+            ),
+            (
+                "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"webhook\"\npayload = \"x\"",
+                "schedule \"d\": payload must be a table",
+            ),
         ] {
             let err = format!("{:#}", load_str(text, &[]).unwrap_err());
             assert!(err.contains(needle), "{text:?}: {err}");
         }
+    }
+
+    #[test]
+    fn schedules_with_valid_payloads_load() {
+        let c = load_str(
+            r#"
+            [webhook.endpoints]
+            ops = "https://ops.example.com/hook"
+            [[schedule]]
+            name = "ping"
+            cron = "0 * * * * *"
+            kind = "webhook"
+            destination = "ops"
+            payload = { body = { ping = true } }
+            [[schedule]]
+            name = "digest"
+            cron = "0 0 9 * * *"
+            kind = "email"
+            payload = { to = ["ops@example.com"], subject = "Digest", text = "..." }
+            [[schedule]]
+            name = "fee"
+            cron = "0 0 0 1 * *"
+            kind = "charge"
+            payload = { amount = 500, currency = "eur", payment_method = "pm_card_visa" }
+            "#,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.schedules().unwrap().len(), 3);
+        // where email is configured, a payload without "from" needs email.from
+        let err = load_str(
+            "[email]\nsmtp_url = \"smtp://127.0.0.1:2525\"\n[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"email\"\npayload = { to = [\"a@example.com\"], subject = \"s\", text = \"t\" }",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("schedule \"d\": payload: email payload has no \"from\""),
+            "{err:#}"
+        );
     }
 
     #[test]

@@ -87,6 +87,10 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
 /// The attempt itself: reconcile first when the claim was recovered from an
 /// expired lease, then deliver under the intent's derived key.
 async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
+    if let Some(reason) = &claim.payload_error {
+        // nothing can have been sent for it: no attempt ever had a payload
+        return (Outcome::invalid(reason.clone()), AmbiguityPolicy::Park);
+    }
     let Some(provider) = ctx.providers.get(&claim.kind) else {
         let outcome = Outcome::invalid(format!(
             "unknown kind {:?}: this relay delivers {}",
@@ -228,6 +232,7 @@ mod tests {
             kind: "webhook".into(),
             destination: None,
             payload: serde_json::json!({}),
+            payload_error: None,
             attempt,
             attempts_base: base,
             fence: 3,

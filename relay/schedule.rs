@@ -42,7 +42,12 @@ impl Schedule {
             ));
         }
         let cron = cron::Schedule::from_str(&e.cron).map_err(|err| {
-            format!("schedule {:?}: cron {:?} is invalid ({err}); it has seconds first, e.g. \"0 0 9 * * *\"", e.name, e.cron)
+            format!(
+                "schedule {:?}: cron {:?} is invalid ({}); it has 6 or 7 fields, seconds first, e.g. \"0 0 9 * * *\"",
+                e.name,
+                e.cron,
+                cron_reason(&err.to_string(), &e.cron)
+            )
         })?;
         if cron.upcoming(Utc).next().is_none() {
             return Err(format!(
@@ -164,6 +169,27 @@ pub async fn run(store: Store, schedules: Vec<Schedule>, mut stop: watch::Receiv
             _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+    }
+}
+
+/// The cron crate's parse error on one line. It echoes the expression, a
+/// caret under the failing position and, sometimes, a reason.
+fn cron_reason(message: &str, expression: &str) -> String {
+    let lines: Vec<&str> = message.lines().collect();
+    let caret = lines
+        .iter()
+        .find(|l| l.trim() == "^")
+        .and_then(|l| l.find('^'));
+    let reason = lines
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| !l.is_empty() && *l != "^" && *l != expression.trim());
+    match (reason, caret) {
+        (Some(r), _) => r.to_string(),
+        (None, Some(c)) if c >= expression.trim_end().len() => "too few fields".to_string(),
+        (None, Some(c)) => format!("unexpected text at character {}", c + 1),
+        (None, None) => message.split_whitespace().collect::<Vec<_>>().join(" "),
     }
 }
 

@@ -98,6 +98,15 @@ pub struct BenchArgs {
     latency_rate: u32,
     #[arg(long, default_value_t = 5)]
     latency_seconds: u64,
+    /// Relay process counts for the scale-out drain (separate `outbox-relay
+    /// run` processes on the same database); empty to skip.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    relays: Vec<usize>,
+    /// How long the receiver takes to answer during the scale-out drains
+    /// (a real endpoint is not instant; with 0 one relay already saturates
+    /// a small machine).
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    scale_receiver_delay: std::time::Duration,
     /// Keep the scratch database afterwards.
     #[arg(long)]
     keep: bool,
@@ -165,7 +174,8 @@ impl Failure {
             StoreError::NotFound(_) => 3,
             StoreError::InvalidState { .. } => 4,
             StoreError::Enqueue(EnqueueError::Conflict { .. }) => 4,
-            StoreError::Enqueue(EnqueueError::Invalid(_)) => 2,
+            StoreError::Enqueue(EnqueueError::Invalid(_))
+            | StoreError::Enqueue(EnqueueError::PayloadTooLarge { .. }) => 2,
             StoreError::Enqueue(EnqueueError::Database(e)) | StoreError::Database(e) => {
                 if is_unreachable(e) {
                     5
@@ -273,6 +283,9 @@ async fn execute(cli: Cli) -> Outcome {
                 latency_rate: a.latency_rate.max(1),
                 latency_seconds: a.latency_seconds.max(1),
                 keep: a.keep,
+                relays: a.relays.iter().map(|r| (*r).clamp(1, 64)).collect(),
+                config_path: cli.config.clone(),
+                scale_receiver_delay: a.scale_receiver_delay,
             };
             let report = crate::bench::run(&url, &config, &args).await?;
             if a.json {

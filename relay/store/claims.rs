@@ -18,6 +18,12 @@ pub struct Claimed {
     pub kind: String,
     pub destination: Option<String>,
     pub payload: Value,
+    /// Set when the stored payload cannot be read (nested deeper than the
+    /// JSON parser allows, a number beyond a double: shapes outbox.enqueue
+    /// refuses since 0004, but a row written otherwise may have them). The
+    /// claim still succeeds, with a `Null` payload, so one such row cannot
+    /// fail the claim of its whole batch; the intent is rejected with this.
+    pub payload_error: Option<String>,
     /// Attempt number of this claim (1 for the first).
     pub attempt: i32,
     /// Attempts made before the last operator retry; the retry budget
@@ -80,12 +86,23 @@ const CLAIMED_COLUMNS: &str = "i.id, i.key, i.kind, i.destination, i.payload, i.
      i.delivered_at IS NOT NULL AS delivered_before";
 
 fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
+    let (payload, payload_error) = match row.try_get::<Value, _>("payload") {
+        Ok(v) => (v, None),
+        Err(sqlx::Error::ColumnDecode { source, .. }) => (
+            Value::Null,
+            Some(format!(
+                "the stored payload cannot be read as JSON: {source}"
+            )),
+        ),
+        Err(e) => return Err(e),
+    };
     Ok(Claimed {
         id: row.try_get("id")?,
         key: row.try_get("key")?,
         kind: row.try_get("kind")?,
         destination: row.try_get("destination")?,
-        payload: row.try_get("payload")?,
+        payload,
+        payload_error,
         attempt: row.try_get("attempts")?,
         attempts_base: row.try_get("attempts_base")?,
         fence: row.try_get("fence")?,

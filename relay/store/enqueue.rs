@@ -70,8 +70,17 @@ pub enum EnqueueError {
         message: String,
         detail: Option<String>,
     },
-    /// The input was refused by `outbox.enqueue` (empty key, bad kind name,
-    /// payload over the size limit).
+    /// SQLSTATE OB413: the payload's JSON text (`payload::text`) is over
+    /// the limit (1 MiB). The message names the key, the size and the limit.
+    #[error("{message}{}", hint.as_deref().map(|h| format!(" ({h})")).unwrap_or_default())]
+    PayloadTooLarge {
+        message: String,
+        hint: Option<String>,
+    },
+    /// The input was refused by `outbox.enqueue` (22023: empty key, key over
+    /// 512 characters, bad kind name, NULL payload, nesting 64 levels deep,
+    /// a number beyond ±1e308) or could not be read as jsonb (22P02 not
+    /// JSON, 22P05 `\u0000` in a string, 54001 nested too deep to parse).
     #[error("{0}")]
     Invalid(String),
     #[error("database error: {0}")]
@@ -92,7 +101,16 @@ impl From<sqlx::Error> for EnqueueError {
                     .and_then(|e| e.detail().map(str::to_string));
                 EnqueueError::Conflict { message, detail }
             }
-            "22023" | "54000" | "22P02" | "23514" => EnqueueError::Invalid(message),
+            "OB413" => {
+                let hint = db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .and_then(|e| e.hint().map(str::to_string));
+                EnqueueError::PayloadTooLarge { message, hint }
+            }
+            // 54000: the size limit as schemas before 0004 raised it
+            "22023" | "54000" | "22P02" | "22P05" | "54001" | "23514" => {
+                EnqueueError::Invalid(message)
+            }
             _ => EnqueueError::Database(err),
         }
     }
