@@ -17,11 +17,11 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::process::Command as StdCommand;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::cluster::Cluster;
 use common::smtp::SmtpPeer;
 use common::stripe::{FakeStripe, API_KEY};
 use common::{relay_bin, Receiver, Reply};
@@ -38,56 +38,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// A private PostgreSQL cluster (tests/peers/pg-cluster.sh), which this test
-/// may restart without disturbing the other tests' server.
-struct Cluster {
-    url: String,
-    dir: String,
-}
-
-impl Cluster {
-    fn script() -> String {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/pg-cluster.sh").to_string()
-    }
-
-    fn start() -> Cluster {
-        let name = format!("chaos-{}-{:04x}", std::process::id(), fastrand::u16(..));
-        let out = StdCommand::new(Cluster::script())
-            .args(["start", &name])
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .expect("run tests/peers/pg-cluster.sh");
-        assert!(
-            out.status.success(),
-            "the chaos drill needs a private PostgreSQL cluster; tests/peers/pg-cluster.sh start failed (see above)"
-        );
-        let text = String::from_utf8(out.stdout).unwrap();
-        let mut lines = text.lines();
-        Cluster {
-            url: lines.next().expect("url").to_string(),
-            dir: lines.next().expect("dir").to_string(),
-        }
-    }
-
-    fn restart(&self) -> Duration {
-        let started = Instant::now();
-        let status = StdCommand::new(Cluster::script())
-            .args(["restart", &self.dir])
-            .status()
-            .unwrap();
-        assert!(status.success(), "pg_ctl restart failed");
-        started.elapsed()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = StdCommand::new(Cluster::script())
-            .args(["stop", &self.dir])
-            .status();
-    }
 }
 
 /// What the webhook receiver decided for one request.
@@ -134,7 +84,7 @@ async fn chaos_drill() {
     let enqueue_for = Duration::from_secs((n as u64 / 60).max(10));
     let started = Instant::now();
 
-    let cluster = Cluster::start();
+    let cluster = Cluster::start("chaos");
     Store::connect(&cluster.url, 2)
         .await
         .unwrap()

@@ -184,6 +184,40 @@ remove_stale_cluster() {
 	rm -rf "$dir"
 }
 
+# TLS for the scratch cluster, as production servers have it: a throwaway CA
+# (ca.crt, for sslmode=verify-full) and a server certificate it signed for
+# localhost and 127.0.0.1. Needs openssl (installed when missing and root).
+scratch_pg_tls() {
+	local dir=$1 f
+	if ! have openssl && can_apt; then
+		apt_install openssl || true
+	fi
+	if ! have openssl; then
+		say "warning: openssl is missing: the scratch cluster runs without TLS (apt-get install openssl)"
+		return 0
+	fi
+	printf '%s\n' "subjectAltName=DNS:localhost,IP:127.0.0.1" "basicConstraints=CA:FALSE" \
+		"keyUsage=digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" >"$dir/server.ext"
+	if ! {
+		openssl req -new -x509 -days 30 -nodes -subj "/CN=outbox-relay scratch CA" \
+			-keyout "$dir/ca.key" -out "$dir/ca.crt" &&
+			openssl req -new -nodes -subj "/CN=localhost" \
+				-keyout "$dir/server.key" -out "$dir/server.csr" &&
+			openssl x509 -req -days 30 -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+				-CAcreateserial -extfile "$dir/server.ext" -out "$dir/server.crt"
+	} >/dev/null 2>&1; then
+		say "warning: openssl could not make certificates: the scratch cluster runs without TLS"
+		rm -f "$dir"/ca.* "$dir"/server.*
+		return 0
+	fi
+	rm -f "$dir/ca.key" "$dir/ca.srl" "$dir/server.csr" "$dir/server.ext"
+	chmod 600 "$dir/server.key"
+	for f in ca.crt server.crt server.key; do
+		[ -n "$SCRATCH_PG_USER" ] && chown "$SCRATCH_PG_USER:" "$dir/$f"
+	done
+	echo "ssl = on" >>"$dir/postgresql.conf"
+}
+
 scratch_pg_start() {
 	local name=$1 scratch="$REPO_ROOT/.scratch" dir lock other port out tries=0 i sockdir isready
 	install_pg_server
@@ -229,6 +263,7 @@ scratch_pg_start() {
 		echo "unix_socket_directories = '${sockdir//\'/\'\'}'"
 		echo "max_connections = 200"
 	} >>"$dir/postgresql.conf"
+	scratch_pg_tls "$dir"
 
 	port=55432
 	while :; do

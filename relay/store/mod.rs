@@ -69,6 +69,10 @@ impl Store {
             .parse()
             .map_err(|e| anyhow::anyhow!("database_url is not a valid Postgres URL: {e}"))?;
         let options = options.application_name("outbox-relay");
+        if let Some(ca) = url_param(url, "sslrootcert") {
+            std::fs::metadata(&ca)
+                .map_err(|e| anyhow::anyhow!("sslrootcert {ca} in the database URL: {e}"))?;
+        }
         // One direct attempt first, so an unreachable server fails at once
         // with its own error instead of after the pool's acquire timeout.
         let probe = options.connect().await.map_err(|e| {
@@ -130,9 +134,57 @@ impl Store {
     }
 }
 
+/// A query parameter of a postgres:// URL, percent-decoded.
+fn url_param(url: &str, name: &str) -> Option<String> {
+    let query = url.split_once('?')?.1;
+    let raw = query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == name).then_some(v)
+    })?;
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h)? * 16 + hex(l)?) as u8);
+                i += 3;
+            }
+            (b'+', _, _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
 /// The SQLSTATE of a database error, when there is one.
 pub fn sqlstate(err: &sqlx::Error) -> Option<String> {
     err.as_database_error()
         .and_then(|e| e.code())
         .map(|c| c.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_param;
+
+    #[test]
+    fn url_params_are_found_and_decoded() {
+        let url = "postgres://u:p@h/db?sslmode=verify-full&sslrootcert=%2Fetc%2Fca%20dir%2Fca.pem";
+        assert_eq!(url_param(url, "sslrootcert").unwrap(), "/etc/ca dir/ca.pem");
+        assert_eq!(url_param(url, "sslmode").unwrap(), "verify-full");
+        assert_eq!(url_param(url, "sslcert"), None);
+        assert_eq!(url_param("postgres://h/db", "sslrootcert"), None);
+        assert_eq!(
+            url_param("postgres://h/db?sslrootcert=/a/b%zz", "sslrootcert").unwrap(),
+            "/a/b%zz"
+        );
+    }
 }

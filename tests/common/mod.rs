@@ -2,6 +2,7 @@
 //! loopback, relay configurations, and condition waits with deadlines.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod proxy;
 pub mod smtp;
 pub mod stripe;

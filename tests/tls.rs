@@ -1,0 +1,97 @@
+//! TLS to Postgres: the relay connects with `sslmode=require` and with
+//! `sslmode=verify-full` against the server's CA, and refuses a server whose
+//! certificate it cannot verify, with an error that says so.
+//!
+//! Runs against a private cluster (tests/peers/pg-cluster.sh) that has TLS
+//! with a self-signed certificate for localhost and 127.0.0.1.
+
+mod common;
+
+use common::cluster::Cluster;
+use common::{relay_bin, Receiver};
+use outbox_relay::store::Store;
+use serde_json::json;
+
+async fn run_once(url: &str) -> std::process::Output {
+    tokio::process::Command::new(relay_bin())
+        .args(["run", "--once"])
+        .env("DATABASE_URL", url)
+        .env(
+            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
+            "[\"127.0.0.0/8\"]",
+        )
+        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_speaks_tls_to_postgres_and_verifies_the_server() {
+    let cluster = Cluster::start("tls");
+    let ca = cluster.certificate().expect(
+        "the private cluster has no TLS certificate: openssl is missing (apt-get install openssl)",
+    );
+    let rx = Receiver::ok().await;
+
+    // verify-full against the cluster's own CA: migrate, enqueue, deliver
+    let verified = format!(
+        "{}?sslmode=verify-full&sslrootcert={}",
+        cluster.url,
+        ca.display()
+    );
+    let store = Store::connect(&verified, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let (ssl, version): (bool, String) =
+        sqlx::query_as("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert!(ssl, "the connection is encrypted");
+    assert!(version.starts_with("TLS"), "{version}");
+    sqlx::query("SELECT outbox.enqueue('tls-1', 'webhook', $1)")
+        .bind(json!({"url": rx.url("/"), "body": 1}))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let out = run_once(&verified).await;
+    assert!(out.status.success(), "{out:?}");
+    let state: String = sqlx::query_scalar("SELECT state FROM outbox.intents WHERE key = 'tls-1'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(state, "delivered");
+
+    // require: encrypted, not verified
+    let required = format!("{}?sslmode=require", cluster.url);
+    sqlx::query("SELECT outbox.enqueue('tls-2', 'webhook', $1)")
+        .bind(json!({"url": rx.url("/"), "body": 2}))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let out = run_once(&required).await;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(rx.requests().len(), 2);
+
+    // verify-full with only the system's roots: a self-signed server is
+    // refused, and the error says why
+    let out = run_once(&format!("{}?sslmode=verify-full", cluster.url)).await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.to_lowercase().contains("certificate"),
+        "the error names the certificate problem: {stderr}"
+    );
+    // a missing CA file is a clear error too
+    let out = run_once(&format!(
+        "{}?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+        cluster.url
+    ))
+    .await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/nonexistent/ca.pem"), "{stderr}");
+    assert_eq!(rx.requests().len(), 2, "nothing more was delivered");
+    store.pool().close().await;
+}
