@@ -33,8 +33,21 @@ pub struct BenchArgs {
     pub relays: Vec<usize>,
     /// How long the receiver takes to answer during the scale-out drains.
     pub scale_receiver_delay: Duration,
+    /// Delivered-history sizes at which to measure claim + complete cost.
+    pub history: Vec<u64>,
     /// The config file the scale-out relays are started with.
     pub config_path: Option<std::path::PathBuf>,
+}
+
+/// Claim + complete cost beside `history_rows` delivered intents.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HistoryPoint {
+    pub history_rows: u64,
+    pub claim_complete_per_s: f64,
+    /// Over the smallest history of this run.
+    pub relative: f64,
+    /// EXPLAIN (ANALYZE, BUFFERS) of one claim of 100.
+    pub claim_plan: Vec<String>,
 }
 
 /// One scale-out drain: `relays` processes on one database.
@@ -77,6 +90,7 @@ pub struct Report {
     pub peak_rss_mb: f64,
     pub scale_receiver_delay_ms: u64,
     pub scale_out: Vec<ScaleOut>,
+    pub history: Vec<HistoryPoint>,
 }
 
 pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
@@ -155,40 +169,7 @@ async fn measure(
 
     eprintln!("bench: ceiling: claim + fenced complete + attempt rows, no network ({n})");
     enqueue_batched(store, n, "ceiling", &payload).await?;
-    let t = Instant::now();
-    let mut done = 0;
-    loop {
-        let claims = store.claim("bench-ceiling", 100, 60_000, &[]).await?;
-        if claims.is_empty() {
-            break;
-        }
-        let now = Utc::now();
-        let batch: Vec<Completion> = claims
-            .iter()
-            .map(|c| Completion {
-                id: c.id,
-                kind: c.kind.clone(),
-                delivered_before: false,
-                operator_replay: false,
-                fence: c.fence,
-                attempt: c.attempt,
-                key_generation: c.key_generation,
-                started_at: now,
-                finished_at: now,
-                outcome: "delivered",
-                status: Some(200),
-                provider_ref: Some(format!("msg_{}", c.id)),
-                error: None,
-                replayed: false,
-                uncounted: false,
-                state: "delivered",
-                run_after: None,
-                response: None,
-            })
-            .collect();
-        done += store.complete("bench-ceiling", &batch).await?.len();
-    }
-    let ceiling = done as f64 / t.elapsed().as_secs_f64();
+    let ceiling = claim_complete_rate(store).await?;
     sqlx::query("TRUNCATE outbox.intents CASCADE")
         .execute(store.pool())
         .await?;
@@ -329,7 +310,77 @@ async fn measure(
         peak_rss_mb: peak_rss_mb(),
         scale_receiver_delay_ms: args.scale_receiver_delay.as_millis() as u64,
         scale_out,
+        history: history_scale(store, &args.history, &payload).await?,
     })
+}
+
+/// Grow the delivered history (intents and their attempt rows) to each size
+/// in turn; at each, EXPLAIN one claim and measure claim + complete of
+/// 5,000 fresh intents. Flat figures mean history costs the hot path nothing.
+async fn history_scale(
+    store: &Store,
+    sizes: &[u64],
+    payload: &impl Fn(usize) -> serde_json::Value,
+) -> anyhow::Result<Vec<HistoryPoint>> {
+    let mut points: Vec<HistoryPoint> = Vec::new();
+    if sizes.is_empty() {
+        return Ok(points);
+    }
+    sqlx::query("TRUNCATE outbox.intents CASCADE")
+        .execute(store.pool())
+        .await?;
+    let mut sizes = sizes.to_vec();
+    sizes.sort_unstable();
+    let mut have: u64 = 0;
+    for (round, &size) in sizes.iter().enumerate() {
+        eprintln!("bench: history: growing delivered history to {size} rows");
+        while have < size {
+            let chunk = (size - have).min(250_000);
+            sqlx::query(
+                "WITH h AS (
+                     INSERT INTO outbox.intents (key, kind, payload, state, attempts, fence,
+                                                 provider_ref, delivered_at, updated_at, created_at)
+                     SELECT 'history-' || g, 'webhook',
+                            jsonb_build_object('url', 'http://127.0.0.1:9/hook', 'body',
+                                               jsonb_build_object('order_id', g, 'note', repeat('x', 200))),
+                            'delivered', 1, 1, 'msg_' || g,
+                            now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+                       FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) g
+                     RETURNING id)
+                 INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at,
+                                              finished_at, outcome, status, provider_ref)
+                 SELECT id, 1, 1, 'history', now() - interval '1 day', now() - interval '1 day',
+                        'delivered', 200, 'msg_' || id FROM h",
+            )
+            .bind(have as i64)
+            .bind(chunk as i64)
+            .execute(store.pool())
+            .await?;
+            have += chunk;
+        }
+        sqlx::query("VACUUM ANALYZE outbox.intents")
+            .execute(store.pool())
+            .await?;
+        sqlx::query("VACUUM ANALYZE outbox.attempts")
+            .execute(store.pool())
+            .await?;
+        let prefix = format!("fresh{round}");
+        enqueue_batched(store, 5_000, &prefix, payload).await?;
+        let plan = store.explain_claim(100).await?;
+        let rate = claim_complete_rate(store).await?;
+        let relative = points
+            .first()
+            .map_or(1.0, |p| rate / p.claim_complete_per_s);
+        points.push(HistoryPoint {
+            history_rows: size,
+            claim_complete_per_s: rate,
+            relative,
+            claim_plan: plan,
+        });
+        // the fresh intents join the history
+        have += 5_000;
+    }
+    Ok(points)
 }
 
 /// Start `relays` separate `outbox-relay run` processes on the bench
@@ -425,6 +476,46 @@ async fn scale_out_drain(
         attempts,
         relay_peak_rss_mb: rss,
     })
+}
+
+/// Claim everything due in batches of 100 and complete each batch as
+/// delivered, as the engine does, with no network call: the rate at which
+/// this database runs the engine's own SQL. Returns intents per second.
+async fn claim_complete_rate(store: &Store) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let mut done = 0;
+    loop {
+        let claims = store.claim("bench-ceiling", 100, 60_000, &[]).await?;
+        if claims.is_empty() {
+            break;
+        }
+        let now = Utc::now();
+        let batch: Vec<Completion> = claims
+            .iter()
+            .map(|c| Completion {
+                id: c.id,
+                kind: c.kind.clone(),
+                delivered_before: false,
+                operator_replay: false,
+                fence: c.fence,
+                attempt: c.attempt,
+                key_generation: c.key_generation,
+                started_at: now,
+                finished_at: now,
+                outcome: "delivered",
+                status: Some(200),
+                provider_ref: Some(format!("msg_{}", c.id)),
+                error: None,
+                replayed: false,
+                uncounted: false,
+                state: "delivered",
+                run_after: None,
+                response: None,
+            })
+            .collect();
+        done += store.complete("bench-ceiling", &batch).await?.len();
+    }
+    Ok(done as f64 / t.elapsed().as_secs_f64())
 }
 
 async fn enqueue_batched(
@@ -617,6 +708,30 @@ pub fn print(r: &Report) {
     ];
     for (k, v) in rows {
         println!("{k:<42} {v}");
+    }
+    if !r.history.is_empty() {
+        println!();
+        println!("history: claim + complete (batches of 100, no network) beside delivered history");
+        println!(
+            "{:<14} {:>16} {:>9}",
+            "history rows", "claim+complete/s", "relative"
+        );
+        for h in &r.history {
+            println!(
+                "{:<14} {:>16.0} {:>8.2}x",
+                h.history_rows, h.claim_complete_per_s, h.relative
+            );
+        }
+        for h in [r.history.first(), r.history.last()].into_iter().flatten() {
+            println!();
+            println!("claim plan beside {} history rows:", h.history_rows);
+            for line in &h.claim_plan {
+                println!("  {line}");
+            }
+            if r.history.len() == 1 {
+                break;
+            }
+        }
     }
     if !r.scale_out.is_empty() {
         println!();

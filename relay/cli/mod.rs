@@ -99,7 +99,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5)]
     latency_seconds: u64,
     /// Relay process counts for the scale-out drain (separate `outbox-relay
-    /// run` processes on the same database); empty to skip.
+    /// run` processes on the same database); 0 to skip.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     relays: Vec<usize>,
     /// How long the receiver takes to answer during the scale-out drains
@@ -107,6 +107,11 @@ pub struct BenchArgs {
     /// a small machine).
     #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
     scale_receiver_delay: std::time::Duration,
+    /// Delivered-history sizes at which to EXPLAIN the claim and measure
+    /// claim + complete, e.g. 10000,100000,1000000,5000000 (slow: the rows
+    /// are inserted); empty to skip.
+    #[arg(long, value_delimiter = ',')]
+    history: Vec<u64>,
     /// Keep the scratch database afterwards.
     #[arg(long)]
     keep: bool,
@@ -283,9 +288,15 @@ async fn execute(cli: Cli) -> Outcome {
                 latency_rate: a.latency_rate.max(1),
                 latency_seconds: a.latency_seconds.max(1),
                 keep: a.keep,
-                relays: a.relays.iter().map(|r| (*r).clamp(1, 64)).collect(),
+                relays: a
+                    .relays
+                    .iter()
+                    .filter(|r| **r > 0)
+                    .map(|r| (*r).min(64))
+                    .collect(),
                 config_path: cli.config.clone(),
                 scale_receiver_delay: a.scale_receiver_delay,
+                history: a.history.clone(),
             };
             let report = crate::bench::run(&url, &config, &args).await?;
             if a.json {

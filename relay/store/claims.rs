@@ -118,18 +118,11 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
     })
 }
 
-impl Store {
-    /// Claim up to `limit` due pending intents for `owner` for `lease_ms`,
-    /// skipping rows other relays hold and kinds this relay does not serve.
-    pub async fn claim(
-        &self,
-        owner: &str,
-        limit: i64,
-        lease_ms: i64,
-        unserved_kinds: &[String],
-    ) -> Result<Vec<Claimed>, sqlx::Error> {
-        let sql = format!(
-            "WITH due AS (
+/// The claim statement: $1 limit, $2 owner, $3 lease in ms, $4 kinds to
+/// leave alone.
+fn claim_sql() -> String {
+    format!(
+        "WITH due AS (
                  SELECT id FROM outbox.intents c
                   WHERE state = 'pending' AND run_after <= now()
                     AND kind <> ALL($4::text[])
@@ -147,9 +140,37 @@ impl Store {
                     fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
                FROM due WHERE i.id = due.id
              RETURNING {CLAIMED_COLUMNS}"
-        );
-        self.fetch_claims(&sql, owner, limit, lease_ms, unserved_kinds, false)
+    )
+}
+
+impl Store {
+    /// Claim up to `limit` due pending intents for `owner` for `lease_ms`,
+    /// skipping rows other relays hold and kinds this relay does not serve.
+    pub async fn claim(
+        &self,
+        owner: &str,
+        limit: i64,
+        lease_ms: i64,
+        unserved_kinds: &[String],
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        self.fetch_claims(&claim_sql(), owner, limit, lease_ms, unserved_kinds, false)
             .await
+    }
+
+    /// EXPLAIN (ANALYZE, BUFFERS) of the claim statement for `limit` rows,
+    /// inside a transaction that is rolled back: nothing is claimed.
+    pub async fn explain_claim(&self, limit: i64) -> Result<Vec<String>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let plan: Vec<String> =
+            sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS) {}", claim_sql()))
+                .bind(limit)
+                .bind("explain")
+                .bind(60_000i64)
+                .bind(Vec::<String>::new())
+                .fetch_all(&mut *tx)
+                .await?;
+        tx.rollback().await?;
+        Ok(plan)
     }
 
     /// Reclaim up to `limit` intents whose lease expired. The lost attempt is
