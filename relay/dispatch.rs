@@ -6,10 +6,12 @@
 //! unreachable, completions wait, claim permits run out and the relay stops
 //! claiming by itself.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
 use outbox_providers::{AmbiguityPolicy, Delivery, Outcome};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tracing::Instrument;
@@ -56,7 +58,30 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
     async move {
         let started = Utc::now();
         let clock = Instant::now();
-        let (outcome, on_ambiguous) = attempt(&ctx, &claim).await;
+        // A provider that panics must not kill the task silently: its claim
+        // would sit until the lease expired and be redelivered into the same
+        // panic, forever, and `run --once` would wait for it. Whether the
+        // effect happened is unknown: ambiguous, parked for an operator.
+        let (outcome, on_ambiguous) =
+            match AssertUnwindSafe(attempt(&ctx, &claim)).catch_unwind().await {
+                Ok(done) => done,
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "no message".into());
+                    tracing::error!(panic = %what, "the provider panicked; parking the intent");
+                    let outcome = Outcome::Ambiguous {
+                        reason: format!(
+                        "the {} provider panicked ({what}); whether the effect happened is unknown",
+                        claim.kind
+                    ),
+                        status: None,
+                    };
+                    (outcome, AmbiguityPolicy::Park)
+                }
+            };
         drop(slot);
         let elapsed = clock.elapsed();
         metrics::histogram!("outbox_attempt_duration_seconds", "kind" => claim.kind.clone())

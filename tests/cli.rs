@@ -144,6 +144,33 @@ async fn migrate_enqueue_list_show() {
         bad.stderr
     );
 
+    // over the size limit (SQLSTATE OB413): invalid input, named plainly
+    let big = common::config_file(
+        &json!({"url": "http://127.0.0.1:9/x", "body": "x".repeat(1 << 20)}).to_string(),
+    );
+    let too_large = cli(
+        &db,
+        &[
+            "enqueue",
+            "--key",
+            "cli:big",
+            "--kind",
+            "webhook",
+            "--payload",
+            &format!("@{}", big.display()),
+        ],
+    )
+    .await;
+    std::fs::remove_file(big).ok();
+    assert_eq!(too_large.code, 2, "{}", too_large.stderr);
+    assert!(
+        too_large.stderr.contains(
+            "payload for key cli:big is 1048619 bytes; the limit is 1048576 bytes (1 MiB)"
+        ) && too_large.stderr.contains("store large content elsewhere"),
+        "{}",
+        too_large.stderr
+    );
+
     ok(
         &db,
         &[

@@ -170,12 +170,6 @@ async fn enqueue_refuses_bad_input_with_clear_errors() {
     for (key, kind, payload, needle) in [
         ("", "webhook", json!({}), "key must not be empty"),
         ("k", "Not A Kind", json!({}), "not a valid kind name"),
-        (
-            "k",
-            "webhook",
-            json!({"big": "x".repeat(2 << 20)}),
-            "limit is 1 MiB",
-        ),
     ] {
         let e = enqueue(db.pool(), &NewIntent::new(key, kind, payload))
             .await
@@ -183,12 +177,61 @@ async fn enqueue_refuses_bad_input_with_clear_errors() {
         assert!(matches!(e, EnqueueError::Invalid(_)), "{e:?}");
         assert!(e.to_string().contains(needle), "{e}");
     }
+    // the size limit has its own SQLSTATE (OB413) and error; the message
+    // names the key, the size and the limit (more in tests/bad_input.rs)
+    let e = enqueue(
+        db.pool(),
+        &NewIntent::new("k", "webhook", json!({"big": "x".repeat(2 << 20)})),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, EnqueueError::PayloadTooLarge { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("payload for key k is 2097163 bytes; the limit is 1048576 bytes (1 MiB)"),
+        "{e}"
+    );
+    // exactly at the limit is accepted: the limit is on payload::text
+    let at_limit = json!({"b": "x".repeat((1 << 20) - r#"{"b": ""}"#.len())});
+    enqueue(db.pool(), &NewIntent::new("at-limit", "webhook", at_limit))
+        .await
+        .unwrap();
+    assert_eq!(db.count("key = 'at-limit'").await, 1);
+    let over = json!({"b": "x".repeat((1 << 20) - r#"{"b": ""}"#.len() + 1)});
+    let e = enqueue(db.pool(), &NewIntent::new("over", "webhook", over))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("is 1048577 bytes"), "{e}");
+    sqlx::query("DELETE FROM outbox.intents")
+        .execute(db.pool())
+        .await
+        .unwrap();
     let long_key = "k".repeat(600);
     let e = enqueue(db.pool(), &NewIntent::new(long_key, "webhook", json!({})))
         .await
         .unwrap_err();
     assert!(e.to_string().contains("limit is 512"), "{e}");
     assert_eq!(db.count("true").await, 0);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn replacing_enqueue_kept_its_least_privilege_setup() {
+    // 0004 re-creates outbox.enqueue: it must still run as its owner with a
+    // fixed search_path (0003), and PUBLIC must still not execute it
+    let db = TestDb::new().await;
+    let (definer, config, public): (bool, Vec<String>, bool) = sqlx::query_as(
+        "SELECT p.prosecdef, p.proconfig,
+                has_function_privilege('public', p.oid, 'EXECUTE')
+           FROM pg_proc p
+          WHERE p.oid = 'outbox.enqueue(text, text, jsonb, text, timestamptz, text, text)'::regprocedure",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert!(definer, "SECURITY DEFINER");
+    assert_eq!(config, ["search_path=pg_catalog, outbox, pg_temp"]);
+    assert!(!public, "PUBLIC cannot execute outbox.enqueue");
     db.drop_db().await;
 }
 

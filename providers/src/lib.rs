@@ -97,6 +97,18 @@ impl std::fmt::Debug for ProviderSet {
     }
 }
 
+/// Only webhooks have named destinations (`webhook.endpoints`). An email or
+/// charge intent that names one is refused rather than sent where the name
+/// did not choose.
+pub fn refuse_destination(kind: &str, destination: Option<&str>) -> Result<(), String> {
+    match destination {
+        None => Ok(()),
+        Some(name) => Err(format!(
+            "{kind} intents take no destination (got {name:?}): the payload says where it goes; only webhooks have named destinations"
+        )),
+    }
+}
+
 /// The kinds this product knows about. An intent of another kind is rejected
 /// by the relay with a readable reason.
 pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge"];

@@ -82,12 +82,53 @@ impl Outcome {
     }
 
     /// Shorthand for a rejection of the payload before any network call.
+    /// Reasons quote the offending value; a long one is clipped (to
+    /// [`MAX_REASON_CHARS`]) so a hostile payload cannot turn `last_error`
+    /// and the logs into a copy of itself.
     pub fn invalid(reason: impl Into<String>) -> Self {
         Outcome::Rejected {
-            reason: reason.into(),
+            reason: clip(reason.into()),
             status: None,
             response: None,
         }
+    }
+}
+
+/// The longest reason [`Outcome::invalid`] keeps, in characters.
+pub const MAX_REASON_CHARS: usize = 1000;
+
+fn clip(reason: String) -> String {
+    let total = reason.chars().count();
+    if total <= MAX_REASON_CHARS {
+        return reason;
+    }
+    let kept: String = reason.chars().take(MAX_REASON_CHARS - 40).collect();
+    format!("{kept}… (clipped; {total} characters in all)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_reasons_are_clipped() {
+        let short = Outcome::invalid("email \"to\" address \"x\" is invalid");
+        assert_eq!(
+            short.reason(),
+            Some("email \"to\" address \"x\" is invalid")
+        );
+        let long = Outcome::invalid(format!("address {:?} is invalid", "é".repeat(100_000)));
+        let reason = long.reason().unwrap();
+        assert!(
+            reason.chars().count() <= MAX_REASON_CHARS,
+            "{}",
+            reason.len()
+        );
+        assert!(reason.starts_with("address \"ééé"));
+        assert!(
+            reason.ends_with("(clipped; 100021 characters in all)"),
+            "{reason}"
+        );
     }
 }
 

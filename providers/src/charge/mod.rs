@@ -72,6 +72,9 @@ impl Provider for ChargeProvider {
     }
 
     async fn deliver(&self, d: &Delivery<'_>) -> Outcome {
+        if let Err(reason) = crate::refuse_destination("charge", d.destination) {
+            return Outcome::invalid(reason);
+        }
         let form = match request::form(d.payload, d.key, d.key_generation) {
             Ok(f) => f,
             Err(reason) => return Outcome::invalid(reason),

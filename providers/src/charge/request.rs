@@ -55,9 +55,26 @@ pub fn form(payload: &Value, key: &str, generation: i32) -> Result<Vec<(String, 
         ));
     }
     let amount = match obj.get("amount") {
-        Some(Value::Number(n)) => n.as_i64().ok_or_else(|| {
-            format!("charge \"amount\" must be a whole number of minor units, not {n}")
-        })?,
+        Some(Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => i,
+            (None, Some(f)) if f.fract() != 0.0 => {
+                return Err(format!(
+                    "charge \"amount\" must be a whole number of minor units, not {n}"
+                ))
+            }
+            // whole, but beyond i64 (a u64, or a float like 1e20)
+            (None, Some(f)) if !(1.0..=99_999_999.0).contains(&f) => {
+                return Err(format!(
+                    "charge \"amount\" must be between 1 and 99999999 minor units, not {n}"
+                ))
+            }
+            // 1999.0: whole, but a float is not sent as a parameter unchanged
+            _ => {
+                return Err(format!(
+                    "charge \"amount\" must be written as an integer number of minor units (e.g. 1999), not {n}"
+                ))
+            }
+        },
         Some(other) => {
             return Err(format!(
                 "charge \"amount\" must be an integer, not {}",
@@ -202,6 +219,22 @@ mod tests {
             (
                 json!({"amount": "10", "currency": "usd", "payment_method": "pm"}),
                 "must be an integer",
+            ),
+            (
+                json!({"amount": 100_000_000, "currency": "usd", "payment_method": "pm"}),
+                "between 1 and 99999999 minor units, not 100000000",
+            ),
+            (
+                json!({"amount": u64::MAX, "currency": "usd", "payment_method": "pm"}),
+                "between 1 and 99999999 minor units, not 18446744073709551615",
+            ),
+            (
+                json!({"amount": 1e20, "currency": "usd", "payment_method": "pm"}),
+                "between 1 and 99999999 minor units",
+            ),
+            (
+                json!({"amount": 1999.0, "currency": "usd", "payment_method": "pm"}),
+                "must be written as an integer number of minor units (e.g. 1999), not 1999.0",
             ),
             (
                 json!({"amount": 10, "currency": "usx", "payment_method": "pm"}),

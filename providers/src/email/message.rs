@@ -10,6 +10,11 @@ use serde_json::Value;
 use crate::keys;
 use crate::webhook::request::type_name;
 
+/// Recipients (to, cc and bcc together) of one message at most: the number
+/// every SMTP server must accept (RFC 5321 4.5.3.1.8). Beyond it a server
+/// may answer 452 to each attempt until the intent dies.
+pub const MAX_RECIPIENTS: usize = 100;
+
 /// A message ready to send: the envelope, the bytes, and its Message-ID.
 pub struct Prepared {
     pub envelope: lettre::address::Envelope,
@@ -60,6 +65,12 @@ pub fn prepare(
     }
     let cc = mailboxes("cc", obj.get("cc"))?;
     let bcc = mailboxes("bcc", obj.get("bcc"))?;
+    let recipients = to.len() + cc.len() + bcc.len();
+    if recipients > MAX_RECIPIENTS {
+        return Err(format!(
+            "email has {recipients} recipients (to, cc and bcc); the limit is {MAX_RECIPIENTS}"
+        ));
+    }
     let subject = match obj.get("subject") {
         Some(Value::String(s)) => s.clone(),
         Some(other) => {
@@ -243,6 +254,12 @@ mod tests {
             (
                 json!({"to": ["a@example.com"], "subject": "s", "text": "t", "attachments": []}),
                 "unknown field",
+            ),
+            (
+                json!({"to": (0..60).map(|i| format!("t{i}@example.com")).collect::<Vec<_>>(),
+                       "bcc": (0..41).map(|i| format!("b{i}@example.com")).collect::<Vec<_>>(),
+                       "subject": "s", "text": "t"}),
+                "101 recipients (to, cc and bcc); the limit is 100",
             ),
         ] {
             let needs_default = payload.get("from").is_none() && needle != "no \"from\"";

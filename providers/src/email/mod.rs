@@ -76,6 +76,9 @@ impl Provider for EmailProvider {
     }
 
     async fn deliver(&self, d: &Delivery<'_>) -> Outcome {
+        if let Err(reason) = crate::refuse_destination("email", d.destination) {
+            return Outcome::invalid(reason);
+        }
         let prepared = match message::prepare(
             d.payload,
             d.key,

@@ -16,7 +16,12 @@ const RESERVED: &[&str] = &[
     "transfer-encoding",
     "host",
     "connection",
+    "user-agent",
 ];
+
+/// Hop-by-hop headers (RFC 9110 7.6.1) and `Trailer`: they describe one
+/// connection, which is the relay's, not the payload's.
+const HOP_BY_HOP: &[&str] = &["keep-alive", "proxy-connection", "te", "trailer", "upgrade"];
 
 /// A webhook ready to send: where, what, and the caller's extra headers.
 #[derive(Debug)]
@@ -50,7 +55,12 @@ pub fn parse(
         ));
     }
     let url_text = match (obj.get("url"), destination) {
-        (Some(Value::String(u)), _) => u.clone(),
+        (Some(_), Some(name)) => {
+            return Err(format!(
+                "webhook payload has a \"url\" and the intent names destination {name:?}: use one or the other"
+            ))
+        }
+        (Some(Value::String(u)), None) => u.clone(),
         (Some(other), _) => {
             return Err(format!(
                 "webhook \"url\" must be a string, not {}",
@@ -80,6 +90,11 @@ pub fn parse(
                         "webhook header {name:?} is set by the relay and cannot be overridden"
                     ));
                 }
+                if HOP_BY_HOP.contains(&lname.as_str()) {
+                    return Err(format!(
+                        "webhook header {name:?} is a hop-by-hop header and cannot be set by a payload"
+                    ));
+                }
                 let Value::String(value) = value else {
                     return Err(format!("webhook header {name:?} must be a string"));
                 };
@@ -105,6 +120,11 @@ pub fn parse(
 
 /// http(s) only, a host, no credentials in the URL.
 pub fn parse_url(text: &str) -> Result<reqwest::Url, String> {
+    // The URL standard drops tabs and line breaks anywhere in the text, so
+    // "http://h/a\r\nX: y" would quietly become a request for "/aX:%20y".
+    if text.chars().any(char::is_control) {
+        return Err("webhook url contains control characters (CR, LF, tab, ...)".into());
+    }
     let url =
         reqwest::Url::parse(text).map_err(|e| format!("webhook url is not a valid URL: {e}"))?;
     match url.scheme() {
@@ -181,6 +201,14 @@ mod tests {
             err.contains("\"nope\" is not a configured endpoint"),
             "{err}"
         );
+        // a url and a destination: which one was meant is not guessed
+        let err = parse(
+            &json!({"url": "https://example.com/x", "body": 1}),
+            Some("billing"),
+            &endpoints,
+        )
+        .unwrap_err();
+        assert!(err.contains("use one or the other"), "{err}");
     }
 
     #[test]
@@ -200,6 +228,14 @@ mod tests {
                 "scheme \"file\"",
             ),
             (json!({"url": "not a url", "body": 1}), "not a valid URL"),
+            (
+                json!({"url": "https://e.com/a\r\nX-Evil: 1", "body": 1}),
+                "url contains control characters",
+            ),
+            (
+                json!({"url": "https://e.com/a\tb", "body": 1}),
+                "url contains control characters",
+            ),
             (
                 json!({"url": "https://u:p@e.com", "body": 1}),
                 "credentials",
@@ -227,6 +263,14 @@ mod tests {
             (
                 json!({"url": "https://e.com", "body": 1, "headers": {"bad name": "v"}}),
                 "not a valid HTTP header name",
+            ),
+            (
+                json!({"url": "https://e.com", "body": 1, "headers": {"User-Agent": "x"}}),
+                "set by the relay",
+            ),
+            (
+                json!({"url": "https://e.com", "body": 1, "headers": {"Upgrade": "websocket"}}),
+                "hop-by-hop",
             ),
         ];
         for (payload, expected) in cases {
