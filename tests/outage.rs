@@ -84,6 +84,7 @@ async fn a_30s_database_outage_during_delivery_loses_nothing() {
         "no new claims while the database is away"
     );
     proxy.up().await;
+    let back = Instant::now();
 
     assert!(
         wait_for(Duration::from_secs(60), || async {
@@ -92,6 +93,7 @@ async fn a_30s_database_outage_during_delivery_loses_nothing() {
         .await,
         "ready again"
     );
+    let ready_after = back.elapsed();
     assert!(
         wait_for(Duration::from_secs(60), || async {
             db.count("state = 'delivered'").await == N
@@ -121,6 +123,16 @@ async fn a_30s_database_outage_during_delivery_loses_nothing() {
             _ => panic!("unexpected attempts: {by_outcome:?}"),
         }
     }
+    eprintln!(
+        "\n=== outage drill: {N} webhooks, database away for {:.1?} ===\n\
+         effects before the outage: {seen_during}; during it: {} (requests already in flight)\n\
+         relay alive throughout, /readyz 503 during, 200 again {ready_after:.1?} after the database returned\n\
+         effects in all: {} for {} intents (none twice); attempts by outcome: {by_outcome:?}",
+        Duration::from_secs(30),
+        seen_at_end - seen_during,
+        counts.values().sum::<usize>(),
+        counts.len()
+    );
     proxy.down();
     db.drop_db().await;
 }
