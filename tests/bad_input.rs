@@ -409,6 +409,26 @@ async fn every_bad_input_is_refused_with_its_reason_and_nothing_is_lost_or_sent(
         }
     }
 
+    // an operator can still look at a row whose payload cannot be read
+    for p in prepared
+        .iter()
+        .filter(|p| p.case.insert.as_deref() == Some("direct"))
+    {
+        for args in [vec!["show", p.key.as_str()], vec!["list", "--json"]] {
+            let out = common::cli(&db, &args).await;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if !out.status.success() || !stdout.contains("cannot be read as JSON") {
+                failures.push(format!(
+                    "{}: `outbox-relay {}` failed or hid the problem: {}{}",
+                    p.case.name,
+                    args.join(" "),
+                    stdout,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+    }
+
     // nothing refused reached a peer: the receiver saw only the delivered
     // webhooks, the SMTP server only the delivered emails, Stripe nothing
     let delivered = |kind: &str| {

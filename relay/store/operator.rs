@@ -16,7 +16,11 @@ pub struct Intent {
     pub key: String,
     pub kind: String,
     pub destination: Option<String>,
-    pub payload: Value,
+    /// Read as text: a row written around `outbox.enqueue` may hold JSON
+    /// that Postgres stores but serde cannot read (nested too deep, a
+    /// number beyond a double); `list` and `show` still show it.
+    #[sqlx(try_from = "String")]
+    pub payload: StoredPayload,
     pub state: String,
     pub attempts: i32,
     pub run_after: DateTime<Utc>,
@@ -32,6 +36,23 @@ pub struct Intent {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub delivered_at: Option<DateTime<Utc>>,
+}
+
+/// A stored payload as JSON, or, when it cannot be read as such, a string
+/// saying so.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct StoredPayload(pub Value);
+
+impl From<String> for StoredPayload {
+    fn from(text: String) -> Self {
+        StoredPayload(serde_json::from_str(&text).unwrap_or_else(|e| {
+            Value::String(format!(
+                "<the stored payload ({} bytes) cannot be read as JSON: {e}>",
+                text.len()
+            ))
+        }))
+    }
 }
 
 #[derive(Debug, Clone, Serialize, FromRow)]
@@ -133,7 +154,8 @@ const BLOCKED_KEYS: &str = "SELECT count(*) FROM (
           ORDER BY ordering_key, id) heads
      WHERE state IN ('dead', 'ambiguous')";
 
-const INTENT_COLUMNS: &str = "id, key, kind, destination, payload, state, attempts, run_after, \
+const INTENT_COLUMNS: &str =
+    "id, key, kind, destination, payload::text AS payload, state, attempts, run_after, \
     ordering_key, provider_ref, last_error, response, owner, lease_expires_at, key_generation, \
     duplicates + (SELECT count(*) FROM outbox.enqueue_duplicates d \
                    WHERE d.intent_id = intents.id)::int AS duplicates, \
