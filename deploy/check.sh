@@ -60,19 +60,24 @@ fail() {
 	failed=1
 }
 
-# apt-get install prometheus (it ships /usr/bin/promtool). Waits for the dpkg
-# lock if another apt-get is running; runs apt-get update only when the
-# plain install fails.
-install_promtool() {
+# apt-get install one Debian package. Waits for the dpkg lock if another
+# apt-get is running; runs apt-get update only when the plain install fails.
+install_deb() {
 	[ "$(id -u)" -eq 0 ] && have apt-get || return 1
-	local apt=(apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=600 prometheus)
-	say "promtool is missing; running: ${apt[*]}"
+	local apt=(apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=600 "$1")
+	say "running: ${apt[*]}"
 	if DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2; then
 		return 0
 	fi
 	say "install failed; running: apt-get update, then the install again"
 	DEBIAN_FRONTEND=noninteractive apt-get update -q -o DPkg::Lock::Timeout=600 >&2 || return 1
 	DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2
+}
+
+# promtool comes with Debian's prometheus package.
+install_promtool() {
+	say "promtool is missing"
+	install_deb prometheus
 }
 
 # 1. promtool
@@ -172,18 +177,6 @@ install_py_tools() {
 	py_tools_current
 }
 
-# apt-get install one Debian package, as install_promtool does.
-install_deb() {
-	[ "$(id -u)" -eq 0 ] && have apt-get || return 1
-	local apt=(apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=600 "$1")
-	say "running: ${apt[*]}"
-	if DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2; then
-		return 0
-	fi
-	say "install failed; running: apt-get update, then the install again"
-	DEBIAN_FRONTEND=noninteractive apt-get update -q -o DPkg::Lock::Timeout=600 >&2 || return 1
-	DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2
-}
 
 py_tools=0
 if install_py_tools; then
