@@ -3,6 +3,7 @@
 //!
 //! A claim is one short statement that commits before any delivery starts.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,25 @@ pub fn try_take(sem: &Arc<Semaphore>, max: usize) -> Vec<OwnedSemaphorePermit> {
 pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(100);
     while let Some(mut permits) = take_permits(&ctx.claims, ctx.cfg.batch_size, &mut stop).await {
+        // A claim of many rows costs the database far less per row than a
+        // claim of few. While enough claimed work is queued to keep every
+        // delivery slot busy, wait for a fuller batch; claim at once when
+        // the queue runs low.
+        while permits.len() < ctx.cfg.batch_size
+            && ctx.queued.load(Ordering::SeqCst) >= ctx.cfg.concurrency
+        {
+            tokio::select! {
+                p = ctx.claims.clone().acquire_owned() => {
+                    permits.extend(p.ok());
+                    permits.extend(try_take(&ctx.claims, ctx.cfg.batch_size - permits.len()));
+                }
+                _ = ctx.queue_low.notified() => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+        if *stop.borrow() {
+            break;
+        }
         let wanted = permits.len();
         match ctx.claim(wanted).await {
             Ok(claims) => {
@@ -59,7 +79,7 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<boo
                 }
                 for claim in claims {
                     let permit = permits.pop().expect("one permit per claim");
-                    tokio::spawn(dispatch::run_one(ctx.clone(), claim, permit));
+                    dispatch::spawn(&ctx, claim, permit);
                 }
                 drop(permits);
                 if got < wanted {

@@ -7,6 +7,7 @@
 //! claiming by itself.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,6 +26,13 @@ use crate::transition::{self, Next, RetryPolicy};
 /// completer and wait until it is written; the claim permit is released only
 /// then. A claim that cannot start in time — shutdown began, or too little of
 /// its lease is left for a whole attempt — is handed back without an attempt.
+/// Start delivering a claim: it waits for a delivery slot (counted in
+/// `queued` meanwhile), then runs [`run_one`].
+pub fn spawn(ctx: &Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit) {
+    ctx.queued.fetch_add(1, Ordering::SeqCst);
+    tokio::spawn(run_one(ctx.clone(), claim, permit));
+}
+
 pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit) {
     let mut stopping = ctx.stopping.clone();
     let slot = tokio::select! {
@@ -32,6 +40,9 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
         _ = stopping.wait_for(|s| *s) => None,
         slot = ctx.in_flight.clone().acquire_owned() => slot.ok(),
     };
+    if ctx.queued.fetch_sub(1, Ordering::SeqCst) <= ctx.cfg.concurrency {
+        ctx.queue_low.notify_one();
+    }
     let lease_left = ctx.cfg.lease.saturating_sub(claim.claimed_at.elapsed());
     let enough = lease_left > ctx.cfg.max_attempt_time + std::time::Duration::from_millis(500);
     if !enough && slot.is_some() {

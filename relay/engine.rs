@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,10 +71,15 @@ pub struct Ctx {
     pub unserved: Vec<String>,
     /// One permit per intent this relay holds a claim on, from the claim
     /// until its completion is written: the claim budget
-    /// (`concurrency + batch_size`), so claiming, delivering and completing
-    /// overlap while the number of claims held stays bounded.
+    /// (`2 × concurrency + batch_size`), so claiming, delivering and
+    /// completing overlap while the number of claims held stays bounded.
     pub claims: Arc<Semaphore>,
     pub claim_budget: usize,
+    /// Claims waiting for a delivery slot.
+    pub queued: AtomicUsize,
+    /// Signalled when `queued` falls below `concurrency`: deliveries are
+    /// about to run out of work, claim now.
+    pub queue_low: Notify,
     /// One permit per effect in progress (`relay.concurrency`).
     pub in_flight: Arc<Semaphore>,
     /// Turns true when shutdown begins: claims not yet started are handed back.
@@ -149,7 +155,7 @@ impl Engine {
             .collect();
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = watch::channel(false);
-        let claim_budget = cfg.concurrency + cfg.batch_size;
+        let claim_budget = 2 * cfg.concurrency + cfg.batch_size;
         let completer = tokio::spawn(complete::run(
             store.clone(),
             cfg.owner.clone(),
@@ -159,6 +165,8 @@ impl Engine {
         let ctx = Arc::new(Ctx {
             claims: Arc::new(Semaphore::new(claim_budget)),
             claim_budget,
+            queued: AtomicUsize::new(0),
+            queue_low: Notify::new(),
             in_flight: Arc::new(Semaphore::new(cfg.concurrency)),
             stopping: stop_rx,
             default_policy: cfg.retry.policy("*"),
@@ -235,7 +243,7 @@ impl Engine {
             }
             for claim in claims {
                 let permit = permits.pop().expect("one permit per claim");
-                tokio::spawn(dispatch::run_one(ctx.clone(), claim, permit));
+                dispatch::spawn(&ctx, claim, permit);
             }
         }
         self.finish().await
