@@ -243,7 +243,7 @@ impl Engine {
             }
             for claim in claims {
                 let permit = permits.pop().expect("one permit per claim");
-                dispatch::spawn(&ctx, claim, permit);
+                dispatch::spawn(ctx, claim, permit);
             }
         }
         self.finish().await

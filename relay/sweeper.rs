@@ -53,7 +53,7 @@ pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
             "lease expired; reconciling"
         );
         let permit = permits.pop().expect("one permit per claim");
-        dispatch::spawn(&ctx, claim, permit);
+        dispatch::spawn(ctx, claim, permit);
     }
     Ok(n)
 }
