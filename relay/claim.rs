@@ -1,5 +1,5 @@
-//! The claim loop: wake on NOTIFY (or the poll interval), claim as many due
-//! intents as there are free delivery slots, start their deliveries.
+//! The claim loop: wake on NOTIFY (or the poll interval), claim due intents
+//! in batches as claim permits free up, start their deliveries.
 //!
 //! A claim is one short statement that commits before any delivery starts.
 
@@ -50,9 +50,9 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<boo
     let mut backoff = Duration::from_millis(100);
     while let Some(mut permits) = take_permits(&ctx.claims, ctx.cfg.batch_size, &mut stop).await {
         // A claim of many rows costs the database far less per row than a
-        // claim of few. While enough claimed work is queued to keep every
-        // delivery slot busy, wait for a fuller batch; claim at once when
-        // the queue runs low.
+        // claim of few. While a round of claimed work is queued for the
+        // delivery slots, let freed permits gather; claim them all at once
+        // when the queue runs low.
         while permits.len() < ctx.cfg.batch_size
             && ctx.queued.load(Ordering::SeqCst) >= ctx.cfg.concurrency
         {
@@ -116,10 +116,11 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<boo
 /// its own; a lost connection wakes the loop too, since notifications may
 /// have been missed meanwhile.
 ///
-/// Once, after the first LISTEN, the relay sends itself a NOTIFY: when that
-/// does not arrive (a pooler in transaction mode such as PgBouncer passes
-/// LISTEN through but never delivers notifications), it says so and stops
-/// listening; the claim loop's poll interval then does the waking.
+/// After the first LISTEN the relay sends itself a NOTIFY. When that does
+/// not arrive (a pooler in transaction mode such as PgBouncer passes LISTEN
+/// through but never delivers notifications), it says so, drops the
+/// connection and checks again every minute; meanwhile the claim loop's
+/// poll interval does the waking.
 pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
     let poll = ctx.cfg.poll_interval;
     if !ctx.cfg.listen {
@@ -129,6 +130,7 @@ pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<
     }
     let mut backoff = Duration::from_millis(200);
     let mut probed = false;
+    let mut polling_said = false;
     'connect: loop {
         let mut listener = match sqlx::postgres::PgListener::connect_with(ctx.store.pool()).await {
             Ok(l) => l,
@@ -159,15 +161,24 @@ pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<
                 }
                 Ok(false) => {
                     metrics::gauge!("outbox_listen_active").set(0.0);
-                    tracing::warn!(
-                        poll_interval = ?poll,
-                        "a NOTIFY sent to this relay did not arrive within {PROBE_WAIT:?}: the \
-                         database connection goes through a pooler that does not deliver \
-                         notifications (PgBouncer in transaction mode?). Delivering by polling \
-                         instead; set relay.listen = false to skip this check"
-                    );
+                    if !polling_said {
+                        polling_said = true;
+                        tracing::warn!(
+                            poll_interval = ?poll,
+                            "a NOTIFY sent to this relay did not arrive within {PROBE_WAIT:?}: the \
+                             database connection goes through a pooler that does not deliver \
+                             notifications (PgBouncer in transaction mode?). Delivering by polling \
+                             instead (checking again every {REPROBE:?}); set relay.listen = false \
+                             to skip this check"
+                        );
+                    }
                     wake.notify_one();
-                    return;
+                    // a slow moment can miss the window too: look again later
+                    drop(listener);
+                    tokio::select! {
+                        _ = tokio::time::sleep(REPROBE) => continue 'connect,
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "LISTEN check failed; polling meanwhile");
@@ -204,6 +215,9 @@ pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<
 
 /// How long the start-up check waits for its own NOTIFY.
 const PROBE_WAIT: Duration = Duration::from_secs(3);
+
+/// How often a relay that found notifications missing checks again.
+const REPROBE: Duration = Duration::from_secs(60);
 
 /// Send a NOTIFY with a unique payload through the pool and wait for it on
 /// the LISTEN connection. Other notifications seen meanwhile still wake the

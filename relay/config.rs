@@ -653,10 +653,16 @@ pub fn read_secret_files(env: Vec<(String, String)>) -> anyhow::Result<Vec<(Stri
         } else {
             toml::Value::String(contents)
         };
-        let raw = if base == "STRIPE_API_KEY" {
-            toml_value.as_str().unwrap_or_default().to_string()
-        } else {
-            toml_value.to_string()
+        // STRIPE_API_KEY and secret keys are taken as they are (see
+        // `apply_env`); anything else is read as TOML, so quote it
+        let last = base
+            .rsplit("__")
+            .next()
+            .unwrap_or(base)
+            .to_ascii_lowercase();
+        let raw = match toml_value.as_str() {
+            Some(text) if base == "STRIPE_API_KEY" || is_secret_key(&last) => text.to_string(),
+            _ => toml_value.to_string(),
         };
         out.push((base.to_string(), raw));
     }
@@ -675,6 +681,11 @@ pub fn read_secret_file(var: &str, path: &str) -> anyhow::Result<String> {
     Ok(contents)
 }
 
+/// Keys whose environment values are taken as they are, never read as TOML.
+fn is_secret_key(key: &str) -> bool {
+    matches!(key, "password" | "api_key" | "database_url")
+}
+
 /// Merge `OUTBOX_RELAY__A__B=value` into the table at `a.b`.
 fn apply_env(
     table: &mut toml::Table,
@@ -688,10 +699,16 @@ fn apply_env(
         if keys.iter().any(|k| k.is_empty()) {
             bail!("environment variable {name} has an empty key segment");
         }
-        let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(raw.clone()));
+        // A secret is taken as it is: read as TOML, a password like 12345
+        // would become a number, and the type error would quote it.
+        let value = if keys.last().is_some_and(|k| is_secret_key(k)) {
+            toml::Value::String(raw.clone())
+        } else {
+            toml::from_str::<toml::Table>(&format!("v = {raw}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(raw.clone()))
+        };
         let (last, parents) = keys.split_last().expect("non-empty");
         let mut node = &mut *table;
         for k in parents {
@@ -1013,6 +1030,13 @@ mod tests {
         .unwrap();
         // a numeric-looking password stays a string
         assert_eq!(c.email.password.as_ref().unwrap().expose(), "12345");
+        // from the environment too
+        let from_env = load_str(
+            "[email]\nsmtp_url = \"smtp://127.0.0.1:2525\"\nfrom = \"a@example.com\"\nusername = \"u\"",
+            &[("OUTBOX_RELAY__EMAIL__PASSWORD", "12345")],
+        )
+        .unwrap();
+        assert_eq!(from_env.email.password.as_ref().unwrap().expose(), "12345");
         assert_eq!(
             c.charge.api_key.as_ref().unwrap().expose(),
             "sk_test_from_file"

@@ -22,10 +22,6 @@ use crate::reconcile::{self, Recovery};
 use crate::store::{Claimed, Completion};
 use crate::transition::{self, Next, RetryPolicy};
 
-/// Wait for a delivery slot, deliver one claim, hand the completion to the
-/// completer and wait until it is written; the claim permit is released only
-/// then. A claim that cannot start in time — shutdown began, or too little of
-/// its lease is left for a whole attempt — is handed back without an attempt.
 /// Start delivering a claim: it waits for a delivery slot (counted in
 /// `queued` meanwhile), then runs [`run_one`].
 pub fn spawn(ctx: &Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit) {
@@ -33,6 +29,10 @@ pub fn spawn(ctx: &Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit) {
     tokio::spawn(run_one(ctx.clone(), claim, permit));
 }
 
+/// Wait for a delivery slot, deliver one claim, hand the completion to the
+/// completer and wait until it is written; the claim permit is released only
+/// then. A claim that cannot start in time — shutdown began, or too little of
+/// its lease is left for a whole attempt — is handed back without an attempt.
 pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit) {
     let mut stopping = ctx.stopping.clone();
     let slot = tokio::select! {

@@ -71,8 +71,8 @@ pub struct Ctx {
     pub unserved: Vec<String>,
     /// One permit per intent this relay holds a claim on, from the claim
     /// until its completion is written: the claim budget
-    /// (`2 × concurrency + batch_size`), so claiming, delivering and
-    /// completing overlap while the number of claims held stays bounded.
+    /// (`concurrency + batch_size`), so claiming, delivering and completing
+    /// overlap while the number of claims held stays bounded.
     pub claims: Arc<Semaphore>,
     pub claim_budget: usize,
     /// Claims waiting for a delivery slot.
@@ -155,7 +155,7 @@ impl Engine {
             .collect();
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = watch::channel(false);
-        let claim_budget = 2 * cfg.concurrency + cfg.batch_size;
+        let claim_budget = cfg.concurrency + cfg.batch_size;
         let completer = tokio::spawn(complete::run(
             store.clone(),
             cfg.owner.clone(),

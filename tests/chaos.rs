@@ -253,7 +253,7 @@ on_ambiguous = "park"
 
     // Postgres restarts once, half way through the enqueueing
     tokio::time::sleep(enqueue_for / 2).await;
-    let restart_took = cluster.restart();
+    let restart_took = tokio::task::block_in_place(|| cluster.restart());
     eprintln!("chaos: Postgres restarted in {restart_took:?}");
 
     enqueuer.await.unwrap();
@@ -446,11 +446,21 @@ on_ambiguous = "park"
         payments_per_intent.values().all(|&c| c == 1),
         "no payment was created twice"
     );
+    // each charge reached Stripe under one idempotency key: every key sent
+    // is the one its intent's payment carries, one payment per intent
+    let payment_keys: HashSet<&str> = payments
+        .iter()
+        .filter_map(|p| p["metadata"]["outbox_idempotency_key"].as_str())
+        .collect();
     let charge_intents = intents.iter().filter(|i| i.1 == "charge").count();
     assert_eq!(
-        stripe_keys.len(),
+        payment_keys.len(),
         charge_intents,
-        "each charge reached Stripe under one idempotency key"
+        "one key per charge intent"
+    );
+    assert_eq!(
+        stripe_keys, payment_keys,
+        "every request to Stripe used its intent's one key"
     );
     // A repeated effect needs a cause: a relay killed after the effect but
     // before its completion was written (its lease is then reconciled as

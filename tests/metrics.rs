@@ -256,6 +256,9 @@ async fn readyz_follows_the_database_and_healthz_the_process() {
     );
     let status_code = common::terminate(&mut relay).await;
     assert!(status_code.success());
+    // a mistyped flag is a failed check too (Docker reserves exit code 2)
+    let out = health(vec!["--bogus".into()]).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
     // nobody listening: a clear failure, not a hang
     let out = health(vec!["--addr".into(), format!("127.0.0.1:{port}")]).await;
     assert_eq!(out.status.code(), Some(1), "{out:?}");

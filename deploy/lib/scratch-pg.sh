@@ -35,11 +35,13 @@ apt_install() {
 	can_apt || return 1
 	if [ "$APT_UPDATED" != 1 ]; then
 		say "running: apt-get update"
-		DEBIAN_FRONTEND=noninteractive apt-get update -q >&2 || return 1
+		DEBIAN_FRONTEND=noninteractive apt-get update -q -o DPkg::Lock::Timeout=600 >&2 || return 1
 		APT_UPDATED=1
 	fi
 	say "running: apt-get install -y --no-install-recommends $*"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >&2
+	# waits for the dpkg lock: parallel tests may install at the same moment
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+		-o DPkg::Lock::Timeout=600 "$@" >&2
 }
 
 # Does something accept TCP connections on HOST PORT?

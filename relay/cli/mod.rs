@@ -218,7 +218,20 @@ pub type Outcome = Result<(), Failure>;
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // help and version are not failures; a health check exits 0 or
+            // 1 only (Docker reserves 2)
+            let code = match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
+                _ if std::env::args().any(|a| a == "health") => 1,
+                _ => 2,
+            };
+            return ExitCode::from(code);
+        }
+    };
     crate::telemetry::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -246,6 +259,12 @@ async fn execute(cli: Cli) -> Outcome {
         .map_err(|e| Failure::new(if is_health { 1 } else { 2 }, format!("{e:#}")))?;
     if let Command::Health(args) = &cli.command {
         return health(&config, args).await;
+    }
+    if std::env::var_os("DATABASE_URL").is_some() && std::env::var_os("DATABASE_URL_FILE").is_some()
+    {
+        return Err(Failure::usage(
+            "both DATABASE_URL and DATABASE_URL_FILE are set; set one",
+        ));
     }
     let url_file = match std::env::var("DATABASE_URL_FILE") {
         Ok(path) if cli.database_url.is_none() => Some(
@@ -294,7 +313,6 @@ async fn execute(cli: Cli) -> Outcome {
                     .filter(|r| **r > 0)
                     .map(|r| (*r).min(64))
                     .collect(),
-                config_path: cli.config.clone(),
                 scale_receiver_delay: a.scale_receiver_delay,
                 history: a.history.clone(),
             };

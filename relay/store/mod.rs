@@ -107,7 +107,13 @@ impl Store {
     }
 
     /// Apply pending migrations; safe to run concurrently and repeatedly.
+    /// A schema that already has every migration this binary knows is left
+    /// alone, also when it has newer ones (an older binary after an upgrade
+    /// was rolled back): migrations are forward-only and additive.
     pub async fn migrate(&self) -> anyhow::Result<()> {
+        if self.migrations_current().await.unwrap_or(false) {
+            return Ok(());
+        }
         MIGRATOR
             .run(&self.pool)
             .await
@@ -137,7 +143,8 @@ impl Store {
 /// A query parameter of a postgres:// URL, percent-decoded.
 fn url_param(url: &str, name: &str) -> Option<String> {
     let query = url.split_once('?')?.1;
-    let raw = query.split('&').find_map(|pair| {
+    // the last occurrence wins, as in the driver
+    let raw = query.rsplit('&').find_map(|pair| {
         let (k, v) = pair.split_once('=')?;
         (k == name).then_some(v)
     })?;
@@ -182,6 +189,14 @@ mod tests {
         assert_eq!(url_param(url, "sslmode").unwrap(), "verify-full");
         assert_eq!(url_param(url, "sslcert"), None);
         assert_eq!(url_param("postgres://h/db", "sslrootcert"), None);
+        assert_eq!(
+            url_param(
+                "postgres://h/db?sslrootcert=/a&sslrootcert=/b",
+                "sslrootcert"
+            )
+            .unwrap(),
+            "/b"
+        );
         assert_eq!(
             url_param("postgres://h/db?sslrootcert=/a/b%zz", "sslrootcert").unwrap(),
             "/a/b%zz"

@@ -35,7 +35,10 @@ attach() {
 [ $# -eq 2 ] || usage
 case $1 in
 start)
+	# a start that fails half way leaves nothing running
+	trap scratch_pg_stop EXIT
 	scratch_pg_start "$2"
+	trap - EXIT
 	# the cluster outlives this script: no lock to keep
 	rm -f "$SCRATCH_PG_LOCK"
 	printf '%s\n%s\n' "$DATABASE_URL" "$SCRATCH_PG_DIR"
