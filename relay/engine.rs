@@ -75,6 +75,11 @@ pub struct Ctx {
     /// overlap while the number of claims held stays bounded.
     pub claims: Arc<Semaphore>,
     pub claim_budget: usize,
+    /// Permits only the sweeper takes (`batch_size / 4`, at least 1): under a
+    /// steady backlog the claim loop takes every freed claim permit first,
+    /// and the leases of a relay that died must not wait for the backlog.
+    pub recovery: Arc<Semaphore>,
+    pub recovery_budget: usize,
     /// Claims waiting for a delivery slot.
     pub queued: AtomicUsize,
     /// Signalled when `queued` falls below `concurrency`: deliveries are
@@ -131,6 +136,7 @@ impl Ctx {
 
     fn idle(&self) -> bool {
         self.claims.available_permits() == self.claim_budget
+            && self.recovery.available_permits() == self.recovery_budget
     }
 }
 
@@ -156,6 +162,7 @@ impl Engine {
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = watch::channel(false);
         let claim_budget = cfg.concurrency + cfg.batch_size;
+        let recovery_budget = (cfg.batch_size / 4).max(1);
         let completer = tokio::spawn(complete::run(
             store.clone(),
             cfg.owner.clone(),
@@ -165,6 +172,8 @@ impl Engine {
         let ctx = Arc::new(Ctx {
             claims: Arc::new(Semaphore::new(claim_budget)),
             claim_budget,
+            recovery: Arc::new(Semaphore::new(recovery_budget)),
+            recovery_budget,
             queued: AtomicUsize::new(0),
             queue_low: Notify::new(),
             in_flight: Arc::new(Semaphore::new(cfg.concurrency)),
@@ -250,13 +259,22 @@ impl Engine {
     }
 
     async fn finish(self) -> anyhow::Result<()> {
-        let all = self.ctx.claim_budget as u32;
         let deadline = self.ctx.cfg.shutdown_timeout;
-        if tokio::time::timeout(deadline, self.ctx.claims.acquire_many(all))
-            .await
-            .is_err()
-        {
-            let left = self.ctx.claim_budget - self.ctx.claims.available_permits();
+        let all_back = async {
+            let _ = self
+                .ctx
+                .claims
+                .acquire_many(self.ctx.claim_budget as u32)
+                .await;
+            let _ = self
+                .ctx
+                .recovery
+                .acquire_many(self.ctx.recovery_budget as u32)
+                .await;
+        };
+        if tokio::time::timeout(deadline, all_back).await.is_err() {
+            let left = (self.ctx.claim_budget - self.ctx.claims.available_permits())
+                + (self.ctx.recovery_budget - self.ctx.recovery.available_permits());
             tracing::warn!(left, "deliveries still running at the shutdown deadline are abandoned; their leases will expire and the sweeper will reconcile them");
         }
         drop(self.ctx);

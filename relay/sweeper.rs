@@ -30,7 +30,12 @@ pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
             "duplicate enqueues"
         );
     }
-    let mut permits = claim::try_take(&ctx.claims, ctx.cfg.batch_size);
+    // its own permits first, then any free claim permits
+    let mut permits = claim::try_take(&ctx.recovery, ctx.recovery_budget);
+    permits.extend(claim::try_take(
+        &ctx.claims,
+        ctx.cfg.batch_size.saturating_sub(permits.len()),
+    ));
     if permits.is_empty() {
         return Ok(0);
     }

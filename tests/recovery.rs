@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{
     config, engine, run_until, spawn_relay, terminate, wait_for, Receiver, Reply, TestDb,
@@ -329,5 +329,57 @@ async fn four_relays_drain_5000_intents_and_each_webhook_arrives_once() {
     );
     assert!(owners.len() >= 2, "the work was shared: {owners:?}");
     std::fs::remove_file(cfg_file).ok();
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_relays_leases_are_recovered_during_a_backlog_not_after_it() {
+    let db = TestDb::new().await;
+    // every request takes 100 ms and 4 are in flight: 400 intents are a
+    // backlog of about 10 s
+    let rx = Receiver::start(|_, _| Reply::status(200).after(Duration::from_millis(100))).await;
+    for i in 0..3 {
+        db.enqueue(
+            &format!("orphan-{i}"),
+            "webhook",
+            json!({"url": rx.url("/orphan"), "body": i}),
+        )
+        .await;
+    }
+    // a relay claims the three and dies: its leases run out in 200 ms
+    let orphans = db.store.claim("dead-relay", 3, 200, &[]).await.unwrap();
+    assert_eq!(orphans.len(), 3);
+    sqlx::query(
+        "SELECT outbox.enqueue('backlog-' || g, 'webhook', jsonb_build_object('url', $1::text, 'body', g))
+           FROM generate_series(1, 400) g",
+    )
+    .bind(rx.url("/backlog"))
+    .execute(db.pool())
+    .await
+    .unwrap();
+
+    let mut cfg = config();
+    cfg.relay.concurrency = 4;
+    cfg.relay.batch_size = 8;
+    let started = Instant::now();
+    let orphans_done = || async {
+        db.count("key LIKE 'orphan-%' AND state = 'delivered'")
+            .await
+            == 3
+    };
+    run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(30),
+        orphans_done,
+    )
+    .await;
+    let backlog_left = db
+        .count("key LIKE 'backlog-%' AND state <> 'delivered'")
+        .await;
+    assert!(
+        backlog_left > 100,
+        "the orphans waited for the backlog: recovered after {:?} with {backlog_left} of the backlog left",
+        started.elapsed()
+    );
     db.drop_db().await;
 }
