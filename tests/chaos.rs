@@ -2,8 +2,8 @@
 //! email, charge) against real peers while a driver SIGKILLs a random relay
 //! every few seconds and restarts it, the webhook receiver answers 500 to
 //! ~20% of requests and stalls past the timeout on ~2%, the SMTP server drops
-//! ~1% of connections after DATA, and Postgres itself (a private cluster) is
-//! restarted once mid-run.
+//! ~1% of connections after DATA, one charge in ten takes 1.5 s at Stripe,
+//! and Postgres itself (a private cluster) is restarted once mid-run.
 //!
 //! At the end: the intent count is unchanged; every intent is terminal (or
 //! ambiguous with its reason); no transient failure ended terminal; every
@@ -116,7 +116,12 @@ async fn chaos_drill() {
         } else if roll < 0.22 {
             (Reply::status(500), 500, false)
         } else {
-            (Reply::status(200), 200, false)
+            // a real endpoint takes a moment: kills land mid-request
+            (
+                Reply::status(200).after(Duration::from_millis(fastrand::u64(10..60))),
+                200,
+                false,
+            )
         };
         log.lock().unwrap().push(Answer {
             intent,
@@ -194,7 +199,11 @@ on_ambiguous = "park"
                             "email" => json!({"to": [format!("user{j}@example.com")],
                                               "subject": key, "text": "chaos"}),
                             _ => json!({"amount": 100 + j, "currency": "usd",
-                                        "payment_method": "pm_card_visa", "description": key}),
+                                        // one charge in ten takes 1.5 s at Stripe, so
+                                        // kills catch some mid-request and reconcile
+                                        // must find out what happened
+                                        "payment_method": if j % 30 == 2 { "pm_slow" } else { "pm_card_visa" },
+                                        "description": key}),
                         };
                         json!({"k": key, "kind": kind, "payload": payload})
                     })

@@ -152,58 +152,11 @@ async fn create(State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes)
             }
         }
     }
-    let get = |name: &str| {
-        params
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
-    };
-    let pm = get("payment_method");
-    if pm == "pm_slow" {
-        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    }
-    let mut inner = fake.inner.lock().unwrap();
-    let mut create_payment = |status: &str| {
-        let id = format!("pi_fake{:04}", inner.payments.len() + 1);
-        let metadata: serde_json::Map<String, Value> = params
-            .iter()
-            .filter_map(|(k, v)| {
-                k.strip_prefix("metadata[")
-                    .and_then(|k| k.strip_suffix(']'))
-                    .map(|k| (k.to_string(), json!(v)))
-            })
-            .collect();
-        let pi = json!({"id": id, "object": "payment_intent", "amount": get("amount").parse::<i64>().unwrap_or(0),
-                        "currency": get("currency"), "status": status, "metadata": metadata});
-        inner.payments.push(pi.clone());
-        pi
-    };
-    let (status, body) = match pm.as_str() {
-        "pm_card_chargeDeclined" => {
-            let pi = create_payment("requires_payment_method");
-            (
-                402,
-                json!({"error": {"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
-                                   "message": "Your card was declined.", "payment_intent": pi}}),
-            )
-        }
-        "pm_500_after_create" => {
-            create_payment("succeeded");
-            error(500, "api_error", None, "An unknown error occurred")
-        }
-        "pm_500_before_create" => error(500, "api_error", None, "An unknown error occurred"),
-        _ => (200, create_payment("succeeded")),
-    };
-    inner.keys.insert(
-        key.clone(),
-        Stored::Done {
-            params,
-            status,
-            body: body.clone(),
-        },
-    );
-    inner.log.push((key, false, status));
+    // Like the real API, a request runs to the end once it started, even
+    // when the client goes away: its outcome is stored under the key.
+    let (status, body) = tokio::spawn(execute(fake, key, params))
+        .await
+        .expect("the fake's request task");
     reply(status, body, false)
 }
 
@@ -263,4 +216,62 @@ fn reply(status: u16, body: Value, replayed: bool) -> Response {
             .insert("idempotent-replayed", "true".parse().unwrap());
     }
     resp
+}
+
+/// Execute a create request whose key is marked in flight: create (or not)
+/// the payment, store the outcome under the key, return it.
+async fn execute(fake: FakeStripe, key: String, params: Vec<(String, String)>) -> (u16, Value) {
+    let get = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let pm = get("payment_method");
+    if pm == "pm_slow" {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    }
+    let mut inner = fake.inner.lock().unwrap();
+    let mut create_payment = |status: &str| {
+        let id = format!("pi_fake{:04}", inner.payments.len() + 1);
+        let metadata: serde_json::Map<String, Value> = params
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix("metadata[")
+                    .and_then(|k| k.strip_suffix(']'))
+                    .map(|k| (k.to_string(), json!(v)))
+            })
+            .collect();
+        let pi = json!({"id": id, "object": "payment_intent", "amount": get("amount").parse::<i64>().unwrap_or(0),
+                        "currency": get("currency"), "status": status, "metadata": metadata});
+        inner.payments.push(pi.clone());
+        pi
+    };
+    let (status, body) = match pm.as_str() {
+        "pm_card_chargeDeclined" => {
+            let pi = create_payment("requires_payment_method");
+            (
+                402,
+                json!({"error": {"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
+                                   "message": "Your card was declined.", "payment_intent": pi}}),
+            )
+        }
+        "pm_500_after_create" => {
+            create_payment("succeeded");
+            error(500, "api_error", None, "An unknown error occurred")
+        }
+        "pm_500_before_create" => error(500, "api_error", None, "An unknown error occurred"),
+        _ => (200, create_payment("succeeded")),
+    };
+    inner.keys.insert(
+        key.clone(),
+        Stored::Done {
+            params,
+            status,
+            body: body.clone(),
+        },
+    );
+    inner.log.push((key, false, status));
+    (status, body)
 }
