@@ -74,6 +74,45 @@ async fn the_relay_speaks_tls_to_postgres_and_verifies_the_server() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(rx.requests().len(), 2);
 
+    // and every connection the running relay holds is encrypted: watched
+    // from a plain connection, so that only the relay's carry its name
+    let watcher = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&format!("{}?sslmode=disable", cluster.url))
+        .await
+        .unwrap();
+    let mut relay = tokio::process::Command::new(relay_bin())
+        .arg("run")
+        .env("DATABASE_URL", &required)
+        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    store.pool().close().await;
+    let relay_conns = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT count(*), count(*) FILTER (WHERE s.ssl)
+               FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+              WHERE a.application_name = 'outbox-relay'",
+        )
+        .fetch_one(&watcher)
+        .await
+        .unwrap()
+    };
+    // the claim loop, the LISTEN connection and the sweeper: at least two
+    assert!(
+        common::wait_for(std::time::Duration::from_secs(15), || async {
+            relay_conns().await.0 >= 2
+        })
+        .await,
+        "the relay connected"
+    );
+    let (all, encrypted) = relay_conns().await;
+    assert_eq!(all, encrypted, "every relay connection uses TLS");
+    assert!(common::terminate(&mut relay).await.success());
+    let store = Store::connect(&verified, 2).await.unwrap();
+
     // verify-full with only the system's roots: a self-signed server is
     // refused, and the error says why
     let out = run_once(&format!("{}?sslmode=verify-full", cluster.url)).await;
