@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use common::cluster::Cluster;
 use common::smtp::SmtpPeer;
 use common::stripe::{FakeStripe, API_KEY};
-use common::{relay_bin, Receiver, Reply};
+use common::{Receiver, Reply};
 use outbox_relay::store::Store;
 use serde_json::{json, Value};
 
@@ -55,12 +55,10 @@ fn spawn_relay(
     stripe_base: &str,
     name: &str,
 ) -> tokio::process::Child {
-    tokio::process::Command::new(relay_bin())
+    common::relay_command(db_url)
         .arg("run")
-        .env("DATABASE_URL", db_url)
         .env("OUTBOX_RELAY_CONFIG", config)
         .env("OUTBOX_RELAY__RELAY__NAME", format!("\"{name}\""))
-        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
         .env("OUTBOX_RELAY__CHARGE__API_BASE", stripe_base)
         .env("STRIPE_API_KEY", API_KEY)
         .env("RUST_LOG", "error")

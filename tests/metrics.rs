@@ -35,9 +35,8 @@ fn sum(m: &HashMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
 }
 
 fn spawn(db_url: &str, port: u16, extra: &[(&str, &str)]) -> tokio::process::Child {
-    let mut cmd = tokio::process::Command::new(relay_bin());
+    let mut cmd = common::relay_command(db_url);
     cmd.arg("run")
-        .env("DATABASE_URL", db_url)
         .env(
             "OUTBOX_RELAY__RELAY__METRICS_ADDR",
             format!("\"127.0.0.1:{port}\""),
@@ -46,13 +45,8 @@ fn spawn(db_url: &str, port: u16, extra: &[(&str, &str)]) -> tokio::process::Chi
         .env("OUTBOX_RELAY__RELAY__SWEEP_INTERVAL", "100ms")
         .env("OUTBOX_RELAY__RELAY__LEASE", "5s")
         .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s")
-        .env(
-            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
-            "[\"127.0.0.0/8\"]",
-        )
         .env("OUTBOX_RELAY__RETRY__SCHEDULE", "[\"50ms\"]")
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true);
+        .env("RUST_LOG", "warn");
     for (k, v) in extra {
         cmd.env(k, v);
     }

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
-use common::{relay_bin, terminate, wait_for, Receiver, Reply, TestDb};
+use common::{terminate, wait_for, Receiver, Reply, TestDb};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_30s_database_outage_during_delivery_loses_nothing() {
@@ -27,9 +27,8 @@ async fn a_30s_database_outage_during_delivery_loses_nothing() {
 
     let mut proxy = Proxy::to_postgres().await;
     let port = common::free_port();
-    let mut relay = tokio::process::Command::new(relay_bin())
+    let mut relay = common::relay_command(&proxy.url_for(&db))
         .arg("run")
-        .env("DATABASE_URL", proxy.url_for(&db))
         .env(
             "OUTBOX_RELAY__RELAY__METRICS_ADDR",
             format!("\"127.0.0.1:{port}\""),
@@ -39,12 +38,7 @@ async fn a_30s_database_outage_during_delivery_loses_nothing() {
         .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "100ms")
         .env("OUTBOX_RELAY__RELAY__LEASE", "10s")
         .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s")
-        .env(
-            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
-            "[\"127.0.0.0/8\"]",
-        )
         .env("RUST_LOG", "error")
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let ready = |port: u16| async move {

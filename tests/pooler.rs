@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::{relay_bin, terminate, wait_for, Receiver, TestDb};
+use common::{terminate, wait_for, Receiver, TestDb};
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
@@ -21,21 +21,14 @@ struct LoggedRelay {
 
 impl LoggedRelay {
     fn start(url: &str, extra: &[(&str, &str)]) -> LoggedRelay {
-        let mut cmd = tokio::process::Command::new(relay_bin());
+        let mut cmd = common::relay_command(url);
         cmd.arg("run")
-            .env("DATABASE_URL", url)
-            .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
             .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "300ms")
             .env("OUTBOX_RELAY__RELAY__LEASE", "5s")
             .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s")
-            .env(
-                "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
-                "[\"127.0.0.0/8\"]",
-            )
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(std::process::Stdio::piped());
         for (k, v) in extra {
             cmd.env(k, v);
         }

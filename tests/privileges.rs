@@ -83,13 +83,8 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read()
     }
 
     // the relay role delivers (and does not need to migrate)
-    let out = tokio::process::Command::new(common::relay_bin())
+    let out = common::relay_command(&url_as(&db, "t_outbox_relay"))
         .args(["run", "--once"])
-        .env("DATABASE_URL", url_as(&db, "t_outbox_relay"))
-        .env(
-            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
-            "[\"127.0.0.0/8\"]",
-        )
         .output()
         .await
         .unwrap();

@@ -8,19 +8,13 @@
 mod common;
 
 use common::cluster::Cluster;
-use common::{relay_bin, Receiver};
+use common::Receiver;
 use outbox_relay::store::Store;
 use serde_json::json;
 
 async fn run_once(url: &str) -> std::process::Output {
-    tokio::process::Command::new(relay_bin())
+    common::relay_command(url)
         .args(["run", "--once"])
-        .env("DATABASE_URL", url)
-        .env(
-            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
-            "[\"127.0.0.0/8\"]",
-        )
-        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
         .env("RUST_LOG", "warn")
         .output()
         .await
@@ -81,12 +75,9 @@ async fn the_relay_speaks_tls_to_postgres_and_verifies_the_server() {
         .connect(&format!("{}?sslmode=disable", cluster.url))
         .await
         .unwrap();
-    let mut relay = tokio::process::Command::new(relay_bin())
+    let mut relay = common::relay_command(&required)
         .arg("run")
-        .env("DATABASE_URL", &required)
-        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
         .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     store.pool().close().await;

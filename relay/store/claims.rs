@@ -4,6 +4,8 @@
 //! before the relay makes any network call, and no row lock outlives the
 //! statement that took it.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::Row;
@@ -119,8 +121,8 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
 }
 
 /// The claim statement: $1 limit, $2 owner, $3 lease in ms, $4 kinds to
-/// leave alone.
-fn claim_sql() -> String {
+/// leave alone. Built once.
+static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH due AS (
                  SELECT id FROM outbox.intents c
@@ -141,7 +143,34 @@ fn claim_sql() -> String {
                FROM due WHERE i.id = due.id
              RETURNING {CLAIMED_COLUMNS}"
     )
-}
+});
+
+/// The sweeper's reclaim of expired leases (parameters as for the claim).
+static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH expired AS (
+             SELECT id, owner AS previous_owner FROM outbox.intents
+              WHERE state = 'claimed' AND lease_expires_at < now()
+                AND kind <> ALL($4::text[])
+              ORDER BY lease_expires_at
+              LIMIT $1
+              FOR UPDATE SKIP LOCKED),
+         lost AS (
+             INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at,
+                                          finished_at, outcome, error, key_generation)
+             SELECT i.id, i.attempts, i.fence, i.owner, i.updated_at, now(), 'lost',
+                    format('lease held by %s expired at %s with no recorded outcome',
+                           i.owner, i.lease_expires_at),
+                    i.key_generation
+               FROM outbox.intents i JOIN expired e ON e.id = i.id
+             ON CONFLICT (intent_id, fence) DO NOTHING)
+         UPDATE outbox.intents i
+            SET owner = $2, lease_expires_at = now() + $3 * interval '1 millisecond',
+                fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
+           FROM expired e WHERE i.id = e.id
+         RETURNING {CLAIMED_COLUMNS}, e.previous_owner"
+    )
+});
 
 impl Store {
     /// Claim up to `limit` due pending intents for `owner` for `lease_ms`,
@@ -153,7 +182,7 @@ impl Store {
         lease_ms: i64,
         unserved_kinds: &[String],
     ) -> Result<Vec<Claimed>, sqlx::Error> {
-        self.fetch_claims(&claim_sql(), owner, limit, lease_ms, unserved_kinds, false)
+        self.fetch_claims(&CLAIM_SQL, owner, limit, lease_ms, unserved_kinds, false)
             .await
     }
 
@@ -162,7 +191,7 @@ impl Store {
     pub async fn explain_claim(&self, limit: i64) -> Result<Vec<String>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let plan: Vec<String> =
-            sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS) {}", claim_sql()))
+            sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS) {}", *CLAIM_SQL))
                 .bind(limit)
                 .bind("explain")
                 .bind(60_000i64)
@@ -183,31 +212,15 @@ impl Store {
         lease_ms: i64,
         unserved_kinds: &[String],
     ) -> Result<Vec<Claimed>, sqlx::Error> {
-        let sql = format!(
-            "WITH expired AS (
-                 SELECT id, owner AS previous_owner FROM outbox.intents
-                  WHERE state = 'claimed' AND lease_expires_at < now()
-                    AND kind <> ALL($4::text[])
-                  ORDER BY lease_expires_at
-                  LIMIT $1
-                  FOR UPDATE SKIP LOCKED),
-             lost AS (
-                 INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at,
-                                              finished_at, outcome, error, key_generation)
-                 SELECT i.id, i.attempts, i.fence, i.owner, i.updated_at, now(), 'lost',
-                        format('lease held by %s expired at %s with no recorded outcome',
-                               i.owner, i.lease_expires_at),
-                        i.key_generation
-                   FROM outbox.intents i JOIN expired e ON e.id = i.id
-                 ON CONFLICT (intent_id, fence) DO NOTHING)
-             UPDATE outbox.intents i
-                SET owner = $2, lease_expires_at = now() + $3 * interval '1 millisecond',
-                    fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
-               FROM expired e WHERE i.id = e.id
-             RETURNING {CLAIMED_COLUMNS}, e.previous_owner"
-        );
-        self.fetch_claims(&sql, owner, limit, lease_ms, unserved_kinds, true)
-            .await
+        self.fetch_claims(
+            &CLAIM_EXPIRED_SQL,
+            owner,
+            limit,
+            lease_ms,
+            unserved_kinds,
+            true,
+        )
+        .await
     }
 
     /// Run a claim statement ($1 limit, $2 owner, $3 lease in ms, $4 kinds to

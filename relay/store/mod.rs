@@ -140,35 +140,15 @@ impl Store {
     }
 }
 
-/// A query parameter of a postgres:// URL, percent-decoded.
+/// A query parameter of a postgres:// URL, percent-decoded; the last one
+/// wins, as in the driver.
 fn url_param(url: &str, name: &str) -> Option<String> {
-    let query = url.split_once('?')?.1;
-    // the last occurrence wins, as in the driver
-    let raw = query.rsplit('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k == name).then_some(v)
-    })?;
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
-                out.push((hex(h)? * 16 + hex(l)?) as u8);
-                i += 3;
-            }
-            (b'+', _, _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(String::from_utf8_lossy(&out).into_owned())
+    url::Url::parse(url)
+        .ok()?
+        .query_pairs()
+        .filter(|(k, _)| k == name)
+        .last()
+        .map(|(_, v)| v.into_owned())
 }
 
 /// The SQLSTATE of a database error, when there is one.

@@ -427,18 +427,31 @@ timeout = "2s"
 allowed_networks = ["127.0.0.0/8"]
 "#;
 
+/// The relay binary against `url`, as the tests run it: webhooks to
+/// loopback allowed, the metrics listener on a free port, killed with the
+/// test. Callers add the subcommand and their own settings (a later `env`
+/// of the same name wins).
+pub fn relay_command(url: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(relay_bin());
+    cmd.env("DATABASE_URL", url)
+        .env(
+            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
+            "[\"127.0.0.0/8\"]",
+        )
+        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
+        .kill_on_drop(true);
+    cmd
+}
+
 /// Start `outbox-relay run` as a separate process.
 pub fn spawn_relay(db: &TestDb, config: &std::path::Path, name: &str) -> tokio::process::Child {
-    tokio::process::Command::new(relay_bin())
+    relay_command(&db.url)
         .arg("run")
-        .env("DATABASE_URL", &db.url)
         .env("OUTBOX_RELAY_CONFIG", config)
         .env("OUTBOX_RELAY__RELAY__NAME", format!("\"{name}\""))
-        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn relay")
 }
