@@ -35,6 +35,10 @@ pub struct BenchArgs {
     pub scale_receiver_delay: Duration,
     /// Delivered-history sizes at which to measure claim + complete cost.
     pub history: Vec<u64>,
+    /// Peer job queues to drain the same workload with (run-peer.sh names).
+    pub peers: Vec<String>,
+    /// Where run-peer.sh and the peer scripts are.
+    pub peers_dir: std::path::PathBuf,
 }
 
 /// Claim + complete cost beside `history_rows` delivered intents.
@@ -60,6 +64,21 @@ pub struct ScaleOut {
     pub attempts: i64,
     /// The largest peak RSS among the relay processes.
     pub relay_peak_rss_mb: f64,
+}
+
+/// One peer job queue's drain of the same workload, against the same
+/// receiver and Postgres server, in the same run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PeerRun {
+    pub peer: String,
+    pub version: String,
+    pub drain_per_s: f64,
+    /// outbox-relay's drain (one `run` process) over this peer's.
+    pub relay_speedup: f64,
+    pub requests: u64,
+    pub duplicate_requests: u64,
+    /// Everything the peer script reported (its tuning included).
+    pub reported: serde_json::Value,
 }
 
 /// One run's figures.
@@ -89,9 +108,29 @@ pub struct Report {
     pub scale_receiver_delay_ms: u64,
     pub scale_out: Vec<ScaleOut>,
     pub history: Vec<HistoryPoint>,
+    /// One `outbox-relay run` process draining the workload the peers
+    /// drain, receiver answering at once (0 when no peer was asked for).
+    pub relay_process_drain_per_s: f64,
+    pub peers: Vec<PeerRun>,
 }
 
 pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
+    // a mistyped peer fails now, not after minutes of measuring
+    let runner = args.peers_dir.join("run-peer.sh");
+    if !args.peers.is_empty() && !runner.is_file() {
+        anyhow::bail!(
+            "--peers needs {}: run the bench from the repository root or pass --peers-dir",
+            runner.display()
+        );
+    }
+    for peer in &args.peers {
+        if !args.peers_dir.join(format!("{peer}.mjs")).is_file() {
+            anyhow::bail!(
+                "unknown peer {peer:?}: there is no {peer}.mjs in {}",
+                args.peers_dir.display()
+            );
+        }
+    }
     let admin: PgConnectOptions = server_url.parse()?;
     let name = format!("outbox_bench_{}", std::process::id());
     let mut conn = admin.connect().await?;
@@ -103,7 +142,7 @@ pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow:
     let url = db_opts.to_url_lossy().to_string();
     let store = Store::connect(&url, (args.in_flight as u32 / 4).max(4) + 4).await?;
     store.migrate().await?;
-    let result = measure(&store, config, args, &url).await;
+    let result = measure(&store, config, args, &url, server_url).await;
     store.pool().close().await;
     if !args.keep {
         conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
@@ -120,6 +159,7 @@ async fn measure(
     config: &Config,
     args: &BenchArgs,
     db_url: &str,
+    server_url: &str,
 ) -> anyhow::Result<Report> {
     let (port, _receiver, seen) = receiver()?;
     let url = format!("http://127.0.0.1:{port}/hook");
@@ -290,6 +330,28 @@ async fn measure(
         scale_out.push(run);
     }
 
+    let mut relay_process_drain = 0.0;
+    let mut peers = Vec::new();
+    if !args.peers.is_empty() {
+        seen.set_delay(Duration::ZERO);
+        eprintln!(
+            "bench: peers: drain {n} webhooks with one relay process, {} in flight, receiver answering at once",
+            args.in_flight
+        );
+        relay_process_drain = scale_out_drain(store, args, db_url, &url, 1, &seen)
+            .await?
+            .drain_per_s;
+        for peer in &args.peers {
+            eprintln!(
+                "bench: peers: drain {n} webhooks with {peer}, {} in flight, same receiver",
+                args.in_flight
+            );
+            let mut run = peer_drain(store, args, server_url, &url, peer, &seen).await?;
+            run.relay_speedup = relay_process_drain / run.drain_per_s;
+            peers.push(run);
+        }
+    }
+
     Ok(Report {
         intents: n,
         in_flight: args.in_flight,
@@ -311,6 +373,8 @@ async fn measure(
         peak_rss_mb: peak_rss_mb(),
         scale_receiver_delay_ms: args.scale_receiver_delay.as_millis() as u64,
         scale_out,
+        relay_process_drain_per_s: relay_process_drain,
+        peers,
         history: history_scale(store, &args.history, &payload).await?,
     })
 }
@@ -476,6 +540,82 @@ async fn scale_out_drain(
         duplicate_requests: requests - distinct,
         attempts,
         relay_peak_rss_mb: rss,
+    })
+}
+
+/// Run one peer job queue (tests/peers/queue-bench/run-peer.sh PEER) on the
+/// same workload in a scratch database of its own on the same server, and
+/// check with the receiver that it really sent every request.
+async fn peer_drain(
+    store: &Store,
+    args: &BenchArgs,
+    server_url: &str,
+    hook_url: &str,
+    peer: &str,
+    seen: &Seen,
+) -> anyhow::Result<PeerRun> {
+    let name = format!("outbox_bench_{}_peer", std::process::id());
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
+        .execute(store.pool())
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(store.pool())
+        .await?;
+    // The server URL as given, pointed at the peer's database: the peer's
+    // driver reads it (sqlx's own rendering adds parameters it may not know).
+    let mut peer_url = url::Url::parse(server_url)?;
+    peer_url.set_path(&format!("/{name}"));
+    seen.reset();
+    let output = tokio::process::Command::new("bash")
+        .arg(args.peers_dir.join("run-peer.sh"))
+        .arg(peer)
+        .env("DATABASE_URL", peer_url.as_str())
+        .env("HOOK_URL", hook_url)
+        .env("JOBS", args.intents.to_string())
+        .env("CONCURRENCY", args.in_flight.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        // its messages reach the terminal (tokio's output() would capture them)
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn();
+    let output = match output {
+        Ok(child) => child.wait_with_output().await,
+        Err(e) => Err(e),
+    };
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(store.pool())
+        .await?;
+    let output = output?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "peer {peer} failed ({}); its messages are above",
+            output.status
+        );
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+    let reported: serde_json::Value = serde_json::from_str(line)
+        .map_err(|e| anyhow::anyhow!("peer {peer} printed no result line ({e}): {line:?}"))?;
+    let drain = reported["drain_per_s"]
+        .as_f64()
+        .filter(|d| *d > 0.0)
+        .ok_or_else(|| anyhow::anyhow!("peer {peer} reported no drain_per_s: {line}"))?;
+    let (requests, distinct) = seen.counts();
+    if distinct < args.intents as u64 {
+        anyhow::bail!(
+            "peer {peer} reported its drain done, but the receiver saw {distinct} distinct requests for {} jobs",
+            args.intents
+        );
+    }
+    Ok(PeerRun {
+        peer: peer.to_string(),
+        version: reported["version"].as_str().unwrap_or("?").to_string(),
+        drain_per_s: drain,
+        relay_speedup: 1.0,
+        requests,
+        duplicate_requests: requests - distinct,
+        reported,
     })
 }
 
@@ -770,6 +910,31 @@ pub fn print(r: &Report) {
                 s.duplicate_requests,
                 s.attempts,
                 s.relay_peak_rss_mb
+            );
+        }
+    }
+    if !r.peers.is_empty() {
+        println!();
+        println!(
+            "peers: the same {} webhooks, {} in flight, same receiver answering at once, same Postgres server",
+            r.intents, r.in_flight
+        );
+        println!(
+            "{:<34} {:>10} {:>10} {:>11} {:>17}",
+            "queue", "drain/s", "requests", "duplicates", "outbox-relay is"
+        );
+        println!(
+            "{:<34} {:>10.0}",
+            "outbox-relay (one `run` process)", r.relay_process_drain_per_s
+        );
+        for p in &r.peers {
+            println!(
+                "{:<34} {:>10.0} {:>10} {:>11} {:>16.2}x",
+                format!("{} {}", p.peer, p.version),
+                p.drain_per_s,
+                p.requests,
+                p.duplicate_requests,
+                p.relay_speedup
             );
         }
     }

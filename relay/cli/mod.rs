@@ -112,6 +112,14 @@ pub struct BenchArgs {
     /// are inserted); empty to skip.
     #[arg(long, value_delimiter = ',')]
     history: Vec<u64>,
+    /// Peer job queues to drain the same workload with, in this run and
+    /// against the same receiver, e.g. graphile-worker (needs Node.js 18+;
+    /// see tests/peers/queue-bench); empty to skip.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Where the peer scripts are (run-peer.sh).
+    #[arg(long, default_value = "tests/peers/queue-bench")]
+    peers_dir: std::path::PathBuf,
     /// Keep the scratch database afterwards.
     #[arg(long)]
     keep: bool,
@@ -315,6 +323,8 @@ async fn execute(cli: Cli) -> Outcome {
                     .collect(),
                 scale_receiver_delay: a.scale_receiver_delay,
                 history: a.history.clone(),
+                peers: a.peers.iter().filter(|p| !p.is_empty()).cloned().collect(),
+                peers_dir: a.peers_dir.clone(),
             };
             let report = crate::bench::run(&url, &config, &args).await?;
             if a.json {
