@@ -124,9 +124,11 @@ pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow:
         );
     }
     for peer in &args.peers {
-        if !args.peers_dir.join(format!("{peer}.mjs")).is_file() {
+        if !args.peers_dir.join(format!("{peer}.mjs")).is_file()
+            && !args.peers_dir.join(format!("{peer}-peer.py")).is_file()
+        {
             anyhow::bail!(
-                "unknown peer {peer:?}: there is no {peer}.mjs in {}",
+                "unknown peer {peer:?}: there is no {peer}.mjs or {peer}-peer.py in {}",
                 args.peers_dir.display()
             );
         }

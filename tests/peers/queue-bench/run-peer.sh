@@ -3,9 +3,11 @@
 # bench's workload (see `outbox-relay bench --peers`). The environment
 # (DATABASE_URL, HOOK_URL, JOBS, CONCURRENCY) comes from the bench.
 #
-# Needs Node.js 18 or later with npm; installs them with apt-get when run as
-# root on Debian/Ubuntu, and the pinned peer packages (package-lock.json)
-# with `npm ci` on first use.
+# A Node.js peer (PEER.mjs) needs Node.js 18 or later with npm; a Python
+# peer (PEER.py) needs python3 with venv. Both are installed with apt-get
+# when missing and run as root on Debian/Ubuntu; the pinned peer packages
+# (package-lock.json, requirements.txt) are installed on first use, the
+# Python ones into a virtualenv under ~/.cache/outbox-relay.
 set -euo pipefail
 
 DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,19 +19,47 @@ die() {
 
 known() {
 	local f
-	for f in "$DIR"/*.mjs; do basename "$f" .mjs; done | tr '\n' ' '
+	for f in "$DIR"/*.mjs "$DIR"/*-peer.py; do
+		f=$(basename "$f")
+		f=${f%.mjs}
+		echo "${f%-peer.py}"
+	done | tr '\n' ' '
 }
 [ $# -eq 1 ] || die "usage: $0 PEER (one of: $(known))"
 PEER=$1
+
+apt_install() {
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+		say "running: apt-get install -y $*"
+		DEBIAN_FRONTEND=noninteractive apt-get update -q -o DPkg::Lock::Timeout=600 >&2
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			-o DPkg::Lock::Timeout=600 "$@" >&2
+	fi
+}
+
+if [ -f "$DIR/$PEER-peer.py" ]; then
+	# the module is named *-peer.py so that it does not shadow the package
+	VENV=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/queue-bench-venv
+	if ! cmp -s "$DIR/requirements.txt" "$VENV/requirements.installed"; then
+		if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+			apt_install python3 python3-venv || true
+		fi
+		python3 -c 'import ensurepip' 2>/dev/null ||
+			die "the $PEER peer needs python3 with the venv module (Debian/Ubuntu: apt-get install python3-venv)"
+		say "installing $(tr '\n' ' ' <"$DIR/requirements.txt")into $VENV"
+		python3 -m venv --clear "$VENV" >&2 || die "cannot create $VENV"
+		"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+			-r "$DIR/requirements.txt" >&2 || die "pip install failed"
+		cp "$DIR/requirements.txt" "$VENV/requirements.installed"
+	fi
+	exec "$VENV/bin/python" "$DIR/$PEER-peer.py"
+fi
+
 [ -f "$DIR/$PEER.mjs" ] || die "unknown peer '$PEER' (known: $(known))"
 
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-		say "Node.js or npm is missing; running: apt-get install -y nodejs npm"
-		DEBIAN_FRONTEND=noninteractive apt-get update -q -o DPkg::Lock::Timeout=600 >&2
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-			-o DPkg::Lock::Timeout=600 nodejs npm >&2
-	fi
+	say "Node.js or npm is missing"
+	apt_install nodejs npm || true
 	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 		die "the peer benchmark needs Node.js 18 or later and npm (Debian/Ubuntu: apt-get install nodejs npm)"
 	fi
