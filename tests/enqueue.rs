@@ -307,3 +307,53 @@ async fn claiming_uses_the_due_index_whatever_the_history() {
     );
     db.drop_db().await;
 }
+
+/// Many intents in one statement (the README's form): one round trip, each
+/// row answered as a single call would be, and a conflict anywhere refuses
+/// the whole statement.
+#[tokio::test]
+async fn many_intents_in_one_statement_through_unnest() {
+    let db = TestDb::new().await;
+    let many = |keys: Vec<&str>, payloads: Vec<serde_json::Value>| {
+        sqlx::query_as::<_, (String, i64, bool)>(
+            "SELECT u.key, e.id, e.duplicate
+               FROM unnest($1::text[], $2::jsonb[]) WITH ORDINALITY AS u(key, payload, n)
+                    CROSS JOIN LATERAL outbox.enqueue(u.key, 'webhook', u.payload) e
+              ORDER BY u.n",
+        )
+        .bind(keys.into_iter().map(str::to_string).collect::<Vec<_>>())
+        .bind(payloads)
+        .fetch_all(db.pool())
+    };
+    let p = |n: i64| json!({"url": "http://x/", "body": {"n": n}});
+    call(&db, "batch:0", &p(0).to_string()).await.unwrap();
+    let rows = many(
+        vec!["batch:0", "batch:1", "batch:2", "batch:1"],
+        vec![p(0), p(1), p(2), p(1)],
+    )
+    .await
+    .unwrap();
+    let flags: Vec<(&str, bool)> = rows.iter().map(|r| (r.0.as_str(), r.2)).collect();
+    assert_eq!(
+        flags,
+        vec![
+            ("batch:0", true),
+            ("batch:1", false),
+            ("batch:2", false),
+            ("batch:1", true)
+        ]
+    );
+    // a key repeated within the statement gets the id of its first row
+    assert_eq!(rows[1].1, rows[3].1);
+    assert_eq!(db.count("key LIKE 'batch:%'").await, 3);
+
+    // one conflicting row: OB409 naming its key, and none of the statement's rows stay
+    let err = many(vec!["batch:3", "batch:2"], vec![p(3), p(99)])
+        .await
+        .unwrap_err();
+    let dbe = err.as_database_error().expect("database error");
+    assert_eq!(dbe.code().as_deref(), Some("OB409"));
+    assert!(dbe.message().contains("batch:2"), "{}", dbe.message());
+    assert_eq!(db.count("key = 'batch:3'").await, 0);
+    db.drop_db().await;
+}
