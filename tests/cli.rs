@@ -540,3 +540,110 @@ async fn errors_name_the_problem_and_exit_codes_mean_something() {
     );
     db.drop_db().await;
 }
+
+/// `bench --peers`: the harness runs a peer through its run-peer.sh with
+/// the workload in its environment, reads the peer's result line, and
+/// believes it only when the receiver saw every job's request. (Plumbing
+/// and integrity only: the figures are the benchmark's business.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_peers_are_checked_against_the_receiver() {
+    let dir = std::env::temp_dir().join(format!(
+        "outbox-relay-test-peers-{}-{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let python = std::env::var("OUTBOX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    std::fs::write(
+        dir.join("run-peer.sh"),
+        format!("exec {python} \"$(dirname \"$0\")/$1-peer.py\"\n"),
+    )
+    .unwrap();
+    // sends `share` of the jobs, one request each, and reports all done
+    let peer = |share: &str| {
+        format!(
+            r#"import json, os, time, urllib.request
+jobs = int(os.environ["JOBS"])
+assert int(os.environ["CONCURRENCY"]) > 0 and os.environ["DATABASE_URL"].startswith("postgres")
+start = time.time()
+for i in range(int(jobs * {share})):
+    req = urllib.request.Request(os.environ["HOOK_URL"], data=b"{{}}", method="POST",
+                                 headers={{"webhook-id": "job_%d" % i}})
+    urllib.request.urlopen(req).read()
+print("a line before the result")
+print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (time.time() - start + 1e-3)}}))
+"#
+        )
+    };
+    std::fs::write(dir.join("honest-peer.py"), peer("1")).unwrap();
+    std::fs::write(dir.join("liar-peer.py"), peer("0.5")).unwrap();
+    let peers_dir = dir.to_str().unwrap();
+    let server = common::admin_url();
+    let bench = |peers: &'static str| {
+        let server = server.clone();
+        async move {
+            cli_env(
+                Some(&server),
+                &[
+                    "bench",
+                    "--intents",
+                    "20",
+                    "--relays",
+                    "0",
+                    "--latency-rate",
+                    "20",
+                    "--latency-seconds",
+                    "1",
+                    "--json",
+                    "--peers",
+                    peers,
+                    "--peers-dir",
+                    peers_dir,
+                ],
+                // the purge of the bench's 100k history rows without pauses
+                &[
+                    ("OUTBOX_RELAY__RETENTION__BATCH_PAUSE", "\"0s\""),
+                    ("OUTBOX_RELAY__RETENTION__BATCH_SIZE", "20000"),
+                ],
+            )
+            .await
+        }
+    };
+
+    let out = bench("honest").await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let report = out.json();
+    let peer = &report["peers"][0];
+    assert_eq!(peer["peer"], "honest");
+    assert_eq!(peer["version"], "test");
+    assert_eq!(peer["requests"], 20);
+    assert_eq!(peer["duplicate_requests"], 0);
+    assert!(peer["drain_per_s"].as_f64().unwrap() > 0.0, "{peer}");
+    assert!(report["relay_process_drain_per_s"].as_f64().unwrap() > 0.0);
+    let speedup = peer["relay_speedup"].as_f64().unwrap();
+    let expected = report["relay_process_drain_per_s"].as_f64().unwrap()
+        / peer["drain_per_s"].as_f64().unwrap();
+    assert!(
+        (speedup - expected).abs() < 1e-9 * expected,
+        "{speedup} vs {expected}"
+    );
+
+    let out = bench("liar").await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains("receiver saw 10 distinct requests for 20 jobs"),
+        "{}",
+        out.stderr
+    );
+
+    // a peer that does not exist is refused before anything is measured
+    let out = bench("nosuch").await;
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("unknown peer \"nosuch\""),
+        "{}",
+        out.stderr
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
