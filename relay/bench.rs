@@ -7,8 +7,11 @@
 //! attempt-record SQL with no network call); the end-to-end drain rate of
 //! webhook intents against a local HTTP receiver running on its own runtime
 //! thread; enqueue→delivered latency at a steady offered load (LISTEN/NOTIFY
-//! wake-ups); and the process's peak RSS. Ratios measured in one run are the
-//! figures to compare: these machines are noisy.
+//! wake-ups); and the process's peak RSS. Optionally it scales out to
+//! several relay processes (`--relays`), grows the delivered history
+//! (`--history`), and drains the same workload with peer job queues
+//! (`--peers`, tests/peers/queue-bench) against the same receiver. Ratios
+//! measured in one run are the figures to compare: these machines are noisy.
 
 use std::time::{Duration, Instant};
 
