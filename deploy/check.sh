@@ -373,8 +373,9 @@ else
 fi
 
 # 9. shellcheck on every shell script: *.sh, .ci/run, and the extensionless
-#    scripts with a sh/bash shebang under .ci/ and deploy/. Run from the
-#    repository root, so that `# shellcheck source=` paths resolve.
+#    scripts with a sh/bash shebang under .ci/ and deploy/ (not the peer
+#    benchmark's node_modules). Run from the repository root, so that
+#    `# shellcheck source=` paths resolve.
 if ! have shellcheck; then
 	install_deb shellcheck || true
 fi
@@ -390,7 +391,7 @@ if have shellcheck; then
 			fi
 			;;
 		esac
-	done < <(find . \( -path ./target -o -path ./.git -o -path ./.scratch \) -prune -o -type f \( -name '*.sh' -o -path './.ci/*' -o -path './deploy/*' \) -print0 | sort -z)
+	done < <(find . \( -path ./target -o -path ./.git -o -path ./.scratch -o -name node_modules \) -prune -o -type f \( -name '*.sh' -o -path './.ci/*' -o -path './deploy/*' \) -print0 | sort -z)
 	say "shellcheck -x ${scripts[*]}"
 	shellcheck -x "${scripts[@]}" || fail "shellcheck (above)"
 else
