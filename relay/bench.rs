@@ -76,12 +76,21 @@ pub struct PeerRun {
     pub peer: String,
     pub version: String,
     pub drain_per_s: f64,
-    /// outbox-relay's drain (one `run` process) over this peer's.
+    /// outbox-relay's drain (one `run` process, the mean of the runs just
+    /// before and just after this peer's) over this peer's.
     pub relay_speedup: f64,
     pub requests: u64,
     pub duplicate_requests: u64,
     /// Everything the peer script reported (its tuning included).
     pub reported: serde_json::Value,
+}
+
+/// One `outbox-relay run` process draining the workload the peers drain.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RelayRun {
+    pub drain_per_s: f64,
+    pub requests: u64,
+    pub duplicate_requests: u64,
 }
 
 /// One run's figures.
@@ -115,8 +124,9 @@ pub struct Report {
     pub scale_out: Vec<ScaleOut>,
     pub history: Vec<HistoryPoint>,
     /// One `outbox-relay run` process draining the workload the peers
-    /// drain, receiver answering at once (0 when no peer was asked for).
-    pub relay_process_drain_per_s: f64,
+    /// drain, receiver answering at once: before the first peer, and after
+    /// each (empty when no peer was asked for).
+    pub relay_runs: Vec<RelayRun>,
     pub peers: Vec<PeerRun>,
 }
 
@@ -137,6 +147,17 @@ pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow:
                 "unknown peer {peer:?}: there is no {peer}.mjs or {peer}-peer.py in {}",
                 args.peers_dir.display()
             );
+        }
+        // installs what the peer needs (or says what is missing) now
+        let status = peer_command(&runner)
+            .arg("--prepare")
+            .arg(peer)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot run bash {}: {e}", runner.display()))?;
+        if !status.success() {
+            anyhow::bail!("peer {peer} cannot run here ({status}); its messages are above");
         }
     }
     let admin: PgConnectOptions = server_url.parse()?;
@@ -342,24 +363,23 @@ async fn measure(
         scale_out.push(run);
     }
 
-    let mut relay_process_drain = 0.0;
+    // one relay process before the first peer and after each, so that
+    // each peer is compared with the relay runs on either side of it
+    let mut relay_runs = Vec::new();
     let mut peers = Vec::new();
     if !args.peers.is_empty() {
         seen.set_delay(Duration::ZERO);
-        eprintln!(
-            "bench: peers: drain {n} webhooks with one relay process, {} in flight, receiver answering at once",
-            args.in_flight
-        );
-        relay_process_drain = scale_out_drain(store, args, db_url, &url, 1, &seen)
-            .await?
-            .drain_per_s;
+        relay_runs.push(relay_run(store, args, db_url, &url, &seen).await?);
         for peer in &args.peers {
             eprintln!(
                 "bench: peers: drain {n} webhooks with {peer}, {} in flight, same receiver",
                 args.in_flight
             );
             let mut run = peer_drain(store, args, server_url, &url, peer, &seen).await?;
-            run.relay_speedup = relay_process_drain / run.drain_per_s;
+            relay_runs.push(relay_run(store, args, db_url, &url, &seen).await?);
+            let around = &relay_runs[relay_runs.len() - 2..];
+            let relay = around.iter().map(|r| r.drain_per_s).sum::<f64>() / 2.0;
+            run.relay_speedup = relay / run.drain_per_s;
             peers.push(run);
         }
     }
@@ -386,7 +406,7 @@ async fn measure(
         peak_rss_mb: peak_rss_mb(),
         scale_receiver_delay_ms: args.scale_receiver_delay.as_millis() as u64,
         scale_out,
-        relay_process_drain_per_s: relay_process_drain,
+        relay_runs,
         peers,
         history: history_scale(store, &args.history, &payload).await?,
     })
@@ -556,6 +576,55 @@ async fn scale_out_drain(
     })
 }
 
+/// One `outbox-relay run` process drains the peers' workload.
+async fn relay_run(
+    store: &Store,
+    args: &BenchArgs,
+    db_url: &str,
+    hook_url: &str,
+    seen: &Seen,
+) -> anyhow::Result<RelayRun> {
+    eprintln!(
+        "bench: peers: drain {} webhooks with one relay process, {} in flight, receiver answering at once",
+        args.intents, args.in_flight
+    );
+    let run = scale_out_drain(store, args, db_url, hook_url, 1, seen).await?;
+    Ok(RelayRun {
+        drain_per_s: run.drain_per_s,
+        requests: run.requests,
+        duplicate_requests: run.duplicate_requests,
+    })
+}
+
+/// `bash run-peer.sh` with a clean environment, as the bench's relays get:
+/// only what finding and installing programs needs, so none of the
+/// caller's credentials or tuning reach a peer (or apt, npm and pip).
+fn peer_command(runner: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(runner)
+        .env_clear()
+        .stdin(std::process::Stdio::null());
+    for key in [
+        "PATH",
+        "HOME",
+        "XDG_CACHE_HOME",
+        "LANG",
+        "LC_ALL",
+        "TMPDIR",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+    ] {
+        if let Some(v) = std::env::var_os(key) {
+            cmd.env(key, v);
+        }
+    }
+    cmd
+}
+
 /// Run one peer job queue (tests/peers/queue-bench/run-peer.sh PEER) on the
 /// same workload in a scratch database of its own on the same server, and
 /// check with the receiver that it really sent every request.
@@ -579,26 +648,36 @@ async fn peer_drain(
     let mut peer_url = url::Url::parse(server_url)?;
     peer_url.set_path(&format!("/{name}"));
     seen.reset();
-    let output = tokio::process::Command::new("bash")
-        .arg(args.peers_dir.join("run-peer.sh"))
+    let runner = args.peers_dir.join("run-peer.sh");
+    let child = peer_command(&runner)
         .arg(peer)
         .env("DATABASE_URL", peer_url.as_str())
         .env("HOOK_URL", hook_url)
         .env("JOBS", args.intents.to_string())
         .env("CONCURRENCY", args.in_flight.to_string())
-        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         // its messages reach the terminal (tokio's output() would capture them)
         .stderr(std::process::Stdio::inherit())
         .kill_on_drop(true)
         .spawn();
-    let output = match output {
-        Ok(child) => child.wait_with_output().await,
-        Err(e) => Err(e),
+    // the peer scripts give up after 10 minutes of draining; this is the backstop
+    let output = match child {
+        Ok(child) => {
+            match tokio::time::timeout(Duration::from_secs(900), child.wait_with_output()).await {
+                Ok(out) => out.map_err(|e| anyhow::anyhow!("peer {peer}: {e}")),
+                Err(_) => Err(anyhow::anyhow!(
+                    "peer {peer} did not finish within 15 minutes"
+                )),
+            }
+        }
+        Err(e) => Err(anyhow::anyhow!("cannot run bash {}: {e}", runner.display())),
     };
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    if let Err(e) = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         .execute(store.pool())
-        .await?;
+        .await
+    {
+        eprintln!("bench: could not drop the peer's database {name}: {e}");
+    }
     let output = output?;
     if !output.status.success() {
         anyhow::bail!(
@@ -973,11 +1052,19 @@ pub fn print(r: &Report) {
             "{:<34} {:>10} {:>10} {:>11} {:>17}",
             "queue", "drain/s", "requests", "duplicates", "outbox-relay is"
         );
-        println!(
-            "{:<34} {:>10.0}",
-            "outbox-relay (one `run` process)", r.relay_process_drain_per_s
-        );
-        for p in &r.peers {
+        let relay_row = |run: &RelayRun| {
+            println!(
+                "{:<34} {:>10.0} {:>10} {:>11}",
+                "outbox-relay (one `run` process)",
+                run.drain_per_s,
+                run.requests,
+                run.duplicate_requests
+            );
+        };
+        for (i, p) in r.peers.iter().enumerate() {
+            if let Some(run) = r.relay_runs.get(i) {
+                relay_row(run);
+            }
             println!(
                 "{:<34} {:>10.0} {:>10} {:>11} {:>16.2}x",
                 format!("{} {}", p.peer, p.version),
@@ -987,5 +1074,9 @@ pub fn print(r: &Report) {
                 p.relay_speedup
             );
         }
+        if let Some(run) = r.relay_runs.last() {
+            relay_row(run);
+        }
+        println!("(each peer against the mean of the relay runs just before and after it)");
     }
 }

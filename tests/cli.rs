@@ -556,7 +556,11 @@ async fn bench_peers_are_checked_against_the_receiver() {
     let python = std::env::var("OUTBOX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
     std::fs::write(
         dir.join("run-peer.sh"),
-        format!("exec {python} \"$(dirname \"$0\")/$1-peer.py\"\n"),
+        format!(
+            "if [ \"$1\" = --prepare ]; then\n\
+             [ \"$2\" = broken ] && {{ echo 'broken peer: needs a frobnicator' >&2; exit 1; }}\n\
+             exit 0\nfi\nexec '{python}' \"$(dirname \"$0\")/$1-peer.py\"\n"
+        ),
     )
     .unwrap();
     // sends `share` of the jobs, one request each, and reports all done
@@ -577,6 +581,7 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
     };
     std::fs::write(dir.join("honest-peer.py"), peer("1")).unwrap();
     std::fs::write(dir.join("liar-peer.py"), peer("0.5")).unwrap();
+    std::fs::write(dir.join("broken-peer.py"), peer("1")).unwrap();
     let peers_dir = dir.to_str().unwrap();
     let server = common::admin_url();
     let bench = |peers: &'static str| {
@@ -619,10 +624,18 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
     assert_eq!(peer["requests"], 20);
     assert_eq!(peer["duplicate_requests"], 0);
     assert!(peer["drain_per_s"].as_f64().unwrap() > 0.0, "{peer}");
-    assert!(report["relay_process_drain_per_s"].as_f64().unwrap() > 0.0);
+    // the relay drains the same workload before and after the peer, seen by the same receiver
+    let relay_runs = report["relay_runs"].as_array().unwrap();
+    assert_eq!(relay_runs.len(), 2, "{report}");
+    for run in relay_runs {
+        assert_eq!(run["requests"], 20);
+        assert_eq!(run["duplicate_requests"], 0);
+    }
+    let relay = (relay_runs[0]["drain_per_s"].as_f64().unwrap()
+        + relay_runs[1]["drain_per_s"].as_f64().unwrap())
+        / 2.0;
     let speedup = peer["relay_speedup"].as_f64().unwrap();
-    let expected = report["relay_process_drain_per_s"].as_f64().unwrap()
-        / peer["drain_per_s"].as_f64().unwrap();
+    let expected = relay / peer["drain_per_s"].as_f64().unwrap();
     assert!(
         (speedup - expected).abs() < 1e-9 * expected,
         "{speedup} vs {expected}"
@@ -636,6 +649,21 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
         "{}",
         out.stderr
     );
+
+    // a peer that cannot run here is refused before anything is measured, saying why
+    let out = bench("broken").await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("broken peer: needs a frobnicator"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("peer broken cannot run here"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("bench: enqueue"), "{}", out.stderr);
 
     // a peer that does not exist is refused before anything is measured
     let out = bench("nosuch").await;
