@@ -597,14 +597,11 @@ async fn relay_run(
 }
 
 /// `bash run-peer.sh` with a clean environment, as the bench's relays get:
-/// only what finding and installing programs needs, so none of the
-/// caller's credentials or tuning reach a peer (or apt, npm and pip).
+/// only what finding and installing programs needs (the search path, home
+/// and locale, proxies, CA bundles and the package managers' own
+/// settings), so none of the caller's credentials or tuning reach a peer.
 fn peer_command(runner: &std::path::Path) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new("bash");
-    cmd.arg(runner)
-        .env_clear()
-        .stdin(std::process::Stdio::null());
-    for key in [
+    const KEEP: &[&str] = &[
         "PATH",
         "HOME",
         "XDG_CACHE_HOME",
@@ -617,9 +614,21 @@ fn peer_command(runner: &std::path::Path) -> tokio::process::Command {
         "HTTP_PROXY",
         "HTTPS_PROXY",
         "NO_PROXY",
-    ] {
-        if let Some(v) = std::env::var_os(key) {
-            cmd.env(key, v);
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+    ];
+    const KEEP_PREFIXES: &[&str] = &["PIP_", "npm_config_", "NPM_CONFIG_"];
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(runner)
+        .env_clear()
+        .stdin(std::process::Stdio::null());
+    for (key, value) in std::env::vars_os() {
+        let Some(name) = key.to_str() else { continue };
+        if KEEP.contains(&name) || KEEP_PREFIXES.iter().any(|p| name.starts_with(p)) {
+            cmd.env(&key, value);
         }
     }
     cmd
