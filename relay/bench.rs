@@ -766,10 +766,9 @@ async fn enqueue_batched(
     prefix: &str,
     payload: &impl Fn(usize) -> serde_json::Value,
 ) -> anyhow::Result<()> {
-    let mut i = 0;
-    while i < n {
+    for rows in hundreds(n) {
         let mut tx = store.pool().begin().await?;
-        for j in i..(i + 100).min(n) {
+        for j in rows {
             enqueue(
                 &mut *tx,
                 &NewIntent::new(format!("{prefix}-{j}"), "webhook", payload(j)),
@@ -777,9 +776,13 @@ async fn enqueue_batched(
             .await?;
         }
         tx.commit().await?;
-        i += 100;
     }
     Ok(())
+}
+
+/// `0..n` in consecutive ranges of 100 (the last may be shorter).
+fn hundreds(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..n).step_by(100).map(move |i| i..(i + 100).min(n))
 }
 
 /// Enqueue `n` intents 100 per statement: the arrays go in one round trip
@@ -791,9 +794,7 @@ async fn enqueue_statements(
     prefix: &str,
     payload: &impl Fn(usize) -> serde_json::Value,
 ) -> anyhow::Result<()> {
-    let mut i = 0;
-    while i < n {
-        let range = i..(i + 100).min(n);
+    for range in hundreds(n) {
         let keys: Vec<String> = range.clone().map(|j| format!("{prefix}-{j}")).collect();
         let payloads: Vec<serde_json::Value> = range.map(payload).collect();
         let ids: Vec<i64> = sqlx::query_scalar(
@@ -810,7 +811,6 @@ async fn enqueue_statements(
             ids.len(),
             keys.len()
         );
-        i += 100;
     }
     Ok(())
 }
