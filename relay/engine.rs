@@ -11,7 +11,7 @@ use outbox_providers::{ProviderSet, KNOWN_KINDS};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use crate::config::{Config, RetrySection};
-use crate::store::{Claimed, Store};
+use crate::store::{ClaimQuery, Claimed, Store};
 use crate::transition::RetryPolicy;
 use crate::{claim, complete, dispatch, sweeper};
 
@@ -69,6 +69,8 @@ pub struct Ctx {
     pub cfg: EngineConfig,
     /// Known kinds this relay has no provider for: left for other relays.
     pub unserved: Vec<String>,
+    /// The claim statement, built once: a claim takes at most `batch_size`.
+    pub claim_query: ClaimQuery,
     /// One permit per intent this relay holds a claim on, from the claim
     /// until its completion is written: the claim budget
     /// (`concurrency + batch_size`), so claiming, delivering and completing
@@ -107,7 +109,12 @@ impl Ctx {
 
     pub async fn claim(&self, n: usize) -> Result<Vec<Claimed>, sqlx::Error> {
         self.store
-            .claim(&self.cfg.owner, n as i64, self.lease_ms(), &self.unserved)
+            .claim_with(
+                &self.claim_query,
+                &self.cfg.owner,
+                n as i64,
+                self.lease_ms(),
+            )
             .await
     }
 
@@ -150,11 +157,12 @@ pub struct Engine {
 impl Engine {
     pub fn new(store: Store, providers: ProviderSet, cfg: EngineConfig) -> Engine {
         let served = providers.kinds();
-        let unserved = KNOWN_KINDS
+        let unserved: Vec<String> = KNOWN_KINDS
             .iter()
             .filter(|k| !served.contains(k))
             .map(|k| k.to_string())
             .collect();
+        let claim_query = ClaimQuery::new(cfg.batch_size as i64, &unserved);
         let policies = KNOWN_KINDS
             .iter()
             .map(|k| (k.to_string(), cfg.retry.policy(k)))
@@ -181,6 +189,7 @@ impl Engine {
             default_policy: cfg.retry.policy("*"),
             policies,
             unserved,
+            claim_query,
             store,
             providers,
             cfg,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-pub use claims::{Claimed, Completion};
+pub use claims::{ClaimQuery, Claimed, Completion};
 pub use enqueue::{enqueue, EnqueueError, Enqueued, NewIntent};
 
 /// The migrations in `schema/`, embedded in the binary.
