@@ -22,7 +22,7 @@ use sqlx::{ConnectOptions, Connection, Executor};
 
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
-use crate::store::{enqueue, Completion, NewIntent, Store};
+use crate::store::{enqueue, ClaimQuery, Completion, NewIntent, Store};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -38,6 +38,8 @@ pub struct BenchArgs {
     pub scale_receiver_delay: Duration,
     /// Delivered-history sizes at which to measure claim + complete cost.
     pub history: Vec<u64>,
+    /// Claim batch sizes at which to measure the ceiling as well.
+    pub ceiling_batches: Vec<i64>,
     /// Peer job queues to drain the same workload with (run-peer.sh names).
     pub peers: Vec<String>,
     /// Where run-peer.sh and the peer scripts are.
@@ -85,6 +87,16 @@ pub struct PeerRun {
     pub reported: serde_json::Value,
 }
 
+/// The ceiling at one claim batch size.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CeilingPoint {
+    pub batch: i64,
+    pub per_s: f64,
+    /// Time per claim + complete round over the rows it carries, from the
+    /// rate: `batch / per_s`.
+    pub round_ms: f64,
+}
+
 /// One `outbox-relay run` process draining the workload the peers drain.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RelayRun {
@@ -106,6 +118,8 @@ pub struct Report {
     /// `unnest` of arrays, one round trip and one commit per 100.
     pub enqueue_statement_per_s: f64,
     pub ceiling_per_s: f64,
+    /// The ceiling again at each of `--ceiling-batches`.
+    pub ceiling_by_batch: Vec<CeilingPoint>,
     pub drain_per_s: f64,
     pub drain_ceiling_ratio: f64,
     pub latency_offered_per_s: u32,
@@ -240,10 +254,35 @@ async fn measure(
     let enqueue_statement_rate = n as f64 / t.elapsed().as_secs_f64();
 
     eprintln!("bench: ceiling: claim + fenced complete + attempt rows, no network ({n})");
-    let ceiling = claim_complete_rate(store).await?;
+    let ceiling = claim_complete_rate(store, 100).await?;
     sqlx::query("TRUNCATE outbox.intents CASCADE")
         .execute(store.pool())
         .await?;
+    let mut ceiling_by_batch = Vec::new();
+    for &batch in &args.ceiling_batches {
+        enqueue_statements(store, n, &format!("ceiling{batch}"), &payload).await?;
+        sqlx::query("VACUUM ANALYZE outbox.intents")
+            .execute(store.pool())
+            .await?;
+        eprintln!("bench: ceiling in claims of {batch} ({n})");
+        let per_s = claim_complete_rate(store, batch).await?;
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox.intents WHERE state <> 'delivered'")
+                .fetch_one(store.pool())
+                .await?;
+        anyhow::ensure!(
+            left == 0,
+            "ceiling in claims of {batch}: {left} intents were left undelivered"
+        );
+        ceiling_by_batch.push(CeilingPoint {
+            batch,
+            per_s,
+            round_ms: batch as f64 / per_s * 1000.0,
+        });
+        sqlx::query("TRUNCATE outbox.intents CASCADE")
+            .execute(store.pool())
+            .await?;
+    }
 
     eprintln!("bench: enqueue in transactions of 100 ({n})");
     let t = Instant::now();
@@ -393,6 +432,7 @@ async fn measure(
         enqueue_batched_per_s: enqueue_batched_rate,
         enqueue_statement_per_s: enqueue_statement_rate,
         ceiling_per_s: ceiling,
+        ceiling_by_batch,
         drain_per_s: drain,
         drain_ceiling_ratio: drain / ceiling,
         latency_offered_per_s: args.latency_rate,
@@ -465,7 +505,7 @@ async fn history_scale(
         let prefix = format!("fresh{round}");
         enqueue_batched(store, 5_000, &prefix, payload).await?;
         let plan = store.explain_claim(100).await?;
-        let rate = claim_complete_rate(store).await?;
+        let rate = claim_complete_rate(store, 100).await?;
         let relative = points
             .first()
             .map_or(1.0, |p| rate / p.claim_complete_per_s);
@@ -720,14 +760,18 @@ async fn peer_drain(
     })
 }
 
-/// Claim everything due in batches of 100 and complete each batch as
-/// delivered, as the engine does, with no network call: the rate at which
-/// this database runs the engine's own SQL. Returns intents per second.
-async fn claim_complete_rate(store: &Store) -> anyhow::Result<f64> {
+/// Claim everything due in batches of `batch` and complete each batch as
+/// delivered, as the engine does (its claim statement, one per relay), with
+/// no network call: the rate at which this database runs the engine's own
+/// SQL. Returns intents per second.
+async fn claim_complete_rate(store: &Store, batch: i64) -> anyhow::Result<f64> {
+    let query = ClaimQuery::new(batch, &[]);
     let t = Instant::now();
     let mut done = 0;
     loop {
-        let claims = store.claim("bench-ceiling", 100, 60_000, &[]).await?;
+        let claims = store
+            .claim_with(&query, "bench-ceiling", batch, 60_000)
+            .await?;
         if claims.is_empty() {
             break;
         }
@@ -1003,6 +1047,14 @@ pub fn print(r: &Report) {
     ];
     for (k, v) in rows {
         println!("{k:<42} {v}");
+    }
+    if !r.ceiling_by_batch.is_empty() {
+        println!();
+        println!("ceiling by claim batch size (claim + complete, no network)");
+        println!("{:<8} {:>12} {:>16}", "batch", "intents/s", "ms per round");
+        for c in &r.ceiling_by_batch {
+            println!("{:<8} {:>12.0} {:>16.2}", c.batch, c.per_s, c.round_ms);
+        }
     }
     if !r.history.is_empty() {
         println!();

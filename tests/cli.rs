@@ -599,6 +599,8 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
                     "20",
                     "--latency-seconds",
                     "1",
+                    "--ceiling-batches",
+                    "7,20",
                     "--json",
                     "--peers",
                     peers,
@@ -624,6 +626,21 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
     assert_eq!(peer["requests"], 20);
     assert_eq!(peer["duplicate_requests"], 0);
     assert!(peer["drain_per_s"].as_f64().unwrap() > 0.0, "{peer}");
+    // the ceiling again at each batch size asked for, every intent claimed and completed
+    let by_batch = report["ceiling_by_batch"].as_array().unwrap();
+    let batches: Vec<i64> = by_batch
+        .iter()
+        .map(|c| c["batch"].as_i64().unwrap())
+        .collect();
+    assert_eq!(batches, [7, 20], "{report}");
+    for c in by_batch {
+        let per_s = c["per_s"].as_f64().unwrap();
+        let expected = c["batch"].as_f64().unwrap() / per_s * 1000.0;
+        assert!(
+            per_s > 0.0 && (c["round_ms"].as_f64().unwrap() - expected).abs() < 1e-9 * expected,
+            "{c}"
+        );
+    }
     // the relay drains the same workload before and after the peer, seen by the same receiver
     let relay_runs = report["relay_runs"].as_array().unwrap();
     assert_eq!(relay_runs.len(), 2, "{report}");

@@ -112,6 +112,11 @@ pub struct BenchArgs {
     /// are inserted); empty to skip.
     #[arg(long, value_delimiter = ',')]
     history: Vec<u64>,
+    /// Claim batch sizes at which to measure the ceiling as well, e.g.
+    /// 8,16,32,64,100,200: what one claim + complete round costs beyond its
+    /// rows; empty to skip.
+    #[arg(long, value_delimiter = ',')]
+    ceiling_batches: Vec<u32>,
     /// Peer job queues to drain the same workload with, in this run and
     /// against the same receiver, e.g. graphile-worker (needs Node.js 18+;
     /// see tests/peers/queue-bench); empty to skip.
@@ -323,6 +328,12 @@ async fn execute(cli: Cli) -> Outcome {
                     .collect(),
                 scale_receiver_delay: a.scale_receiver_delay,
                 history: a.history.clone(),
+                ceiling_batches: a
+                    .ceiling_batches
+                    .iter()
+                    .filter(|b| **b > 0)
+                    .map(|b| (*b).min(10_000) as i64)
+                    .collect(),
                 peers: a.peers.iter().filter(|p| !p.is_empty()).cloned().collect(),
                 peers_dir: a.peers_dir.clone(),
             };
