@@ -3,6 +3,7 @@
 mod common;
 
 use common::TestDb;
+use outbox_relay::store::claims::COMPLETE_SQL;
 use outbox_relay::store::{enqueue, ClaimQuery, EnqueueError, NewIntent};
 use serde_json::json;
 
@@ -385,6 +386,90 @@ async fn the_claim_plan_is_cached_after_the_first_calls() {
         generic >= 4 && custom <= 6,
         "the claim should run from its cached plan after the first calls: {generic} generic, {custom} custom"
     );
+    db.drop_db().await;
+}
+
+/// Completions find their intents by primary key whatever the statistics
+/// say. Here they were taken while nothing was claimed; then 1,000 of
+/// 20,000 intents are claimed (several relays' worth) and 27 completed.
+/// Planned from those statistics, a completion that let an index on `state`
+/// find its rows would read all 1,000 claims for its 27. (On a table of a
+/// few thousand rows Postgres rightly prefers to read it whole.)
+#[tokio::test]
+async fn completing_reads_intents_by_primary_key_whatever_the_statistics() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "SELECT outbox.enqueue('c-' || g, 'webhook', '{}'::jsonb, 'http://127.0.0.1:9/')
+           FROM generate_series(1, 20000) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE outbox.intents")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let claims = db.store.claim("many", 1000, 60_000, &[]).await.unwrap();
+    assert_eq!(claims.len(), 1000);
+    let list = |f: &dyn Fn(&outbox_relay::store::Claimed) -> i64| {
+        claims[..27]
+            .iter()
+            .map(|c| f(c).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (ids, fences) = (list(&|c| c.id), list(&|c| c.fence));
+    let fill = |value: &str, ty: &str| format!("array_fill({value}::{ty}, ARRAY[27])");
+    let args = [
+        format!("'{{{ids}}}'::bigint[]"),
+        format!("'{{{fences}}}'::bigint[]"),
+        fill("1", "int"),
+        fill("0", "int"),
+        fill("now()", "timestamptz"),
+        fill("now()", "timestamptz"),
+        fill("'delivered'", "text"),
+        fill("200", "int"),
+        fill("'ref'", "text"),
+        fill("NULL", "text"),
+        fill("false", "bool"),
+        fill("'delivered'", "text"),
+        fill("NULL", "timestamptz"),
+        fill("NULL", "jsonb"),
+        "'many'".to_string(),
+        fill("false", "bool"),
+    ]
+    .join(", ");
+    let mut conn = db.pool().acquire().await.unwrap();
+    sqlx::query(&format!(
+        "PREPARE complete(bigint[], bigint[], int[], int[], timestamptz[], timestamptz[], text[],
+                          int[], text[], text[], bool[], text[], timestamptz[], jsonb[], text,
+                          bool[]) AS {COMPLETE_SQL}"
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN EXECUTE complete({args})"))
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("Index Scan using intents_pkey on intents i"),
+            "{mode}: completions must find their intents by primary key:\n{plan}"
+        );
+        for other in [
+            "intents_leases on intents i",
+            "intents_state_kind on intents i",
+            "Seq Scan on intents i",
+        ] {
+            assert!(!plan.contains(other), "{mode}: {other}:\n{plan}");
+        }
+    }
     db.drop_db().await;
 }
 
