@@ -283,25 +283,48 @@ async fn derive_key_agrees_between_sql_and_rust() {
 /// 20,000 delivered rows of history, 2,000 pending webhooks and a few
 /// emails, analyzed: the shape in which a bad claim plan would show.
 async fn history_and_a_backlog(db: &TestDb) {
-    sqlx::query(
+    run(
+        db,
         "INSERT INTO outbox.intents (key, kind, payload, state, delivered_at)
          SELECT 'old-' || g, 'webhook', '{}'::jsonb, 'delivered', now() FROM generate_series(1, 20000) g",
     )
-    .execute(db.pool())
-    .await
-    .unwrap();
-    sqlx::query(
+    .await;
+    run(
+        db,
         "SELECT outbox.enqueue('due-' || g, CASE WHEN g % 500 = 0 THEN 'email' ELSE 'webhook' END,
                                '{}'::jsonb, 'http://127.0.0.1:9/')
            FROM generate_series(1, 2000) g",
     )
-    .execute(db.pool())
-    .await
-    .unwrap();
-    sqlx::query("ANALYZE outbox.intents")
+    .await;
+    run(db, "ANALYZE outbox.intents").await;
+}
+
+/// EXPLAIN a prepared statement as Postgres plans it per call and as its
+/// cached generic plan (`prepare` creates it, `execute` runs it).
+async fn plans_both_ways(db: &TestDb, prepare: &str, execute: &str) -> Vec<(&'static str, String)> {
+    let mut conn = db.pool().acquire().await.unwrap();
+    sqlx::query(prepare).execute(&mut *conn).await.unwrap();
+    let mut plans = Vec::new();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {execute}"))
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        plans.push((mode, plan.join("\n")));
+    }
+    plans
+}
+
+/// Run one statement, expecting it to succeed.
+async fn run(db: &TestDb, statement: &str) {
+    sqlx::query(statement)
         .execute(db.pool())
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{statement}: {e}"));
 }
 
 /// The relay's own claim statement, planned both ways Postgres may plan a
@@ -314,24 +337,9 @@ async fn claiming_uses_the_due_index_whatever_the_history() {
     let db = TestDb::new().await;
     history_and_a_backlog(&db).await;
     let query = ClaimQuery::new(100, &["email".to_string(), "payment".to_string()]);
-    let mut conn = db.pool().acquire().await.unwrap();
-    sqlx::query(&format!(
-        "PREPARE claim(bigint, text, bigint) AS {}",
-        query.sql()
-    ))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        let plan: Vec<String> = sqlx::query_scalar("EXPLAIN EXECUTE claim(16, 'explain', 60000)")
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-        let plan = plan.join("\n");
+    let prepare = format!("PREPARE claim(bigint, text, bigint) AS {}", query.sql());
+    for (mode, plan) in plans_both_ways(&db, &prepare, "EXECUTE claim(16, 'explain', 60000)").await
+    {
         assert!(
             plan.contains("Index Scan using intents_due"),
             "{mode}: the claim must read the partial due index:\n{plan}"
@@ -398,17 +406,13 @@ async fn the_claim_plan_is_cached_after_the_first_calls() {
 #[tokio::test]
 async fn completing_reads_intents_by_primary_key_whatever_the_statistics() {
     let db = TestDb::new().await;
-    sqlx::query(
+    run(
+        &db,
         "SELECT outbox.enqueue('c-' || g, 'webhook', '{}'::jsonb, 'http://127.0.0.1:9/')
            FROM generate_series(1, 20000) g",
     )
-    .execute(db.pool())
-    .await
-    .unwrap();
-    sqlx::query("ANALYZE outbox.intents")
-        .execute(db.pool())
-        .await
-        .unwrap();
+    .await;
+    run(&db, "ANALYZE outbox.intents").await;
     let claims = db.store.claim("many", 1000, 60_000, &[]).await.unwrap();
     assert_eq!(claims.len(), 1000);
     let list = |f: &dyn Fn(&outbox_relay::store::Claimed) -> i64| {
@@ -439,25 +443,13 @@ async fn completing_reads_intents_by_primary_key_whatever_the_statistics() {
         fill("false", "bool"),
     ]
     .join(", ");
-    let mut conn = db.pool().acquire().await.unwrap();
-    sqlx::query(&format!(
+    let prepare = format!(
         "PREPARE complete(bigint[], bigint[], int[], int[], timestamptz[], timestamptz[], text[],
                           int[], text[], text[], bool[], text[], timestamptz[], jsonb[], text,
                           bool[]) AS {COMPLETE_SQL}"
-    ))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN EXECUTE complete({args})"))
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-        let plan = plan.join("\n");
+    );
+    let execute = format!("EXECUTE complete({args})");
+    for (mode, plan) in plans_both_ways(&db, &prepare, &execute).await {
         assert!(
             plan.contains("Index Scan using intents_pkey on intents i"),
             "{mode}: completions must find their intents by primary key:\n{plan}"
