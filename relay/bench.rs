@@ -21,7 +21,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, Executor};
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{Batches, Engine, EngineConfig};
 use crate::store::{enqueue, ClaimQuery, Completion, NewIntent, Store};
 
 /// What to run.
@@ -122,6 +122,11 @@ pub struct Report {
     pub ceiling_by_batch: Vec<CeilingPoint>,
     pub drain_per_s: f64,
     pub drain_ceiling_ratio: f64,
+    /// The drain's claim and completion statements and the intents they
+    /// carried.
+    pub drain_batches: Batches,
+    pub drain_intents_per_claim: f64,
+    pub drain_completions_per_write: f64,
     pub latency_offered_per_s: u32,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
@@ -303,12 +308,14 @@ async fn measure(
         cfg.providers()?,
         EngineConfig::from_config(&cfg),
     );
+    let batches = engine.batch_counts();
     let t = Instant::now();
     let running = tokio::spawn(engine.run(async {
         let _ = stopped.await;
     }));
     wait_delivered(store, "drain-", n as i64).await?;
     let drain = n as f64 / t.elapsed().as_secs_f64();
+    let drain_batches = batches.read();
 
     eprintln!(
         "bench: latency at {}/s offered for {}s (relay idle, woken by NOTIFY)",
@@ -435,6 +442,9 @@ async fn measure(
         ceiling_by_batch,
         drain_per_s: drain,
         drain_ceiling_ratio: drain / ceiling,
+        drain_batches,
+        drain_intents_per_claim: drain_batches.per_claim(),
+        drain_completions_per_write: drain_batches.per_write(),
         latency_offered_per_s: args.latency_rate,
         latency_p50_ms: p50,
         latency_p99_ms: p99,
@@ -1016,6 +1026,16 @@ pub fn print(r: &Report) {
         (
             "  drain / ceiling",
             format!("{:.0}%", r.drain_ceiling_ratio * 100.0),
+        ),
+        (
+            "  intents per claim / per completion write",
+            format!(
+                "{:.1} / {:.1} ({} claims, {} writes)",
+                r.drain_intents_per_claim,
+                r.drain_completions_per_write,
+                r.drain_batches.claims,
+                r.drain_batches.writes
+            ),
         ),
         (
             "latency enqueue→delivered",

@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use std::sync::Arc;
+
+use crate::engine::BatchCounts;
 use crate::store::{Completion, Store};
 
 /// A completion and the channel that tells its task whether it was accepted.
@@ -21,6 +24,7 @@ pub async fn run(
     owner: String,
     mut rx: mpsc::UnboundedReceiver<Pending>,
     max_batch: usize,
+    batches: Arc<BatchCounts>,
 ) {
     let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
     while let Some(first) = rx.recv().await {
@@ -37,6 +41,7 @@ pub async fn run(
             .into_iter()
             .map(|a| (a.id, a.created_at))
             .collect();
+        batches.written(completions.len());
         let now = chrono::Utc::now();
         for (c, ack) in completions.iter().zip(acks) {
             let created_at = accepted.get(&c.id).copied();

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +62,69 @@ pub fn default_owner() -> String {
     format!("{host}:{}:{:04x}", std::process::id(), fastrand::u16(..))
 }
 
+/// How many statements the engine's claims and completions took and how
+/// many intents they carried: intents per statement is what the database's
+/// cost per intent depends on most (the README's ceiling by batch size).
+/// Also exported as the histograms `outbox_claim_batch_size` and
+/// `outbox_completion_batch_size`.
+#[derive(Debug, Default)]
+pub struct BatchCounts {
+    claims: AtomicU64,
+    claimed: AtomicU64,
+    writes: AtomicU64,
+    written: AtomicU64,
+}
+
+/// A reading of [`BatchCounts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Batches {
+    /// Claim statements that claimed at least one intent, and those intents.
+    pub claims: u64,
+    pub claimed: u64,
+    /// Completion statements, and the completions they wrote.
+    pub writes: u64,
+    pub written: u64,
+}
+
+impl Batches {
+    /// Mean intents per claim statement (0 when none claimed anything).
+    pub fn per_claim(&self) -> f64 {
+        self.claimed as f64 / self.claims.max(1) as f64
+    }
+
+    /// Mean completions per completion statement (0 when none was written).
+    pub fn per_write(&self) -> f64 {
+        self.written as f64 / self.writes.max(1) as f64
+    }
+}
+
+impl BatchCounts {
+    /// A claim statement returned `n` intents (an empty claim is not counted).
+    pub fn claimed(&self, n: usize) {
+        if n > 0 {
+            self.claims.fetch_add(1, Ordering::Relaxed);
+            self.claimed.fetch_add(n as u64, Ordering::Relaxed);
+            metrics::histogram!("outbox_claim_batch_size").record(n as f64);
+        }
+    }
+
+    /// A completion statement wrote `n` completions.
+    pub fn written(&self, n: usize) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.written.fetch_add(n as u64, Ordering::Relaxed);
+        metrics::histogram!("outbox_completion_batch_size").record(n as f64);
+    }
+
+    pub fn read(&self) -> Batches {
+        Batches {
+            claims: self.claims.load(Ordering::Relaxed),
+            claimed: self.claimed.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            written: self.written.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// What every task of one engine shares.
 pub struct Ctx {
     pub store: Store,
@@ -71,6 +134,8 @@ pub struct Ctx {
     pub unserved: Vec<String>,
     /// The claim statement, built once: a claim takes at most `batch_size`.
     pub claim_query: ClaimQuery,
+    /// Statements and rows of claims and completions.
+    pub batches: Arc<BatchCounts>,
     /// One permit per intent this relay holds a claim on, from the claim
     /// until its completion is written: the claim budget
     /// (`concurrency + batch_size`), so claiming, delivering and completing
@@ -108,14 +173,17 @@ impl Ctx {
     }
 
     pub async fn claim(&self, n: usize) -> Result<Vec<Claimed>, sqlx::Error> {
-        self.store
+        let claims = self
+            .store
             .claim_with(
                 &self.claim_query,
                 &self.cfg.owner,
                 n as i64,
                 self.lease_ms(),
             )
-            .await
+            .await?;
+        self.batches.claimed(claims.len());
+        Ok(claims)
     }
 
     /// Hand back claims that will not be worked on (shutdown).
@@ -171,11 +239,13 @@ impl Engine {
         let (stop_tx, stop_rx) = watch::channel(false);
         let claim_budget = cfg.concurrency + cfg.batch_size;
         let recovery_budget = (cfg.batch_size / 4).max(1);
+        let batches = Arc::new(BatchCounts::default());
         let completer = tokio::spawn(complete::run(
             store.clone(),
             cfg.owner.clone(),
             rx,
             cfg.batch_size.max(cfg.concurrency),
+            batches.clone(),
         ));
         let ctx = Arc::new(Ctx {
             claims: Arc::new(Semaphore::new(claim_budget)),
@@ -190,6 +260,7 @@ impl Engine {
             policies,
             unserved,
             claim_query,
+            batches,
             store,
             providers,
             cfg,
@@ -205,6 +276,12 @@ impl Engine {
 
     pub fn owner(&self) -> &str {
         &self.ctx.cfg.owner
+    }
+
+    /// The claim and completion statement counts, live (they keep counting
+    /// while the engine runs).
+    pub fn batch_counts(&self) -> Arc<BatchCounts> {
+        self.ctx.batches.clone()
     }
 
     /// Run until `shutdown` resolves. Then: stop claiming, let deliveries in

@@ -21,7 +21,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 
 use crate::store::operator::Known;
@@ -37,6 +37,13 @@ pub fn recorder() -> PrometheusHandle {
                     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                     30.0, 60.0, 300.0, 3600.0,
                 ])
+                .expect("static buckets")
+                .set_buckets_for_metric(
+                    Matcher::Suffix("_batch_size".into()),
+                    &[
+                        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 10_000.0,
+                    ],
+                )
                 .expect("static buckets")
                 .install_recorder()
                 .expect("the metrics recorder is installed once per process");
@@ -120,6 +127,16 @@ fn describe() {
         "outbox_delivery_latency_seconds",
         Unit::Seconds,
         "From enqueue to delivered"
+    );
+    describe_histogram!(
+        "outbox_claim_batch_size",
+        Unit::Count,
+        "Intents per claim statement (claims that found none are not counted)"
+    );
+    describe_histogram!(
+        "outbox_completion_batch_size",
+        Unit::Count,
+        "Completions per completion statement"
     );
 }
 

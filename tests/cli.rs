@@ -626,6 +626,16 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
     assert_eq!(peer["requests"], 20);
     assert_eq!(peer["duplicate_requests"], 0);
     assert!(peer["drain_per_s"].as_f64().unwrap() > 0.0, "{peer}");
+    // the drain's statements: every intent claimed once and completed once
+    let batches = &report["drain_batches"];
+    assert_eq!(batches["claimed"], 20, "{report}");
+    assert_eq!(batches["written"], 20, "{report}");
+    let claims = batches["claims"].as_f64().unwrap();
+    assert!(claims >= 1.0, "{report}");
+    assert_eq!(
+        report["drain_intents_per_claim"].as_f64().unwrap(),
+        20.0 / claims
+    );
     // the ceiling again at each batch size asked for, every intent claimed and completed
     let by_batch = report["ceiling_by_batch"].as_array().unwrap();
     let batches: Vec<i64> = by_batch

@@ -152,6 +152,31 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
     assert!(m
         .keys()
         .any(|k| k.starts_with("outbox_attempt_duration_seconds_bucket")));
+    // intents per claim and per completion statement, in buckets of counts
+    let (claims, claimed) = (
+        sum(&m, "outbox_claim_batch_size_count", &[]),
+        sum(&m, "outbox_claim_batch_size_sum", &[]),
+    );
+    assert!(
+        claims >= 1.0 && claimed >= claims,
+        "{claims} claims of {claimed} intents"
+    );
+    let (writes, written) = (
+        sum(&m, "outbox_completion_batch_size_count", &[]),
+        sum(&m, "outbox_completion_batch_size_sum", &[]),
+    );
+    assert!(
+        writes >= 1.0 && written >= 5.0,
+        "{writes} writes of {written} completions"
+    );
+    assert!(
+        m.contains_key("outbox_claim_batch_size_bucket{le=\"1\"}"),
+        "{m:?}"
+    );
+    assert!(
+        m.contains_key("outbox_completion_batch_size_bucket{le=\"1024\"}"),
+        "{m:?}"
+    );
     assert!(
         wait_for(Duration::from_secs(10), || async {
             let m = scrape(port).await;
