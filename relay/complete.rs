@@ -7,11 +7,10 @@
 //! is recorded once the database is back, never forgotten.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-
-use std::sync::Arc;
 
 use crate::engine::BatchCounts;
 use crate::store::{Completion, Store};

@@ -115,6 +115,7 @@ impl BatchCounts {
         metrics::histogram!("outbox_completion_batch_size").record(n as f64);
     }
 
+    /// The counts so far.
     pub fn read(&self) -> Batches {
         Batches {
             claims: self.claims.load(Ordering::Relaxed),
