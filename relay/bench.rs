@@ -118,6 +118,8 @@ pub struct Report {
     /// `unnest` of arrays, one round trip and one commit per 100.
     pub enqueue_statement_per_s: f64,
     pub ceiling_per_s: f64,
+    /// The claim size of the ceiling: the relay's `batch_size`.
+    pub ceiling_batch: i64,
     /// The ceiling again at each of `--ceiling-batches`.
     pub ceiling_by_batch: Vec<CeilingPoint>,
     pub drain_per_s: f64,
@@ -258,8 +260,12 @@ async fn measure(
     enqueue_statements(store, n, "ceiling", &payload).await?;
     let enqueue_statement_rate = n as f64 / t.elapsed().as_secs_f64();
 
-    eprintln!("bench: ceiling: claim + fenced complete + attempt rows, no network ({n})");
-    let ceiling = claim_complete_rate(store, 100).await?;
+    // The engine's own SQL at the engine's own batch size.
+    let ceiling_batch = i64::from(config.relay.batch_size);
+    eprintln!(
+        "bench: ceiling: claim + fenced complete + attempt rows in claims of {ceiling_batch}, no network ({n})"
+    );
+    let ceiling = claim_complete_rate(store, ceiling_batch).await?;
     sqlx::query("TRUNCATE outbox.intents CASCADE")
         .execute(store.pool())
         .await?;
@@ -439,6 +445,7 @@ async fn measure(
         enqueue_batched_per_s: enqueue_batched_rate,
         enqueue_statement_per_s: enqueue_statement_rate,
         ceiling_per_s: ceiling,
+        ceiling_batch,
         ceiling_by_batch,
         drain_per_s: drain,
         drain_ceiling_ratio: drain / ceiling,
@@ -1020,7 +1027,7 @@ pub fn print(r: &Report) {
         ),
         (
             "ceiling (claim+complete SQL, no network)",
-            format!("{:.0}/s", r.ceiling_per_s),
+            format!("{:.0}/s in claims of {}", r.ceiling_per_s, r.ceiling_batch),
         ),
         ("drain, end to end", format!("{:.0}/s", r.drain_per_s)),
         (

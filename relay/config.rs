@@ -124,7 +124,11 @@ impl Default for RetentionSection {
 pub struct RelaySection {
     /// Deliveries in flight per relay.
     pub concurrency: u32,
-    /// Intents claimed per round trip.
+    /// Intents claimed per round trip (at most). A claim + complete round
+    /// costs the database about a millisecond beyond its rows, so under load
+    /// larger batches cost less per intent: on a 2-core machine a drain ran
+    /// at 18.2–18.7k/s with 100 and 20.2–20.9k/s with 200, and no faster
+    /// with 400. A relay holds at most `concurrency + 3 × batch_size` claims.
     pub batch_size: u32,
     /// How long a claim is held before the sweeper may act on it.
     pub lease: Dur,
@@ -150,7 +154,7 @@ impl Default for RelaySection {
     fn default() -> Self {
         RelaySection {
             concurrency: 64,
-            batch_size: 100,
+            batch_size: 200,
             lease: dur("60s"),
             poll_interval: dur("1s"),
             listen: true,
@@ -757,7 +761,7 @@ mod tests {
     fn empty_config_gives_the_documented_defaults() {
         let c = Config::load(None, Vec::new()).unwrap();
         assert_eq!(c.relay.concurrency, 64);
-        assert_eq!(c.relay.batch_size, 100);
+        assert_eq!(c.relay.batch_size, 200);
         assert_eq!(c.relay.lease.0, Duration::from_secs(60));
         assert_eq!(c.relay.poll_interval.0, Duration::from_secs(1));
         assert_eq!(c.retry.max_attempts, 10);
