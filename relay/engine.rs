@@ -330,6 +330,12 @@ impl Engine {
         sweeper::tick(ctx).await?;
         let (_never, mut stop) = watch::channel(false);
         loop {
+            // As the claim loop does: claim only when fewer than
+            // `concurrency` claims wait for a slot, so at most
+            // `concurrency + batch_size` wait with their lease running.
+            while ctx.queued.load(Ordering::SeqCst) >= ctx.cfg.concurrency {
+                ctx.queue_low.notified().await;
+            }
             let idle_before = ctx.idle();
             let mut permits = claim::take_permits(&ctx.claims, ctx.cfg.batch_size, &mut stop)
                 .await

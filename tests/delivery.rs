@@ -393,3 +393,35 @@ async fn one_slow_receiver_cannot_take_every_delivery_slot() {
     assert_eq!(db.count("attempts = 1").await, 12);
     db.drop_db().await;
 }
+
+/// `run_once` with a backlog many times `concurrency + batch_size`: it claims
+/// in rounds as slots free up, never more than `concurrency` at once reach
+/// the endpoint, and it returns once every intent is delivered, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_once_delivers_a_backlog_larger_than_its_claims() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|_, _| Reply::status(200).after(Duration::from_millis(5))).await;
+    for n in 0..60 {
+        db.enqueue(
+            &format!("once:{n}"),
+            "webhook",
+            json!({"url": rx.url("/once"), "body": {"n": n}}),
+        )
+        .await;
+    }
+    let mut cfg = config();
+    cfg.relay.concurrency = 2;
+    cfg.relay.batch_size = 3;
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        engine(db.store.clone(), &cfg).run_once(),
+    )
+    .await
+    .expect("run_once returns")
+    .unwrap();
+    assert_eq!(db.count("state = 'delivered'").await, 60);
+    assert_eq!(db.count("attempts = 1").await, 60);
+    assert_eq!(rx.requests().len(), 60);
+    assert!(rx.max_in_flight() <= 2, "{}", rx.max_in_flight());
+    db.drop_db().await;
+}
