@@ -251,9 +251,7 @@ async fn measure(
             .await?;
     }
     let plain_single = single_n as f64 / t.elapsed().as_secs_f64();
-    sqlx::query("TRUNCATE outbox.intents CASCADE")
-        .execute(store.pool())
-        .await?;
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
 
     eprintln!("bench: enqueue in statements of 100 (unnest, one outbox.enqueue per row) ({n})");
     let t = Instant::now();
@@ -266,15 +264,11 @@ async fn measure(
         "bench: ceiling: claim + fenced complete + attempt rows in claims of {ceiling_batch}, no network ({n})"
     );
     let ceiling = claim_complete_rate(store, ceiling_batch).await?;
-    sqlx::query("TRUNCATE outbox.intents CASCADE")
-        .execute(store.pool())
-        .await?;
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     let mut ceiling_by_batch = Vec::new();
     for &batch in &args.ceiling_batches {
         enqueue_statements(store, n, &format!("ceiling{batch}"), &payload).await?;
-        sqlx::query("VACUUM ANALYZE outbox.intents")
-            .execute(store.pool())
-            .await?;
+        run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
         eprintln!("bench: ceiling in claims of {batch} ({n})");
         let per_s = claim_complete_rate(store, batch).await?;
         let left: i64 =
@@ -290,18 +284,14 @@ async fn measure(
             per_s,
             round_ms: batch as f64 / per_s * 1000.0,
         });
-        sqlx::query("TRUNCATE outbox.intents CASCADE")
-            .execute(store.pool())
-            .await?;
+        run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     }
 
     eprintln!("bench: enqueue in transactions of 100 ({n})");
     let t = Instant::now();
     enqueue_batched(store, n, "drain", &payload).await?;
     let enqueue_batched_rate = n as f64 / t.elapsed().as_secs_f64();
-    sqlx::query("VACUUM ANALYZE outbox.intents")
-        .execute(store.pool())
-        .await?;
+    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
 
     eprintln!("bench: drain {n} webhooks, {} in flight", args.in_flight);
     let mut cfg = config.clone();
@@ -327,9 +317,7 @@ async fn measure(
         "bench: latency at {}/s offered for {}s (relay idle, woken by NOTIFY)",
         args.latency_rate, args.latency_seconds
     );
-    sqlx::query("TRUNCATE outbox.intents CASCADE")
-        .execute(store.pool())
-        .await?;
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     let total = args.latency_rate as u64 * args.latency_seconds;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.latency_rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -355,9 +343,7 @@ async fn measure(
     .await?;
 
     eprintln!("bench: drain beside 100k rows of delivered history, then again while the daemon's paced purge removes them");
-    sqlx::query("TRUNCATE outbox.intents CASCADE")
-        .execute(store.pool())
-        .await?;
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     sqlx::query(
         "INSERT INTO outbox.intents (key, kind, payload, state, delivered_at, updated_at)
          SELECT 'history-' || g, 'webhook', '{\"body\": 1}'::jsonb, 'delivered',
@@ -366,9 +352,7 @@ async fn measure(
     )
     .execute(store.pool())
     .await?;
-    sqlx::query("VACUUM ANALYZE outbox.intents")
-        .execute(store.pool())
-        .await?;
+    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
     let t = Instant::now();
     enqueue_batched(store, n, "beside", &payload).await?;
     wait_delivered(store, "beside-", n as i64).await?;
@@ -481,9 +465,7 @@ async fn history_scale(
     if sizes.is_empty() {
         return Ok(points);
     }
-    sqlx::query("TRUNCATE outbox.intents CASCADE")
-        .execute(store.pool())
-        .await?;
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     let mut sizes = sizes.to_vec();
     sizes.sort_unstable();
     let mut have: u64 = 0;
@@ -513,12 +495,8 @@ async fn history_scale(
             .await?;
             have += chunk;
         }
-        sqlx::query("VACUUM ANALYZE outbox.intents")
-            .execute(store.pool())
-            .await?;
-        sqlx::query("VACUUM ANALYZE outbox.attempts")
-            .execute(store.pool())
-            .await?;
+        run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+        run_sql(store, "VACUUM ANALYZE outbox.attempts").await?;
         let prefix = format!("fresh{round}");
         enqueue_batched(store, 5_000, &prefix, payload).await?;
         let plan = store.explain_claim(100).await?;
@@ -550,12 +528,8 @@ async fn scale_out_drain(
     relays: usize,
     seen: &Seen,
 ) -> anyhow::Result<ScaleOut> {
-    sqlx::query("TRUNCATE outbox.intents CASCADE")
-        .execute(store.pool())
-        .await?;
-    sqlx::query("VACUUM ANALYZE outbox.intents")
-        .execute(store.pool())
-        .await?;
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
     seen.reset();
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
@@ -839,6 +813,14 @@ async fn enqueue_batched(
         tx.commit().await?;
     }
     Ok(())
+}
+
+/// Run one statement that returns nothing (the bench's TRUNCATEs and VACUUMs).
+async fn run_sql(store: &Store, statement: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(statement)
+        .execute(store.pool())
+        .await
+        .map(|_| ())
 }
 
 /// `0..n` in consecutive ranges of 100 (the last may be shorter).

@@ -3,7 +3,6 @@
 //!
 //! A claim is one short statement that commits before any delivery starts.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,9 +52,7 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<boo
         // claim of few. While a round of claimed work is queued for the
         // delivery slots, let freed permits gather; claim them all at once
         // when the queue runs low.
-        while permits.len() < ctx.cfg.batch_size
-            && ctx.queued.load(Ordering::SeqCst) >= ctx.cfg.concurrency
-        {
+        while permits.len() < ctx.cfg.batch_size && ctx.queue_full() {
             tokio::select! {
                 p = ctx.claims.clone().acquire_owned() => {
                     permits.extend(p.ok());

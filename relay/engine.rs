@@ -175,6 +175,13 @@ impl Ctx {
         self.policies.get(kind).unwrap_or(&self.default_policy)
     }
 
+    /// At least `concurrency` claims wait for a delivery slot: claim no more
+    /// until the queue runs low, so at most `concurrency + batch_size` wait
+    /// with their lease running.
+    pub fn queue_full(&self) -> bool {
+        self.queued.load(Ordering::SeqCst) >= self.cfg.concurrency
+    }
+
     pub fn lease_ms(&self) -> i64 {
         self.cfg.lease.as_millis() as i64
     }
@@ -330,10 +337,8 @@ impl Engine {
         sweeper::tick(ctx).await?;
         let (_never, mut stop) = watch::channel(false);
         loop {
-            // As the claim loop does: claim only when fewer than
-            // `concurrency` claims wait for a slot, so at most
-            // `concurrency + batch_size` wait with their lease running.
-            while ctx.queued.load(Ordering::SeqCst) >= ctx.cfg.concurrency {
+            // as the claim loop does
+            while ctx.queue_full() {
                 ctx.queue_low.notified().await;
             }
             let idle_before = ctx.idle();
