@@ -123,6 +123,8 @@ pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<
     if !ctx.cfg.listen {
         tracing::info!(poll_interval = ?poll, "relay.listen is false: delivering by polling");
         metrics::gauge!("outbox_listen_active").set(0.0);
+        // a supervised task runs until the stop
+        let _ = stop.wait_for(|s| *s).await;
         return;
     }
     let mut backoff = Duration::from_millis(200);

@@ -1,22 +1,66 @@
-//! The completer: writes completions in batches, fenced, and never drops one.
+//! The completer: writes completions in batches, fenced, and never drops one
+//! that can be recorded.
 //!
 //! Delivery tasks send their completion here and wait for the write. Whatever
 //! has arrived since the last write goes out in one statement, so under load
-//! one round trip completes many intents. A write that fails (database
-//! restarting, network blip) is retried with backoff: an effect that happened
-//! is recorded once the database is back, never forgotten.
+//! one round trip completes many intents.
+//!
+//! Two kinds of failure are told apart:
+//!
+//! - The database is away or busy (connection lost, restart, serialization
+//!   failure): the same batch is retried with backoff, so an effect that
+//!   happened is recorded once the database is back. The statement is
+//!   fenced and idempotent, so a retry after an unknown commit result is
+//!   harmless, and completions that the lost commit did record are counted
+//!   as written, not as fencing rejections.
+//! - The batch holds a row the database refuses (a data or integrity
+//!   error): retrying it would refuse it forever and wedge every completion
+//!   behind it. The batch is split until the refused row stands alone, and
+//!   that row is written once more in a safe form (its provider text
+//!   replaced by a note). A completion whose intent no longer exists is
+//!   dropped and counted.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::BatchCounts;
-use crate::store::{Completion, Store};
+use crate::metrics::kind_label;
+use crate::store::{sqlstate, Completion, Store, Written};
 
 /// A completion and the channel that tells its task whether it was accepted.
 pub type Pending = (Completion, oneshot::Sender<bool>);
+
+/// What the supervisor reads to tell a completer that is stuck from one that
+/// waits for the database: the start of the statement in progress, in
+/// milliseconds since the epoch (0 when none is running).
+#[derive(Debug, Default)]
+pub struct Progress {
+    statement_since_ms: AtomicI64,
+}
+
+impl Progress {
+    /// How long the statement in progress has been running.
+    pub fn statement_age(&self) -> Option<Duration> {
+        let since = self.statement_since_ms.load(Ordering::Relaxed);
+        (since > 0).then(|| Duration::from_millis((now_ms() - since).max(0) as u64))
+    }
+
+    fn start(&self) {
+        self.statement_since_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    fn end(&self) {
+        self.statement_since_ms.store(0, Ordering::Relaxed);
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
 
 pub async fn run(
     store: Store,
@@ -24,8 +68,14 @@ pub async fn run(
     mut rx: mpsc::UnboundedReceiver<Pending>,
     max_batch: usize,
     batches: Arc<BatchCounts>,
+    progress: Arc<Progress>,
 ) {
     let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
+    let writer = Writer {
+        store: &store,
+        owner: &owner,
+        progress: &progress,
+    };
     while let Some(first) = rx.recv().await {
         batch.push(first);
         while batch.len() < max_batch {
@@ -35,14 +85,26 @@ pub async fn run(
             }
         }
         let (completions, acks): (Vec<Completion>, Vec<_>) = batch.drain(..).unzip();
-        let accepted: HashMap<i64, _> = write(&store, &owner, &completions)
-            .await
+        let written = writer.write(&completions).await;
+        batches.written(completions.len());
+        let accepted: HashMap<i64, _> = written
+            .accepted
             .into_iter()
             .map(|a| (a.id, a.created_at))
             .collect();
-        batches.written(completions.len());
         let now = chrono::Utc::now();
         for (c, ack) in completions.iter().zip(acks) {
+            if written.gone.contains(&c.id) {
+                metrics::counter!("outbox_completions_dropped_total", "reason" => "intent_gone")
+                    .increment(1);
+                tracing::warn!(
+                    intent = c.id,
+                    outcome = c.outcome,
+                    "completion dropped: the intent no longer exists (cancelled and purged while its attempt was in flight)"
+                );
+                let _ = ack.send(false);
+                continue;
+            }
             let created_at = accepted.get(&c.id).copied();
             record_metrics(c, created_at.is_some(), now, created_at);
             let _ = ack.send(created_at.is_some());
@@ -50,36 +112,138 @@ pub async fn run(
     }
 }
 
-/// Write until it succeeds. Fenced and idempotent, so a retry after an
-/// unknown commit result is harmless.
-async fn write(
-    store: &Store,
-    owner: &str,
-    completions: &[Completion],
-) -> Vec<crate::store::claims::Accepted> {
-    let mut delay = Duration::from_millis(50);
-    let mut failures = 0u32;
-    loop {
-        match store.complete(owner, completions).await {
-            Ok(accepted) => {
-                if failures > 0 {
-                    tracing::info!(
-                        failures,
-                        n = completions.len(),
-                        "completions written after the database came back"
-                    );
+/// Is this error about the rows (refused whatever the retry), rather than
+/// about the database being reachable? SQLSTATE classes 22 (data
+/// exception: a NUL in text, `\u0000` in jsonb, a value out of range), 23
+/// (integrity: a foreign key to an intent purged meanwhile) and 54 (a
+/// program limit).
+pub fn is_data_error(err: &sqlx::Error) -> bool {
+    sqlstate(err).is_some_and(|s| s.starts_with("22") || s.starts_with("23") || s.starts_with("54"))
+}
+
+struct Writer<'a> {
+    store: &'a Store,
+    owner: &'a str,
+    progress: &'a Progress,
+}
+
+impl Writer<'_> {
+    /// Write a batch: retried while the database is away, split when it
+    /// refuses a row.
+    async fn write(&self, completions: &[Completion]) -> Written {
+        match self.until_written(completions).await {
+            Ok(written) => written,
+            Err(err) => self.split(completions, err).await,
+        }
+    }
+
+    /// Retry until the statement succeeds or fails on the data itself.
+    async fn until_written(&self, completions: &[Completion]) -> Result<Written, sqlx::Error> {
+        let mut delay = Duration::from_millis(50);
+        let mut failures = 0u32;
+        loop {
+            self.progress.start();
+            let result = self.store.complete(self.owner, completions).await;
+            self.progress.end();
+            match result {
+                Ok(mut written) => {
+                    if failures > 0 {
+                        tracing::info!(
+                            failures,
+                            n = completions.len(),
+                            "completions written after the database came back"
+                        );
+                        self.count_earlier_commit(completions, &mut written).await;
+                    }
+                    return Ok(written);
                 }
-                return accepted;
-            }
-            Err(err) => {
-                failures += 1;
-                if failures == 1 || failures % 20 == 0 {
-                    tracing::warn!(error = %err, n = completions.len(), failures, "cannot write completions; retrying");
+                Err(err) if is_data_error(&err) => return Err(err),
+                Err(err) => {
+                    failures += 1;
+                    if failures == 1 || failures % 20 == 0 {
+                        tracing::warn!(error = %err, n = completions.len(), failures, "cannot write completions; retrying");
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
+    }
+
+    /// After a failed try, an earlier run of the statement may have
+    /// committed without the acknowledgement arriving: what it recorded is
+    /// written, not refused by a fence.
+    async fn count_earlier_commit(&self, completions: &[Completion], written: &mut Written) {
+        let missing: Vec<Completion> = completions
+            .iter()
+            .filter(|c| {
+                !written.gone.contains(&c.id) && !written.accepted.iter().any(|a| a.id == c.id)
+            })
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        match self.store.already_completed(&missing).await {
+            Ok(earlier) => written.accepted.extend(earlier),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not check for completions an earlier try recorded")
+            }
+        }
+    }
+
+    /// The database refused something in `completions`: halve until the
+    /// refused row stands alone, then write it in a safe form.
+    async fn split(&self, completions: &[Completion], err: sqlx::Error) -> Written {
+        if completions.len() > 1 {
+            let (a, b) = completions.split_at(completions.len() / 2);
+            let mut written = Box::pin(self.write(a)).await;
+            let rest = Box::pin(self.write(b)).await;
+            written.accepted.extend(rest.accepted);
+            written.gone.extend(rest.gone);
+            return written;
+        }
+        let Some(c) = completions.first() else {
+            return Written::default();
+        };
+        let code = sqlstate(&err).unwrap_or_default();
+        tracing::error!(intent = c.id, sqlstate = %code, error = %err,
+            "the database refused this completion; writing it without the provider's text");
+        metrics::counter!("outbox_completions_sanitised_total", "kind" => kind_label(&c.kind))
+            .increment(1);
+        let safe = safe_form(c, &code);
+        match self.until_written(std::slice::from_ref(&safe)).await {
+            Ok(written) => written,
+            Err(err) => {
+                // Not even the bare outcome can be stored: record nothing
+                // rather than wedge every completion behind this one. The
+                // lease expires and the sweeper reconciles the intent.
+                metrics::counter!("outbox_completions_dropped_total", "reason" => "refused")
+                    .increment(1);
+                tracing::error!(intent = c.id, error = %err,
+                    "completion dropped: the database refuses even its safe form; the sweeper will reconcile the intent");
+                Written::default()
+            }
+        }
+    }
+}
+
+/// The completion with everything the provider said replaced by a note.
+fn safe_form(c: &Completion, sqlstate: &str) -> Completion {
+    let note = format!(
+        "the provider's answer could not be stored (SQLSTATE {sqlstate}) and was dropped; outcome {}",
+        c.outcome
+    );
+    Completion {
+        error: Some(note),
+        response: None,
+        provider_ref: c.provider_ref.as_ref().map(|r| {
+            r.chars()
+                .filter(|ch| ch.is_ascii_graphic())
+                .take(200)
+                .collect()
+        }),
+        ..c.clone()
     }
 }
 
@@ -89,13 +253,12 @@ fn record_metrics(
     now: chrono::DateTime<chrono::Utc>,
     created_at: Option<chrono::DateTime<chrono::Utc>>,
 ) {
-    let kind = c.kind.clone();
+    let kind = kind_label(&c.kind);
     if c.uncounted {
         metrics::counter!("outbox_deferrals_total", "kind" => kind).increment(1);
         return;
     }
-    metrics::counter!("outbox_attempts_total", "kind" => kind.clone(), "outcome" => c.outcome)
-        .increment(1);
+    metrics::counter!("outbox_attempts_total", "kind" => kind, "outcome" => c.outcome).increment(1);
     if !accepted {
         metrics::counter!("outbox_fencing_rejections_total").increment(1);
         tracing::warn!(
@@ -107,24 +270,66 @@ fn record_metrics(
         return;
     }
     if c.replayed {
-        metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "provider")
+        metrics::counter!("outbox_replays_total", "kind" => kind, "source" => "provider")
             .increment(1);
     }
     if c.operator_replay {
-        metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "operator")
+        metrics::counter!("outbox_replays_total", "kind" => kind, "source" => "operator")
             .increment(1);
     }
-    if matches!(c.state, "delivered" | "rejected") && c.status.is_some_and(|s| s >= 500) {
-        metrics::counter!("outbox_invariant_violations_total", "kind" => kind.clone()).increment(1);
+    // A 5xx is never terminal, but only an HTTP status is an HTTP status:
+    // an SMTP 550 is a deliberate "no such mailbox".
+    if matches!(c.state, "delivered" | "rejected")
+        && outbox_providers::reports_http_status(&c.kind)
+        && c.status.is_some_and(|s| s >= 500)
+    {
+        metrics::counter!("outbox_invariant_violations_total", "kind" => kind).increment(1);
         tracing::error!(intent = c.id, status = ?c.status, state = c.state,
             "invariant violated: a 5xx answer was stored as terminal");
     }
     if c.state == "delivered" && !c.delivered_before {
-        metrics::counter!("outbox_delivered_total", "kind" => kind.clone()).increment(1);
+        metrics::counter!("outbox_delivered_total", "kind" => kind).increment(1);
         if let Some(created) = created_at {
             let latency = (now - created).to_std().unwrap_or_default();
             metrics::histogram!("outbox_delivery_latency_seconds", "kind" => kind)
                 .record(latency.as_secs_f64());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_safe_form_keeps_the_outcome_and_drops_the_text() {
+        let c = Completion {
+            id: 1,
+            kind: "webhook".into(),
+            delivered_before: false,
+            operator_replay: false,
+            fence: 2,
+            attempt: 1,
+            key_generation: 0,
+            started_at: chrono::Utc::now(),
+            finished_at: chrono::Utc::now(),
+            outcome: "rejected",
+            status: Some(422),
+            provider_ref: Some("ref\u{0}1".into()),
+            error: Some("bad\u{0}".into()),
+            replayed: false,
+            uncounted: false,
+            state: "rejected",
+            run_after: None,
+            response: Some(serde_json::json!({"body": "\u{0}"})),
+        };
+        let s = safe_form(&c, "22P05");
+        assert_eq!(
+            (s.state, s.outcome, s.status, s.fence),
+            ("rejected", "rejected", Some(422), 2)
+        );
+        assert_eq!(s.response, None);
+        assert_eq!(s.provider_ref.as_deref(), Some("ref1"));
+        assert!(s.error.unwrap().contains("SQLSTATE 22P05"));
     }
 }

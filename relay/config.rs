@@ -360,6 +360,11 @@ pub struct ChargeSection {
     pub api_key: Option<Secret>,
     pub timeout: Dur,
     pub connect_timeout: Dur,
+    /// The limit on one reconcile search. A recovered claim is reconciled
+    /// before it is delivered, and an ambiguous answer after, so one
+    /// attempt may take `timeout + 2 × reconcile_timeout`: that is what the
+    /// lease must cover.
+    pub reconcile_timeout: Dur,
     pub on_ambiguous: AmbiguityPolicy,
 }
 
@@ -370,6 +375,7 @@ impl Default for ChargeSection {
             api_key: None,
             timeout: dur("30s"),
             connect_timeout: dur("10s"),
+            reconcile_timeout: dur("10s"),
             on_ambiguous: AmbiguityPolicy::Park,
         }
     }
@@ -391,6 +397,7 @@ impl ChargeSection {
             api_key: api_key.clone(),
             timeout: self.timeout.0,
             connect_timeout: self.connect_timeout.0,
+            reconcile_timeout: self.reconcile_timeout.0,
             on_ambiguous: self.on_ambiguous,
         }))
     }
@@ -473,14 +480,24 @@ impl Config {
         Ok(())
     }
 
+    /// The longest time one attempt of `kind` may take, provider calls
+    /// included: a charge may search (reconcile) before and after its POST.
+    pub fn attempt_time(&self, kind: &str) -> Duration {
+        match kind {
+            "email" => self.email.timeout.0,
+            "charge" => self.charge.timeout.0 + 2 * self.charge.reconcile_timeout.0,
+            _ => self.webhook.timeout.0,
+        }
+    }
+
     /// The longest time one attempt may take, over the enabled kinds.
     pub fn longest_attempt(&self) -> Duration {
-        let mut longest = self.webhook.timeout.0;
+        let mut longest = self.attempt_time("webhook");
         if self.email.smtp_url.is_some() {
-            longest = longest.max(self.email.timeout.0);
+            longest = longest.max(self.attempt_time("email"));
         }
         if self.charge.api_key.is_some() {
-            longest = longest.max(self.charge.timeout.0);
+            longest = longest.max(self.attempt_time("charge"));
         }
         longest
     }
@@ -556,8 +573,8 @@ impl Config {
         }
         if self.longest_attempt() + Duration::from_secs(1) > r.lease.0 {
             bail!(
-                "relay.lease ({:?}) must exceed the longest provider timeout ({:?}; \
-                 webhook.timeout, email.timeout, charge.timeout): a delivery must end before its \
+                "relay.lease ({:?}) must exceed the longest attempt ({:?}; webhook.timeout, \
+                 email.timeout, charge.timeout + 2 × charge.reconcile_timeout): a delivery must end before its \
                  lease can expire, or a slow request would be redelivered while it runs",
                 r.lease.0,
                 self.longest_attempt()

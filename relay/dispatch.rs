@@ -18,6 +18,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tracing::Instrument;
 
 use crate::engine::Ctx;
+use crate::metrics::kind_label;
 use crate::reconcile::{self, Recovery};
 use crate::store::{Claimed, Completion};
 use crate::transition::{self, Next, RetryPolicy};
@@ -44,7 +45,8 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
         ctx.queue_low.notify_one();
     }
     let lease_left = ctx.cfg.lease.saturating_sub(claim.claimed_at.elapsed());
-    let enough = lease_left > ctx.cfg.max_attempt_time + std::time::Duration::from_millis(500);
+    let enough =
+        lease_left > ctx.cfg.attempt_time(&claim.kind) + std::time::Duration::from_millis(500);
     if !enough && slot.is_some() {
         tracing::warn!(
             intent = claim.id,
@@ -73,40 +75,55 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
         // would sit until the lease expired and be redelivered into the same
         // panic, forever, and `run --once` would wait for it. Whether the
         // effect happened is unknown: ambiguous, parked for an operator.
-        let (outcome, on_ambiguous) =
-            match AssertUnwindSafe(attempt(&ctx, &claim)).catch_unwind().await {
-                Ok(done) => done,
-                Err(panic) => {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "no message".into());
-                    tracing::error!(panic = %what, "the provider panicked; parking the intent");
-                    let outcome = Outcome::Ambiguous {
-                        reason: format!(
-                        "the {} provider panicked ({what}); whether the effect happened is unknown",
+        // The attempt and the settling of its outcome run inside one guard:
+        // an outcome that cannot be settled (a provider's absurd Retry-After)
+        // is as unknown as a provider that panicked.
+        let policy = ctx.retry_policy(&claim.kind);
+        let guarded = AssertUnwindSafe(async {
+            let (outcome, on_ambiguous) = attempt(&ctx, &claim).await;
+            let completion = settle(
+                &claim,
+                &outcome,
+                policy,
+                on_ambiguous,
+                started,
+                Utc::now(),
+                fastrand::f64(),
+            );
+            (outcome, completion)
+        });
+        let (outcome, completion) = match guarded.catch_unwind().await {
+            Ok(done) => done,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".into());
+                tracing::error!(panic = %what, "the attempt panicked; parking the intent");
+                let outcome = Outcome::Ambiguous {
+                    reason: format!(
+                        "the {} attempt panicked ({what}); whether the effect happened is unknown",
                         claim.kind
                     ),
-                        status: None,
-                    };
-                    (outcome, AmbiguityPolicy::Park)
-                }
-            };
+                    status: None,
+                };
+                let completion = settle(
+                    &claim,
+                    &outcome,
+                    policy,
+                    AmbiguityPolicy::Park,
+                    started,
+                    Utc::now(),
+                    0.0,
+                );
+                (outcome, completion)
+            }
+        };
         drop(slot);
         let elapsed = clock.elapsed();
-        metrics::histogram!("outbox_attempt_duration_seconds", "kind" => claim.kind.clone())
+        metrics::histogram!("outbox_attempt_duration_seconds", "kind" => kind_label(&claim.kind))
             .record(elapsed.as_secs_f64());
-        let policy = ctx.retry_policy(&claim.kind);
-        let completion = settle(
-            &claim,
-            &outcome,
-            policy,
-            on_ambiguous,
-            started,
-            Utc::now(),
-            fastrand::f64(),
-        );
         tracing::Span::current().record("outcome", outcome.class());
         log_outcome(&claim, &outcome, &completion, elapsed);
         let (ack, written) = oneshot::channel();
@@ -129,7 +146,7 @@ async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
     }
     let Some(provider) = ctx.providers.get(&claim.kind) else {
         let outcome = Outcome::invalid(format!(
-            "unknown kind {:?}: this relay delivers {}",
+            "unknown kind {:?}: no live relay knows it (this one delivers {})",
             claim.kind,
             ctx.providers.kinds().join(", ")
         ));
@@ -148,13 +165,13 @@ async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
     if let Some(previous) = &claim.recovered_from {
         match reconcile::recover(provider.as_ref(), &delivery, previous).await {
             Recovery::Settled(outcome) => {
-                metrics::counter!("outbox_reconcile_total", "kind" => claim.kind.clone(), "result" => outcome.class())
+                metrics::counter!("outbox_reconcile_total", "kind" => kind_label(&claim.kind), "result" => outcome.class())
                     .increment(1);
                 return (outcome, policy);
             }
             Recovery::Redeliver { replay } => {
                 if replay {
-                    metrics::counter!("outbox_replays_total", "kind" => claim.kind.clone(), "source" => "redelivery")
+                    metrics::counter!("outbox_replays_total", "kind" => kind_label(&claim.kind), "source" => "redelivery")
                         .increment(1);
                 }
                 tracing::info!(previous_owner = %previous, "redelivering under the same key after an expired lease");
@@ -164,7 +181,7 @@ async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
     let outcome = provider.deliver(&delivery).await;
     if matches!(outcome, Outcome::Ambiguous { .. }) {
         let settled = reconcile::settle_ambiguous(provider.as_ref(), &delivery, outcome).await;
-        metrics::counter!("outbox_reconcile_total", "kind" => claim.kind.clone(), "result" => settled.class())
+        metrics::counter!("outbox_reconcile_total", "kind" => kind_label(&claim.kind), "result" => settled.class())
             .increment(1);
         return (settled, policy);
     }
@@ -198,9 +215,7 @@ pub fn settle(
         (_, r) => r.map(str::to_string),
     };
     let run_after = match next {
-        Next::Retry(delay) | Next::Defer(delay) => {
-            Some(finished_at + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX))
-        }
+        Next::Retry(delay) | Next::Defer(delay) => Some(retry_at(finished_at, delay)),
         _ => None,
     };
     Completion {
@@ -223,6 +238,19 @@ pub fn settle(
         run_after,
         response,
     }
+}
+
+/// The longest a retry is put off, whatever a provider asks for.
+pub const MAX_RETRY_DELAY: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// `from + delay`, with the delay capped at [`MAX_RETRY_DELAY`]: checked
+/// arithmetic, so no answer can overflow the clock.
+pub fn retry_at(from: DateTime<Utc>, delay: std::time::Duration) -> DateTime<Utc> {
+    let delay = delay.min(MAX_RETRY_DELAY);
+    chrono::Duration::from_std(delay)
+        .ok()
+        .and_then(|d| from.checked_add_signed(d))
+        .unwrap_or(from)
 }
 
 fn log_outcome(
@@ -343,6 +371,34 @@ mod tests {
             0.0,
         );
         assert_eq!(retried.state, "pending");
+    }
+
+    #[test]
+    fn an_absurd_retry_after_is_capped_not_overflowed() {
+        let t = Utc::now();
+        let out = Outcome::Transient {
+            reason: "HTTP 429".into(),
+            status: Some(429),
+            retry_after: Some(Duration::from_secs(99_999_999_999_999)),
+        };
+        let c = settle(
+            &claim(1, 0),
+            &out,
+            &policy(),
+            AmbiguityPolicy::Park,
+            t,
+            t,
+            0.5,
+        );
+        assert_eq!(c.state, "pending");
+        assert_eq!(
+            c.run_after,
+            Some(t + chrono::Duration::from_std(MAX_RETRY_DELAY).unwrap())
+        );
+        assert_eq!(
+            retry_at(DateTime::<Utc>::MAX_UTC, Duration::from_secs(1)),
+            DateTime::<Utc>::MAX_UTC
+        );
     }
 
     #[test]

@@ -11,7 +11,9 @@ use outbox_providers::{ProviderSet, KNOWN_KINDS};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use crate::config::{Config, RetrySection};
+use crate::metrics::Health;
 use crate::store::{ClaimQuery, Claimed, Store};
+use crate::supervisor::{Service, Supervisor};
 use crate::transition::RetryPolicy;
 use crate::{claim, complete, dispatch, sweeper};
 
@@ -31,10 +33,22 @@ pub struct EngineConfig {
     /// The longest one attempt may take (the providers' timeouts): a claim
     /// with less lease than this left is handed back rather than started.
     pub max_attempt_time: Duration,
+    /// The same per kind (reconcile searches included), each at most
+    /// `max_attempt_time`.
+    pub attempt_times: HashMap<String, Duration>,
     pub retry: RetrySection,
 }
 
 impl EngineConfig {
+    /// The longest one attempt of `kind` may take.
+    pub fn attempt_time(&self, kind: &str) -> Duration {
+        self.attempt_times
+            .get(kind)
+            .copied()
+            .unwrap_or(self.max_attempt_time)
+            .min(self.max_attempt_time)
+    }
+
     pub fn from_config(config: &Config) -> Self {
         let r = &config.relay;
         EngineConfig {
@@ -47,6 +61,10 @@ impl EngineConfig {
             sweep_interval: r.sweep_interval.0,
             shutdown_timeout: r.shutdown_timeout.0,
             max_attempt_time: config.longest_attempt(),
+            attempt_times: KNOWN_KINDS
+                .iter()
+                .map(|k| (k.to_string(), config.attempt_time(k)))
+                .collect(),
             retry: config.retry.clone(),
         }
     }
@@ -232,7 +250,9 @@ impl Ctx {
 /// One relay's delivery engine.
 pub struct Engine {
     ctx: Arc<Ctx>,
-    completer: tokio::task::JoinHandle<()>,
+    completer: Option<tokio::task::JoinHandle<()>>,
+    /// The completer's statement in progress, for the supervisor.
+    progress: Arc<complete::Progress>,
     stop_tx: watch::Sender<bool>,
 }
 
@@ -254,12 +274,14 @@ impl Engine {
         let claim_budget = cfg.concurrency + 3 * cfg.batch_size;
         let recovery_budget = (cfg.batch_size / 4).max(1);
         let batches = Arc::new(BatchCounts::default());
+        let progress = Arc::new(complete::Progress::default());
         let completer = tokio::spawn(complete::run(
             store.clone(),
             cfg.owner.clone(),
             rx,
             cfg.batch_size.max(cfg.concurrency),
             batches.clone(),
+            progress.clone(),
         ));
         let ctx = Arc::new(Ctx {
             claims: Arc::new(Semaphore::new(claim_budget)),
@@ -283,7 +305,8 @@ impl Engine {
         });
         Engine {
             ctx,
-            completer,
+            completer: Some(completer),
+            progress,
             stop_tx,
         }
     }
@@ -298,35 +321,134 @@ impl Engine {
         self.ctx.batches.clone()
     }
 
-    /// Run until `shutdown` resolves. Then: stop claiming, let deliveries in
-    /// flight finish within `shutdown_timeout`, write their completions, and
-    /// return. Deliveries still running at the deadline are abandoned: their
-    /// leases expire and the sweeper reconciles them.
+    /// The stop signal the engine's tasks watch: services handed to
+    /// [`Engine::run_with`] stop on it too.
+    pub fn stop_signal(&self) -> watch::Receiver<bool> {
+        self.ctx.stopping.clone()
+    }
+
+    /// [`Engine::run_with`] without side services or a health endpoint.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let stop_rx = self.ctx.stopping.clone();
+        self.run_with(shutdown, Vec::new(), Arc::new(Health::default()))
+            .await
+    }
+
+    /// Run until `shutdown` resolves, or until one of the relay's tasks dies
+    /// or gets stuck. The engine's own tasks (claim loop, completer,
+    /// sweeper, listener, heartbeat) and `services` run under one
+    /// [`Supervisor`]. Then: stop claiming, let deliveries in flight finish
+    /// within `shutdown_timeout`, write their completions, and return —
+    /// an error naming the task when the stop was a failure (the process
+    /// exits non-zero). Deliveries still running at the deadline are
+    /// abandoned: their leases expire and the sweeper reconciles them.
+    pub async fn run_with(
+        mut self,
+        shutdown: impl Future<Output = ()>,
+        services: Vec<Service>,
+        health: Arc<Health>,
+    ) -> anyhow::Result<()> {
+        let ctx = self.ctx.clone();
+        let stop_rx = ctx.stopping.clone();
         let wake = Arc::new(Notify::new());
-        let tasks = [
-            tokio::spawn(claim::listen(
-                self.ctx.clone(),
-                wake.clone(),
+        self.register().await;
+        let mut sup = Supervisor::new(stop_rx.clone());
+        sup.start(Service::new(
+            "listener",
+            claim::listen(ctx.clone(), wake.clone(), stop_rx.clone()),
+        ));
+        sup.start(Service::new(
+            "sweeper",
+            sweeper::run(ctx.clone(), stop_rx.clone()),
+        ));
+        sup.start(Service::new(
+            "claim loop",
+            claim::run(ctx.clone(), wake, stop_rx.clone()),
+        ));
+        sup.start(Service::new(
+            "heartbeat",
+            heartbeat(
+                ctx.store.clone(),
+                ctx.cfg.owner.clone(),
+                ctx.providers.kinds(),
                 stop_rx.clone(),
-            )),
-            tokio::spawn(sweeper::run(self.ctx.clone(), stop_rx.clone())),
-            tokio::spawn(claim::run(self.ctx.clone(), wake, stop_rx)),
-        ];
+            ),
+        ));
+        if let Some(completer) = self.completer.take() {
+            sup.adopt("completer", completer);
+        }
+        let progress = self.progress.clone();
+        let lease = ctx.cfg.lease;
+        sup.check(
+            "completer",
+            Box::new(move || {
+                progress
+                    .statement_age()
+                    .filter(|age| *age > lease)
+                    .map(|age| {
+                        format!(
+                            "one completion statement has been running for {age:.0?}, longer than \
+                         the lease ({lease:?}); a lock held elsewhere?"
+                        )
+                    })
+            }),
+        );
+        for service in services {
+            sup.start(service);
+        }
         tracing::info!(
-            owner = %self.ctx.cfg.owner,
-            kinds = ?self.ctx.providers.kinds(),
-            concurrency = self.ctx.cfg.concurrency,
+            owner = %ctx.cfg.owner,
+            kinds = ?ctx.providers.kinds(),
+            concurrency = ctx.cfg.concurrency,
+            tasks = ?sup.names(),
             "relay running"
         );
-        shutdown.await;
-        tracing::info!("shutting down: no new claims; waiting for deliveries in flight");
-        let _ = self.stop_tx.send(true);
-        for t in tasks {
-            let _ = t.await;
+        drop(ctx);
+        let failure = tokio::select! {
+            _ = shutdown => None,
+            why = sup.failure() => Some(why),
+        };
+        match &failure {
+            Some(why) => {
+                health.fail(why);
+                tracing::error!(problem = %why, "the relay is broken: stopping (handing back what it can) and exiting non-zero");
+            }
+            None => {
+                tracing::info!("shutting down: no new claims; waiting for deliveries in flight")
+            }
         }
-        self.finish().await
+        health.shutting_down.store(true, Ordering::SeqCst);
+        let _ = self.stop_tx.send(true);
+        let deadline = self.ctx.cfg.shutdown_timeout;
+        let store = self.ctx.store.clone();
+        let owner = self.ctx.cfg.owner.clone();
+        self.finish().await?;
+        let late = sup.join(deadline).await;
+        if !late.is_empty() {
+            tracing::warn!(tasks = ?late, "tasks still running at the shutdown deadline were stopped");
+        }
+        if let Err(err) = store.deregister_relay(&owner).await {
+            tracing::debug!(error = %err, "could not mark this relay stopped in outbox.relays");
+        }
+        match failure {
+            Some(why) => Err(anyhow::anyhow!("the relay stopped because {why}")),
+            None => {
+                tracing::info!("stopped");
+                Ok(())
+            }
+        }
+    }
+
+    /// Put this relay in `outbox.relays` (kinds it serves and knows).
+    async fn register(&self) {
+        let kinds = self.ctx.providers.kinds();
+        if let Err(err) = self
+            .ctx
+            .store
+            .register_relay(&self.ctx.cfg.owner, VERSION, &kinds, KNOWN_KINDS)
+            .await
+        {
+            tracing::warn!(error = %err, "could not register in outbox.relays; will retry with the heartbeat");
+        }
     }
 
     /// Deliver everything due now (including expired leases, and retries
@@ -362,7 +484,7 @@ impl Engine {
         self.finish().await
     }
 
-    async fn finish(self) -> anyhow::Result<()> {
+    async fn finish(mut self) -> anyhow::Result<()> {
         let deadline = self.ctx.cfg.shutdown_timeout;
         let all_back = async {
             let _ = self
@@ -383,13 +505,45 @@ impl Engine {
         }
         drop(self.ctx);
         // The completer ends once every task has dropped its sender; bound the
-        // wait in case the database stays unreachable.
-        if tokio::time::timeout(deadline, self.completer)
-            .await
-            .is_err()
-        {
-            tracing::warn!("completions could not be written before the deadline; the sweeper will reconcile those intents");
+        // wait in case the database stays unreachable. (Under `run_with` the
+        // supervisor holds it and waits for it.)
+        if let Some(completer) = self.completer.take() {
+            if tokio::time::timeout(deadline, completer).await.is_err() {
+                tracing::warn!("completions could not be written before the deadline; the sweeper will reconcile those intents");
+            }
         }
         Ok(())
+    }
+}
+
+/// This binary's version, as `relays` shows it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// How often a relay beats its heartbeat in `outbox.relays`.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
+
+/// Beat the heartbeat until the stop (an upsert: a row that went, or a
+/// registration that failed at start, comes back), and forget relays
+/// silent for a day.
+async fn heartbeat(
+    store: Store,
+    owner: String,
+    kinds: Vec<&'static str>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let beat = async {
+            store
+                .register_relay(&owner, VERSION, &kinds, KNOWN_KINDS)
+                .await?;
+            store.forget_silent_relays().await
+        };
+        if let Err(err) = beat.await {
+            tracing::debug!(error = %err, "heartbeat failed; will try again");
+        }
     }
 }

@@ -19,6 +19,8 @@
 //! - [`schedule`]: `[[schedule]]` ticks → intents, leaderless.
 //! - [`retention`]: purging terminal intents into the ledger, and the ledger.
 //! - [`engine`]: wiring, `run` and `run --once`, graceful shutdown.
+//! - [`supervisor`]: every long-running task under one stop signal; a task
+//!   that dies or gets stuck makes the relay unready and exits it.
 //! - [`metrics`]: Prometheus metrics, queue gauges, /healthz and /readyz.
 //! - [`cli`]: the `outbox-relay` command.
 //! - [`telemetry`]: logging setup.
@@ -39,6 +41,7 @@ pub mod reconcile;
 pub mod retention;
 pub mod schedule;
 pub mod store;
+pub mod supervisor;
 pub mod sweeper;
 pub mod telemetry;
 pub mod transition;

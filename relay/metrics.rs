@@ -54,6 +54,38 @@ pub fn recorder() -> PrometheusHandle {
         .clone()
 }
 
+/// The `kind` label for an intent's kind: a kind this product knows, or
+/// `other`. Applications choose kind names; labels must stay bounded.
+pub fn kind_label(kind: &str) -> &'static str {
+    outbox_providers::KNOWN_KINDS
+        .iter()
+        .find(|k| **k == kind)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// How many distinct `client` label values (the enqueue's `p_source`) are
+/// reported; later ones are counted as `other`.
+pub const MAX_CLIENT_LABELS: usize = 32;
+
+/// The `client` label for an enqueue source: the first
+/// [`MAX_CLIENT_LABELS`] distinct sources this process sees, then `other`.
+pub fn client_label(source: Option<&str>) -> String {
+    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let Some(source) = source else {
+        return "unknown".into();
+    };
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.contains(source) {
+        return source.to_string();
+    }
+    if seen.len() < MAX_CLIENT_LABELS {
+        seen.insert(source.to_string());
+        return source.to_string();
+    }
+    "other".into()
+}
+
 /// Create the counters that alerts watch at 0, so their first increment is
 /// visible to `rate()` and `increase()`.
 fn zero() {
@@ -144,6 +176,25 @@ fn describe() {
 #[derive(Debug, Default)]
 pub struct Health {
     pub shutting_down: AtomicBool,
+    /// Set by the supervisor when a task died or got stuck: the relay is
+    /// broken and on its way out.
+    failure: Mutex<Option<String>>,
+}
+
+impl Health {
+    /// Mark the relay broken, naming why.
+    pub fn fail(&self, why: &str) {
+        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        failure.get_or_insert_with(|| why.to_string());
+    }
+
+    /// Why the relay is broken, if it is.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 #[derive(Clone)]
@@ -153,13 +204,17 @@ struct Served {
     health: Arc<Health>,
 }
 
-/// Bind `addr` (port 0 picks one) and serve until the task is dropped.
-/// Returns the bound address.
+/// Bind `addr` (port 0 picks one). Returns the bound address and the
+/// server, which runs until it is dropped: it answers (`/readyz` 503)
+/// through the whole shutdown.
 pub async fn serve(
     addr: SocketAddr,
     store: Store,
     health: Arc<Health>,
-) -> anyhow::Result<SocketAddr> {
+) -> anyhow::Result<(
+    SocketAddr,
+    impl std::future::Future<Output = ()> + Send + 'static,
+)> {
     let served = Served {
         handle: recorder(),
         store,
@@ -175,12 +230,12 @@ pub async fn serve(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on relay.metrics_addr {addr}: {e}"))?;
     let bound = listener.local_addr()?;
-    tokio::spawn(async move {
+    let server = async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(error = %err, "metrics listener stopped");
         }
-    });
-    Ok(bound)
+    };
+    Ok((bound, server))
 }
 
 async fn render(State(s): State<Served>) -> String {
@@ -223,6 +278,12 @@ async fn intent(State(s): State<Served>, Path(key): Path<String>) -> Response {
 }
 
 async fn ready(State(s): State<Served>) -> (StatusCode, String) {
+    if let Some(why) = s.health.failure() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("broken: {why}; the relay is stopping\n"),
+        );
+    }
     if s.health.shutting_down.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".into());
     }
@@ -251,36 +312,45 @@ pub const GAUGED_STATES: &[&str] = &["pending", "claimed", "ambiguous", "dead"];
 /// Refresh the queue gauges from one cheap query. Kinds seen before keep
 /// being reported (at 0) after they drain.
 pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
-    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
     let s = store.stats_for_gauges().await?;
     metrics::gauge!("outbox_blocked_ordering_keys").set(s.2 as f64);
-    let kinds: Vec<String> = {
-        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-        seen.extend(outbox_providers::KNOWN_KINDS.iter().map(|k| k.to_string()));
-        seen.extend(s.0.iter().map(|r| r.0.clone()));
-        seen.iter().cloned().collect()
-    };
-    for kind in &kinds {
+    // known kinds by name, every other kind summed as `other`
+    let labels = outbox_providers::KNOWN_KINDS
+        .iter()
+        .copied()
+        .chain(["other"]);
+    for label in labels {
         for state in GAUGED_STATES {
-            let n =
+            let n: i64 =
                 s.0.iter()
-                    .find(|r| r.0 == *kind && r.1 == *state)
-                    .map_or(0, |r| r.2);
-            metrics::gauge!("outbox_intents", "kind" => kind.to_string(), "state" => *state)
-                .set(n as f64);
+                    .filter(|r| kind_label(&r.0) == label && r.1 == *state)
+                    .map(|r| r.2)
+                    .sum();
+            metrics::gauge!("outbox_intents", "kind" => label, "state" => *state).set(n as f64);
         }
-        let oldest = s.1.iter().find(|r| r.0 == *kind).map_or(0.0, |r| r.1);
-        metrics::gauge!("outbox_oldest_due_seconds", "kind" => kind.to_string()).set(oldest);
+        let oldest =
+            s.1.iter()
+                .filter(|r| kind_label(&r.0) == label)
+                .map(|r| r.1)
+                .fold(0.0, f64::max);
+        metrics::gauge!("outbox_oldest_due_seconds", "kind" => label).set(oldest);
     }
     Ok(())
 }
 
-/// Refresh the gauges every `every` until the task is dropped.
-pub async fn gauges_loop(store: Store, every: Duration) {
+/// Refresh the gauges every `every` until `stop` turns true.
+pub async fn gauges_loop(
+    store: Store,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     loop {
         if let Err(err) = refresh_gauges(&store).await {
             tracing::debug!(error = %err, "gauge refresh failed");
         }
-        tokio::time::sleep(every).await;
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
     }
 }

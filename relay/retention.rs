@@ -14,6 +14,8 @@ use crate::store::Store;
 pub async fn run(store: Store, cfg: RetentionSection, mut stop: watch::Receiver<bool>) {
     if cfg.intents.0.is_zero() {
         tracing::info!("retention.intents is 0s: the daemon does not purge");
+        // a supervised task runs until the stop
+        let _ = stop.wait_for(|s| *s).await;
         return;
     }
     loop {

@@ -155,6 +155,8 @@ pub async fn tick(store: &Store, schedules: &[Schedule], now: DateTime<Utc>) -> 
 /// Evaluate the schedules at every second boundary until `stop`.
 pub async fn run(store: Store, schedules: Vec<Schedule>, mut stop: watch::Receiver<bool>) {
     if schedules.is_empty() {
+        // nothing to do, but a supervised task runs until the stop
+        let _ = stop.wait_for(|s| *s).await;
         return;
     }
     loop {

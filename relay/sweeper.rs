@@ -14,14 +14,16 @@ use tokio::sync::watch;
 use crate::claim;
 use crate::dispatch;
 use crate::engine::Ctx;
+use crate::metrics::{client_label, kind_label};
 
 /// One pass. Returns how many expired claims were taken over.
 pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
     for (kind, source, n) in ctx.store.fold_duplicates(10_000).await? {
-        metrics::counter!("outbox_replays_total", "kind" => kind.clone(), "source" => "enqueue")
+        let label = kind_label(&kind);
+        metrics::counter!("outbox_replays_total", "kind" => label, "source" => "enqueue")
             .increment(n as u64);
-        let client = source.clone().unwrap_or_else(|| "unknown".into());
-        metrics::counter!("outbox_duplicate_enqueues_total", "kind" => kind.clone(), "client" => client)
+        let client = client_label(source.as_deref());
+        metrics::counter!("outbox_duplicate_enqueues_total", "kind" => label, "client" => client)
             .increment(n as u64);
         tracing::debug!(
             kind,
@@ -29,6 +31,12 @@ pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
             n,
             "duplicate enqueues"
         );
+    }
+    // heads of ordering keys that a race left waiting outside the claim index
+    match ctx.store.promote_stranded_heads(1000).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(n, "promoted ordering-key heads left waiting"),
+        Err(err) => tracing::warn!(error = %err, "could not promote waiting ordering-key heads"),
     }
     // its own permits first, then any free claim permits
     let mut permits = claim::try_take(&ctx.recovery, ctx.recovery_budget);
@@ -50,7 +58,8 @@ pub async fn tick(ctx: &Arc<Ctx>) -> Result<usize, sqlx::Error> {
         .await?;
     let n = claims.len();
     for claim in claims {
-        metrics::counter!("outbox_leases_expired_total", "kind" => claim.kind.clone()).increment(1);
+        metrics::counter!("outbox_leases_expired_total", "kind" => kind_label(&claim.kind))
+            .increment(1);
         tracing::warn!(
             intent = claim.id,
             key = %claim.key,

@@ -112,3 +112,9 @@ pub fn refuse_destination(kind: &str, destination: Option<&str>) -> Result<(), S
 /// The kinds this product knows about. An intent of another kind is rejected
 /// by the relay with a readable reason.
 pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge"];
+
+/// Does this kind's `status` hold an HTTP status? (An email's is an SMTP
+/// reply code, where 5xx is a deliberate refusal, not a server error.)
+pub fn reports_http_status(kind: &str) -> bool {
+    matches!(kind, "webhook" | "charge")
+}

@@ -1,6 +1,5 @@
 //! `run`: the daemon.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +8,7 @@ use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::metrics::{self, Health};
 use crate::store::Store;
+use crate::supervisor::Service;
 
 pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
     // `migrate` does nothing when the schema is current, so a relay role
@@ -23,42 +23,33 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
         return Ok(());
     }
     let health = Arc::new(Health::default());
+    let engine = Engine::new(store.clone(), providers, EngineConfig::from_config(config));
+    let stop = engine.stop_signal();
+    let mut services = Vec::new();
     if let Some(addr) = &config.relay.metrics_addr {
         let addr = addr.parse().map_err(|_| {
             Failure::usage(format!("relay.metrics_addr {addr:?} is not an address"))
         })?;
-        let bound = metrics::serve(addr, store.clone(), health.clone()).await?;
+        let (bound, server) = metrics::serve(addr, store.clone(), health.clone()).await?;
         tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
-        tokio::spawn(metrics::gauges_loop(store.clone(), Duration::from_secs(5)));
+        services.push(Service::lasting("http listener", server));
+        services.push(Service::new(
+            "gauges",
+            metrics::gauges_loop(store.clone(), Duration::from_secs(5), stop.clone()),
+        ));
     }
     let schedules = config
         .schedules()
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let side_tasks = [
-        tokio::spawn(crate::schedule::run(
-            store.clone(),
-            schedules,
-            stop_rx.clone(),
-        )),
-        tokio::spawn(crate::retention::run(
-            store.clone(),
-            config.retention.clone(),
-            stop_rx,
-        )),
-    ];
-    let engine = Engine::new(store, providers, EngineConfig::from_config(config));
-    let stopping = health.clone();
-    engine
-        .run(async move {
-            shutdown_signal().await;
-            stopping.shutting_down.store(true, Ordering::SeqCst);
-            let _ = stop_tx.send(true);
-        })
-        .await?;
-    for t in side_tasks {
-        let _ = t.await;
-    }
+    services.push(Service::new(
+        "schedules",
+        crate::schedule::run(store.clone(), schedules, stop.clone()),
+    ));
+    services.push(Service::new(
+        "retention",
+        crate::retention::run(store.clone(), config.retention.clone(), stop),
+    ));
+    engine.run_with(shutdown_signal(), services, health).await?;
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::Row;
 
-use super::Store;
+use super::{storable, Store};
 
 /// A committed claim on one intent: the relay may now perform its effect.
 #[derive(Debug, Clone)]
@@ -83,6 +83,16 @@ pub struct Accepted {
     pub created_at: DateTime<Utc>,
 }
 
+/// What one completion statement did with its batch.
+#[derive(Debug, Clone, Default)]
+pub struct Written {
+    /// Accepted: the fence still held, the intent moved on.
+    pub accepted: Vec<Accepted>,
+    /// Completions for intents that no longer exist (cancelled and purged
+    /// while the attempt was in flight): nothing to record them on.
+    pub gone: Vec<i64>,
+}
+
 const CLAIMED_COLUMNS: &str = "i.id, i.key, i.kind, i.destination, i.payload, i.attempts, \
      i.attempts_base, i.fence, i.key_generation, i.created_at, \
      i.delivered_at IS NOT NULL AS delivered_before";
@@ -153,16 +163,26 @@ impl ClaimQuery {
         } else {
             format!("AND kind <> ALL({})", text_array_literal(unserved_kinds))
         };
+        let known = text_array_literal(
+            &outbox_providers::KNOWN_KINDS
+                .iter()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>(),
+        );
         let sql = format!(
             "WITH due AS (
                  SELECT id FROM (
                      SELECT id FROM outbox.intents c
-                      WHERE state = 'pending' AND run_after <= now() {kinds}
-                        -- per-key ordering: only the oldest live intent of a key
-                        AND (c.ordering_key IS NULL OR NOT EXISTS (
-                             SELECT 1 FROM outbox.intents e
-                              WHERE e.ordering_key = c.ordering_key AND e.id < c.id
-                                AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead')))
+                      WHERE state = 'pending' AND NOT waiting AND run_after <= now() {kinds}
+                        -- a kind this relay does not know is claimed (to be
+                        -- rejected) only when no live relay knows it
+                        AND (kind = ANY({known}) OR NOT EXISTS (
+                             SELECT 1 FROM outbox.relays r
+                              WHERE c.kind = ANY(r.known_kinds) AND r.stopped_at IS NULL
+                                AND r.heartbeat_at > now() - interval '{RELAY_TTL_SECS} seconds'))
+                        -- per-key ordering: the key's oldest live intent, and
+                        -- only while no other intent of the key is claimed
+                        AND (c.ordering_key IS NULL OR outbox.ordering_turn(c.ordering_key, c.id))
                       ORDER BY run_after, id
                       LIMIT {cap}
                       FOR UPDATE SKIP LOCKED) capped
@@ -187,6 +207,10 @@ impl ClaimQuery {
         &self.sql
     }
 }
+
+/// A relay whose heartbeat is older than this is not counted as live when
+/// deciding whether anyone knows a kind.
+pub const RELAY_TTL_SECS: u64 = 60;
 
 /// `ARRAY['a', 'b']::text[]`, each element quoted as an SQL string literal
 /// (quotes doubled, and `E''` with backslashes doubled when there are any, so
@@ -220,11 +244,12 @@ static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
               FOR UPDATE SKIP LOCKED),
          lost AS (
              INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at,
-                                          finished_at, outcome, error, key_generation)
+                                          finished_at, outcome, error, key_generation, accepted)
              SELECT i.id, i.attempts, i.fence, i.owner, i.updated_at, now(), 'lost',
                     format('lease held by %s expired at %s with no recorded outcome',
                            i.owner, i.lease_expires_at),
-                    i.key_generation
+                    -- nothing was accepted: no completion arrived under this fence
+                    i.key_generation, false
                FROM outbox.intents i JOIN expired e ON e.id = i.id
              ON CONFLICT (intent_id, fence) DO NOTHING)
          UPDATE outbox.intents i
@@ -261,7 +286,10 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
                         attempts = i.attempts - CASE WHEN u.uncounted THEN 1 ELSE 0 END,
                         run_after = coalesce(u.run_after, i.run_after),
                         provider_ref = coalesce(u.provider_ref, i.provider_ref),
+                        -- a delivery clears the reason of an earlier failure
+                        -- (the attempts keep the history)
                         last_error = CASE WHEN u.uncounted THEN i.last_error
+                                          WHEN u.state = 'delivered' THEN NULL
                                           ELSE coalesce(u.error, i.last_error) END,
                         response = coalesce(u.response, i.response),
                         owner = NULL, lease_expires_at = NULL, updated_at = now(),
@@ -279,6 +307,10 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
                         u.key_generation
                    FROM u LEFT JOIN done d ON d.id = u.id
                   WHERE NOT u.uncounted
+                    -- an intent cancelled and purged while its attempt was in
+                    -- flight has no row left to hang the attempt on
+                    AND (d.id IS NOT NULL
+                         OR EXISTS (SELECT 1 FROM outbox.intents g WHERE g.id = u.id))
                  ON CONFLICT (intent_id, fence) DO UPDATE
                     SET finished_at = excluded.finished_at, outcome = excluded.outcome,
                         status = excluded.status, provider_ref = excluded.provider_ref,
@@ -286,7 +318,11 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
                                           'reported after the lease had expired'),
                         replayed = excluded.replayed, accepted = false
                   WHERE a.outcome = 'lost')
-             SELECT id, created_at FROM done";
+             SELECT id, created_at, false AS gone FROM done
+             UNION ALL
+             SELECT u.id, NULL::timestamptz, true FROM u
+              WHERE NOT EXISTS (SELECT 1 FROM done d WHERE d.id = u.id)
+                AND NOT EXISTS (SELECT 1 FROM outbox.intents g WHERE g.id = u.id)";
 
 impl Store {
     /// Claim up to `limit` due pending intents for `owner` for `lease_ms`,
@@ -364,13 +400,16 @@ impl Store {
     ///
     /// Idempotent: running the same batch twice (after a lost commit
     /// acknowledgement) changes nothing the second time.
+    ///
+    /// Provider text is made storable first ([`storable`](super::storable)):
+    /// one hostile answer must not fail the statement for the whole batch.
     pub async fn complete(
         &self,
         owner: &str,
         batch: &[Completion],
-    ) -> Result<Vec<Accepted>, sqlx::Error> {
+    ) -> Result<Written, sqlx::Error> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Written::default());
         }
         macro_rules! col {
             ($f:expr) => {
@@ -386,16 +425,58 @@ impl Store {
             .bind(col!(|c| c.finished_at))
             .bind(col!(|c| c.outcome))
             .bind(col!(|c| c.status))
-            .bind(col!(|c| c.provider_ref.clone()))
-            .bind(col!(|c| c.error.clone()))
+            .bind(col!(|c| c
+                .provider_ref
+                .as_deref()
+                .map(|r| storable::text(r, storable::MAX_REF_CHARS))))
+            .bind(col!(|c| c
+                .error
+                .as_deref()
+                .map(|e| storable::text(e, storable::MAX_ERROR_CHARS))))
             .bind(col!(|c| c.replayed))
             .bind(col!(|c| c.state))
             .bind(col!(|c| c.run_after))
-            .bind(col!(|c| c.response.clone()))
+            .bind(col!(|c| c.response.as_ref().map(storable::json)))
             .bind(owner)
             .bind(col!(|c| c.uncounted))
             .fetch_all(&self.pool)
             .await?;
+        let mut written = Written::default();
+        for r in &rows {
+            let id: i64 = r.try_get("id")?;
+            if r.try_get("gone")? {
+                written.gone.push(id);
+            } else {
+                written.accepted.push(Accepted {
+                    id,
+                    created_at: r.try_get("created_at")?,
+                });
+            }
+        }
+        Ok(written)
+    }
+
+    /// Of these completions, the ones an earlier run of the same statement
+    /// already recorded as accepted (its commit was acknowledged too late
+    /// to be seen): the attempt row of their fence exists, accepted. A
+    /// completer that retries a batch after an unknown commit result counts
+    /// these as written, not as fencing rejections.
+    pub async fn already_completed(
+        &self,
+        batch: &[Completion],
+    ) -> Result<Vec<Accepted>, sqlx::Error> {
+        let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
+        let fences: Vec<i64> = batch.iter().map(|c| c.fence).collect();
+        let rows = sqlx::query(
+            "SELECT i.id, i.created_at
+               FROM unnest($1::bigint[], $2::bigint[]) AS u(id, fence)
+               JOIN outbox.attempts a ON a.intent_id = u.id AND a.fence = u.fence AND a.accepted
+               JOIN outbox.intents i ON i.id = u.id",
+        )
+        .bind(ids)
+        .bind(fences)
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter()
             .map(|r| {
                 Ok(Accepted {
@@ -459,7 +540,8 @@ impl Store {
     pub async fn next_due_in(&self, unserved_kinds: &[String]) -> Result<Option<f64>, sqlx::Error> {
         sqlx::query_scalar(
             "SELECT extract(epoch FROM (min(run_after) - now()))::float8
-               FROM outbox.intents WHERE state = 'pending' AND kind <> ALL($1::text[])",
+               FROM outbox.intents WHERE state = 'pending' AND NOT waiting
+                AND kind <> ALL($1::text[])",
         )
         .bind(unserved_kinds)
         .fetch_one(&self.pool)

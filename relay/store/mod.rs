@@ -6,15 +6,17 @@
 
 pub mod claims;
 pub mod enqueue;
+pub mod fleet;
 pub mod operator;
 pub mod schedules;
+pub mod storable;
 
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-pub use claims::{ClaimQuery, Claimed, Completion};
+pub use claims::{ClaimQuery, Claimed, Completion, Written};
 pub use enqueue::{enqueue, EnqueueError, Enqueued, NewIntent};
 
 /// The migrations in `schema/`, embedded in the binary.

@@ -147,12 +147,14 @@ pub struct Filter {
     pub kind: Option<String>,
 }
 
-/// Ordering keys whose oldest live intent is dead or ambiguous.
-const BLOCKED_KEYS: &str = "SELECT count(*) FROM (
-         SELECT DISTINCT ON (ordering_key) ordering_key, state FROM outbox.intents
-          WHERE ordering_key IS NOT NULL AND state IN ('pending', 'claimed', 'ambiguous', 'dead')
-          ORDER BY ordering_key, id) heads
-     WHERE state IN ('dead', 'ambiguous')";
+/// Ordering keys whose oldest live intent is dead or ambiguous. Reads the
+/// dead and ambiguous intents that have a key (`intents_blocked`) and one
+/// index probe each, never the backlog queued behind them.
+const BLOCKED_KEYS: &str = "SELECT count(DISTINCT h.ordering_key) FROM outbox.intents h
+     WHERE h.ordering_key IS NOT NULL AND h.state IN ('dead', 'ambiguous')
+       AND NOT EXISTS (SELECT 1 FROM outbox.intents e
+                        WHERE e.ordering_key = h.ordering_key AND e.id < h.id
+                          AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead'))";
 
 const INTENT_COLUMNS: &str =
     "id, key, kind, destination, payload::text AS payload, state, attempts, run_after, \

@@ -7,7 +7,10 @@
 //! The payment method picks the behaviour: `pm_card_visa` succeeds,
 //! `pm_card_chargeDeclined` is declined (402), `pm_500_after_create` creates
 //! the payment and then answers 500, `pm_500_before_create` answers 500
-//! without creating anything, `pm_slow` takes 1.5 s.
+//! without creating anything, `pm_slow` takes 1.5 s, `pm_decline_nul` is
+//! declined with a NUL byte in its message, and `pm_rate_limited_absurdly`
+//! is refused with 429 and `Retry-After: 99999999999999` before anything
+//! is stored under the key (as the real API's rate limiter answers).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -106,6 +109,25 @@ async fn create(State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes)
         return refused;
     }
     let params: Vec<(String, String)> = url::form_urlencoded::parse(&body).into_owned().collect();
+    if params
+        .iter()
+        .any(|(k, v)| k == "payment_method" && v == "pm_rate_limited_absurdly")
+    {
+        let (s, b) = error(429, "rate_limit_error", None, "Too many requests");
+        let mut resp = reply(s, b, false);
+        resp.headers_mut()
+            .insert("retry-after", "99999999999999".parse().unwrap());
+        fake.inner.lock().unwrap().log.push((
+            headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string(),
+            false,
+            429,
+        ));
+        return resp;
+    }
     let Some(key) = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -255,6 +277,14 @@ async fn execute(fake: FakeStripe, key: String, params: Vec<(String, String)>) -
                 402,
                 json!({"error": {"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
                                    "message": "Your card was declined.", "payment_intent": pi}}),
+            )
+        }
+        "pm_decline_nul" => {
+            let pi = create_payment("requires_payment_method");
+            (
+                402,
+                json!({"error": {"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
+                                   "message": "Your card was declined.\u{0}\u{0} (after a NUL)", "payment_intent": pi}}),
             )
         }
         "pm_500_after_create" => {

@@ -28,6 +28,8 @@ pub struct ChargeConfig {
     pub api_key: Secret,
     pub timeout: Duration,
     pub connect_timeout: Duration,
+    /// The limit on one reconcile search.
+    pub reconcile_timeout: Duration,
     /// When reconcile cannot tell: park (default) for an operator.
     pub on_ambiguous: AmbiguityPolicy,
 }
@@ -119,6 +121,7 @@ impl Provider for ChargeProvider {
         let resp = match self
             .client
             .get(url)
+            .timeout(self.config.reconcile_timeout)
             .bearer_auth(self.config.api_key.expose())
             .send()
             .await
@@ -168,6 +171,9 @@ impl Provider for ChargeProvider {
     }
 }
 
+/// The longest `Retry-After` the charge API is obeyed for.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
 async fn classify(resp: reqwest::Response, key: &str) -> Outcome {
     let status = resp.status().as_u16();
     let header = |name: &str| {
@@ -178,9 +184,11 @@ async fn classify(resp: reqwest::Response, key: &str) -> Outcome {
     };
     let replayed = header("idempotent-replayed").as_deref() == Some("true");
     let should_retry = header("stripe-should-retry");
+    // capped as the webhook's is: an absurd value must not park the intent
+    // for ever (or overflow a clock)
     let retry_after = header("retry-after")
         .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs);
+        .map(|secs| Duration::from_secs(secs).min(MAX_RETRY_AFTER));
     let body: Value = resp.json().await.unwrap_or(Value::Null);
     let err = &body["error"];
     let describe = || {

@@ -1,0 +1,142 @@
+//! The fleet registry (`outbox.relays`) and the ordering upkeep the
+//! sweeper runs.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::FromRow;
+
+use super::claims::RELAY_TTL_SECS;
+use super::Store;
+
+/// One relay as the registry knows it.
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct RelayRow {
+    pub owner: String,
+    pub version: String,
+    pub kinds: Vec<String>,
+    pub known_kinds: Vec<String>,
+    pub started_at: DateTime<Utc>,
+    pub heartbeat_at: DateTime<Utc>,
+    pub stopped_at: Option<DateTime<Utc>>,
+    /// Heartbeat within the TTL and not stopped.
+    pub live: bool,
+}
+
+/// Pending intents whose kind no live relay delivers, and why.
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct UnservedKind {
+    pub kind: String,
+    pub pending: i64,
+    /// Live relays that know the kind but are not configured for it.
+    pub known_by: Vec<String>,
+}
+
+impl Store {
+    /// Register (or re-register) this relay, heartbeat now.
+    pub async fn register_relay(
+        &self,
+        owner: &str,
+        version: &str,
+        kinds: &[&str],
+        known_kinds: &[&str],
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO outbox.relays (owner, version, kinds, known_kinds)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (owner) DO UPDATE
+                SET version = excluded.version, kinds = excluded.kinds,
+                    known_kinds = excluded.known_kinds, heartbeat_at = now(), stopped_at = NULL",
+        )
+        .bind(owner)
+        .bind(version)
+        .bind(kinds)
+        .bind(known_kinds)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Forget relays whose last heartbeat is a day old.
+    pub async fn forget_silent_relays(&self) -> Result<u64, sqlx::Error> {
+        Ok(
+            sqlx::query("DELETE FROM outbox.relays WHERE heartbeat_at < now() - interval '1 day'")
+                .execute(&self.pool)
+                .await?
+                .rows_affected(),
+        )
+    }
+
+    /// Mark this relay stopped (a clean shutdown).
+    pub async fn deregister_relay(&self, owner: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE outbox.relays SET stopped_at = now() WHERE owner = $1")
+            .bind(owner)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The fleet, live relays first, newest heartbeat first.
+    pub async fn relays(&self) -> Result<Vec<RelayRow>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "SELECT owner, version, kinds, known_kinds, started_at, heartbeat_at, stopped_at,
+                    (stopped_at IS NULL
+                     AND heartbeat_at > now() - interval '{RELAY_TTL_SECS} seconds') AS live
+               FROM outbox.relays ORDER BY live DESC, heartbeat_at DESC"
+        ))
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// Kinds with pending intents that no live relay delivers.
+    pub async fn unserved_kinds(&self) -> Result<Vec<UnservedKind>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "WITH live AS (
+                 SELECT owner, kinds, known_kinds FROM outbox.relays
+                  WHERE stopped_at IS NULL
+                    AND heartbeat_at > now() - interval '{RELAY_TTL_SECS} seconds'),
+             pending AS (
+                 SELECT kind, count(*) AS pending FROM outbox.intents
+                  WHERE state = 'pending' GROUP BY kind)
+             SELECT p.kind, p.pending,
+                    coalesce((SELECT array_agg(l.owner ORDER BY l.owner) FROM live l
+                               WHERE p.kind = ANY(l.known_kinds)), '{{}}') AS known_by
+               FROM pending p
+              WHERE NOT EXISTS (SELECT 1 FROM live l WHERE p.kind = ANY(l.kinds))
+              ORDER BY p.kind"
+        ))
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// Promote the heads of ordering keys left waiting: an intent enqueued
+    /// behind a live one waits outside the claim index until a trigger
+    /// promotes it when the one ahead finishes; an enqueue that committed
+    /// while the one ahead was finishing is missed by that trigger. Reads
+    /// the first waiting intent of each key (a skip scan of
+    /// `intents_waiting`), never the whole backlog. Returns how many were
+    /// promoted.
+    pub async fn promote_stranded_heads(&self, max_keys: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(
+            "WITH RECURSIVE firsts AS (
+                 (SELECT ordering_key, id, 1 AS n FROM outbox.intents
+                   WHERE waiting ORDER BY ordering_key, id LIMIT 1)
+                 UNION ALL
+                 SELECT nxt.ordering_key, nxt.id, f.n + 1 FROM firsts f
+                  CROSS JOIN LATERAL (
+                      SELECT ordering_key, id FROM outbox.intents
+                       WHERE waiting AND ordering_key > f.ordering_key
+                       ORDER BY ordering_key, id LIMIT 1) nxt
+                  WHERE f.n < $1)
+             UPDATE outbox.intents i SET waiting = false
+               FROM firsts f
+              WHERE i.id = f.id AND i.waiting
+                AND NOT EXISTS (SELECT 1 FROM outbox.intents e
+                                 WHERE e.ordering_key = f.ordering_key AND e.id < f.id
+                                   AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead'))",
+        )
+        .bind(max_keys)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
