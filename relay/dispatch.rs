@@ -100,10 +100,10 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "no message".into());
-                tracing::error!(panic = %what, "the attempt panicked; parking the intent");
+                tracing::error!(panic = %what, "the provider panicked; parking the intent");
                 let outcome = Outcome::Ambiguous {
                     reason: format!(
-                        "the {} attempt panicked ({what}); whether the effect happened is unknown",
+                        "the {} provider panicked ({what}); whether the effect happened is unknown",
                         claim.kind
                     ),
                     status: None,

@@ -48,6 +48,8 @@ struct Case {
     payload_text: Option<Option<String>>,
     key: Option<String>,
     destination: Option<String>,
+    /// The enqueue's `p_source` (the enqueuing client's name).
+    source: Option<String>,
     insert: Option<String>,
     expect: String,
     stage: String,
@@ -175,21 +177,25 @@ async fn write(db: &TestDb, p: &Prepared<'_>) -> Result<(), sqlx::Error> {
                 .await?;
             let r = match &p.payload {
                 Some(payload) => {
-                    sqlx::query("SELECT id FROM outbox.enqueue($1, $2, $3, $4)")
+                    sqlx::query("SELECT id FROM outbox.enqueue($1, $2, $3, $4, now(), NULL, $5)")
                         .bind(&p.key)
                         .bind(&c.kind)
                         .bind(payload)
                         .bind(&c.destination)
+                        .bind(&c.source)
                         .execute(&mut *tx)
                         .await
                 }
                 None => {
-                    sqlx::query("SELECT id FROM outbox.enqueue($1, $2, $3::text::jsonb, $4)")
-                        .bind(&p.key)
-                        .bind(&c.kind)
-                        .bind(p.text())
-                        .bind(&c.destination)
-                        .execute(&mut *tx)
+                    sqlx::query(
+                        "SELECT id FROM outbox.enqueue($1, $2, $3::text::jsonb, $4, now(), NULL, $5)",
+                    )
+                    .bind(&p.key)
+                    .bind(&c.kind)
+                    .bind(p.text())
+                    .bind(&c.destination)
+                    .bind(&c.source)
+                    .execute(&mut *tx)
                         .await
                 }
             };
@@ -330,6 +336,7 @@ async fn every_bad_input_is_refused_with_its_reason_and_nothing_is_lost_or_sent(
         };
         let intent = NewIntent {
             destination: c.destination.clone(),
+            source: c.source.clone(),
             ..NewIntent::new(p.key.clone(), c.kind.clone(), payload.clone())
         };
         match enqueue(db.pool(), &intent).await {

@@ -135,8 +135,10 @@ async fn a_503_twice_then_200_is_delivered_on_the_third_attempt_under_one_id() {
             ("delivered", Some(200))
         ]
     );
+    // delivered: the earlier failure's reason is cleared; the attempts keep it
+    assert_eq!(intent.last_error, None);
     assert_eq!(
-        intent.last_error.as_deref(),
+        attempts[0].error.as_deref(),
         Some("receiver answered HTTP 503")
     );
     db.drop_db().await;

@@ -1,0 +1,407 @@
+//! The faults adversarial testing found (issue 14), one test each, against
+//! real Postgres, real receivers on loopback and the SMTP peer.
+
+mod common;
+
+use std::time::Duration;
+
+use common::smtp::SmtpPeer;
+use common::stripe::{FakeStripe, API_KEY};
+use common::{config, engine, wait_for, Receiver, Reply, TestDb};
+use outbox_providers::Secret;
+use serde_json::json;
+
+/// `run --once` must return: a wedged completer never lets it.
+async fn run_once_within(db: &TestDb, cfg: &outbox_relay::config::Config, limit: Duration) {
+    tokio::time::timeout(limit, engine(db.store.clone(), cfg).run_once())
+        .await
+        .expect("run --once returned (the completer is not wedged)")
+        .expect("run --once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_a_refusal_body_is_stored_escaped_and_wedges_nothing() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|r, _| match r.path.as_str() {
+        "/nul" => Reply::status(422).body("bad\u{0}byte \u{1} here"),
+        _ => Reply::status(200),
+    })
+    .await;
+    db.enqueue(
+        "nul",
+        "webhook",
+        json!({"url": rx.url("/nul"), "body": {}}),
+    )
+    .await;
+    for i in 0..5 {
+        db.enqueue(
+            &format!("ok-{i}"),
+            "webhook",
+            json!({"url": rx.url("/ok"), "body": {"i": i}}),
+        )
+        .await;
+    }
+    run_once_within(&db, &config(), Duration::from_secs(20)).await;
+    let nul = db.store.find("nul").await.unwrap();
+    assert_eq!(nul.state, "rejected");
+    let body = nul.response.unwrap()["body"].as_str().unwrap().to_string();
+    assert_eq!(body, "bad\\u0000byte \\u0001 here");
+    assert_eq!(db.count("state = 'delivered'").await, 5);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_a_charge_decline_is_stored_escaped() {
+    let db = TestDb::new().await;
+    let stripe = FakeStripe::start().await;
+    let mut cfg = config();
+    cfg.charge.api_key = Some(Secret::new(API_KEY));
+    cfg.charge.api_base = stripe.base.clone();
+    cfg.relay.lease = outbox_relay::config::Dur(Duration::from_secs(10));
+    db.enqueue(
+        "declined-nul",
+        "charge",
+        json!({"amount": 100, "currency": "usd", "payment_method": "pm_decline_nul"}),
+    )
+    .await;
+    run_once_within(&db, &cfg, Duration::from_secs(20)).await;
+    let i = db.store.find("declined-nul").await.unwrap();
+    assert_eq!(i.state, "rejected");
+    let reason = i.last_error.unwrap();
+    assert!(reason.contains("declined.\\u0000\\u0000 (after a NUL)"), "{reason}");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_charge_retry_after_is_capped_and_run_once_returns() {
+    let db = TestDb::new().await;
+    let stripe = FakeStripe::start().await;
+    let mut cfg = config();
+    cfg.charge.api_key = Some(Secret::new(API_KEY));
+    cfg.charge.api_base = stripe.base.clone();
+    cfg.relay.lease = outbox_relay::config::Dur(Duration::from_secs(10));
+    db.enqueue(
+        "limited",
+        "charge",
+        json!({"amount": 100, "currency": "usd", "payment_method": "pm_rate_limited_absurdly"}),
+    )
+    .await;
+    run_once_within(&db, &cfg, Duration::from_secs(20)).await;
+    let i = db.store.find("limited").await.unwrap();
+    assert_eq!((i.state.as_str(), i.attempts), ("pending", 1));
+    let wait = i.run_after - chrono::Utc::now();
+    assert!(
+        wait > chrono::Duration::minutes(59) && wait < chrono::Duration::minutes(75),
+        "Retry-After capped at an hour (plus jitter): {wait}"
+    );
+    assert_eq!(stripe.fake.requests().len(), 1, "asked once, not once a lease");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_for_an_intent_purged_in_flight_is_dropped_and_counted() {
+    let handle = outbox_relay::metrics::recorder();
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|r, _| match r.path.as_str() {
+        "/slow" => Reply::status(200).after(Duration::from_millis(1500)),
+        _ => Reply::status(200),
+    })
+    .await;
+    db.enqueue(
+        "purged",
+        "webhook",
+        json!({"url": rx.url("/slow"), "body": {}}),
+    )
+    .await;
+    let cfg = config();
+    let run = tokio::spawn(engine(db.store.clone(), &cfg).run_once());
+    assert!(wait_for(Duration::from_secs(10), || async { !rx.requests().is_empty() }).await);
+    // in flight: an operator cancels it and a purge removes it
+    db.store.cancel("purged").await.unwrap();
+    sqlx::query("UPDATE outbox.intents SET updated_at = now() - interval '1 hour'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        db.store
+            .purge(Duration::from_secs(1), false, false, 100)
+            .await
+            .unwrap(),
+        1
+    );
+    // later work is still recorded: the completer is not wedged
+    db.enqueue("after", "webhook", json!({"url": rx.url("/ok"), "body": {}}))
+        .await;
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("run --once returned")
+        .unwrap()
+        .unwrap();
+    run_once_within(&db, &cfg, Duration::from_secs(20)).await;
+    assert_eq!(db.state("after").await, "delivered");
+    let text = handle.render();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("outbox_completions_dropped_total{reason=\"intent_gone\"} 1")),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("dropped"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_550_is_a_rejection_not_an_invariant_violation() {
+    let handle = outbox_relay::metrics::recorder();
+    let db = TestDb::new().await;
+    let peer = SmtpPeer::start().await;
+    let mut cfg = config();
+    cfg.email.smtp_url = Some(Secret::new(peer.url()));
+    cfg.email.from = Some("shop@example.com".into());
+    db.enqueue(
+        "nobody",
+        "email",
+        json!({"to": ["unknown@example.com"], "subject": "hi", "text": "x"}),
+    )
+    .await;
+    run_once_within(&db, &cfg, Duration::from_secs(20)).await;
+    let i = db.store.find("nobody").await.unwrap();
+    assert_eq!(i.state, "rejected");
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    assert_eq!(attempts[0].status, Some(550));
+    let text = handle.render();
+    assert!(
+        text.contains("outbox_invariant_violations_total{kind=\"email\"} 0"),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("invariant"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    db.drop_db().await;
+}
+
+/// Enqueue `key` inside `tx` and report what happened: Ok(duplicate) or the
+/// SQLSTATE.
+async fn enqueue_in(
+    tx: &mut sqlx::PgConnection,
+    key: &str,
+    payload: serde_json::Value,
+) -> Result<bool, String> {
+    let r: Result<(i64, bool), sqlx::Error> =
+        sqlx::query_as("SELECT id, duplicate FROM outbox.enqueue($1, 'webhook', $2)")
+            .bind(key)
+            .bind(payload)
+            .fetch_one(&mut *tx)
+            .await;
+    r.map(|r| r.1)
+        .map_err(|e| outbox_relay::store::sqlstate(&e).unwrap_or_else(|| e.to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_snapshot_isolation_a_purged_key_is_never_a_new_intent() {
+    let db = TestDb::new().await;
+    let payload = json!({"url": "http://127.0.0.1:9/", "body": {"n": 1}});
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        for (case, again) in [("same", payload.clone()), ("other", json!({"url": "x", "body": 2}))] {
+            let key = format!("{level}-{case}");
+            db.enqueue(&key, "webhook", payload.clone()).await;
+            sqlx::query(
+                "UPDATE outbox.intents SET state = 'delivered', delivered_at = now(),
+                        updated_at = now() - interval '1 hour' WHERE key = $1",
+            )
+            .bind(&key)
+            .execute(db.pool())
+            .await
+            .unwrap();
+            // the application's snapshot is taken before the purge
+            let mut app = db.pool().acquire().await.unwrap();
+            sqlx::query(&format!("BEGIN ISOLATION LEVEL {level}"))
+                .execute(&mut *app)
+                .await
+                .unwrap();
+            sqlx::query("SELECT count(*) FROM outbox.intents")
+                .execute(&mut *app)
+                .await
+                .unwrap();
+            assert_eq!(
+                db.store
+                    .purge(Duration::from_secs(1), false, false, 100)
+                    .await
+                    .unwrap(),
+                1
+            );
+            let got = enqueue_in(&mut app, &key, again.clone()).await;
+            sqlx::query("ROLLBACK").execute(&mut *app).await.unwrap();
+            match (case, &got) {
+                (_, Err(code)) if code == "40001" => {}
+                ("same", Ok(true)) => {}
+                ("other", Err(code)) if code == "OB409" => {}
+                _ => panic!("{level}, {case} payload: {got:?} (a new intent under a purged key)"),
+            }
+            // the application retries: now it sees the ledger
+            let mut retry = db.pool().acquire().await.unwrap();
+            sqlx::query(&format!("BEGIN ISOLATION LEVEL {level}"))
+                .execute(&mut *retry)
+                .await
+                .unwrap();
+            let again = enqueue_in(&mut retry, &key, again).await;
+            sqlx::query("COMMIT").execute(&mut *retry).await.unwrap();
+            match case {
+                "same" => assert_eq!(again, Ok(true), "{level}"),
+                _ => assert_eq!(again, Err("OB409".into()), "{level}"),
+            }
+        }
+    }
+    assert_eq!(db.count("true").await, 0, "no intent row was created");
+    // a key never used is still a new intent at these levels, and leaves
+    // nothing in the ledger
+    let mut app = db.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    assert_eq!(enqueue_in(&mut app, "fresh", payload.clone()).await, Ok(false));
+    sqlx::query("COMMIT").execute(&mut *app).await.unwrap();
+    let probes: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.ledger WHERE state = 'probe'")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(probes, 0);
+    db.drop_db().await;
+}
+
+async fn enqueue_ordered(db: &TestDb, key: &str, ordering_key: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT id FROM outbox.enqueue($1, 'webhook', $2, NULL, now(), $3)",
+    )
+    .bind(key)
+    .bind(json!({"url": "http://127.0.0.1:9/", "body": {"k": key}}))
+    .bind(ordering_key)
+    .fetch_one(db.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_retry_of_an_older_intent_waits_while_a_later_one_is_claimed() {
+    let db = TestDb::new().await;
+    enqueue_ordered(&db, "o1", "order-1").await;
+    enqueue_ordered(&db, "o2", "order-1").await;
+    let first = db.store.claim("r1", 10, 60_000, &[]).await.unwrap();
+    assert_eq!(first.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(), ["o1"]);
+    sqlx::query("UPDATE outbox.intents SET state = 'delivered', owner = NULL, lease_expires_at = NULL WHERE key = 'o1'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let second = db.store.claim("r1", 10, 60_000, &[]).await.unwrap();
+    assert_eq!(second.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(), ["o2"]);
+    // o2 is in flight; an operator retries the delivered o1
+    db.store.retry("o1", false).await.unwrap();
+    let third = db.store.claim("r2", 10, 60_000, &[]).await.unwrap();
+    assert!(third.is_empty(), "two of one key in flight: {third:?}");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_intent_committed_late_waits_while_a_younger_one_is_claimed() {
+    let db = TestDb::new().await;
+    let mut slow = db.pool().begin().await.unwrap();
+    let older: i64 = sqlx::query_scalar(
+        "SELECT id FROM outbox.enqueue('x1', 'webhook', $1, NULL, now(), 'cart-9')",
+    )
+    .bind(json!({"url": "http://127.0.0.1:9/", "body": 1}))
+    .fetch_one(&mut *slow)
+    .await
+    .unwrap();
+    let younger = enqueue_ordered(&db, "x2", "cart-9").await;
+    assert!(older < younger);
+    let claimed = db.store.claim("r1", 10, 60_000, &[]).await.unwrap();
+    assert_eq!(claimed.iter().map(|c| c.id).collect::<Vec<_>>(), [younger]);
+    slow.commit().await.unwrap();
+    let again = db.store.claim("r2", 10, 60_000, &[]).await.unwrap();
+    assert!(again.is_empty(), "two of one key in flight: {again:?}");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_claiming_at_once_take_one_intent_per_key() {
+    let db = TestDb::new().await;
+    // 50 keys, 4 intents each, the first committed last by another session
+    for k in 0..50 {
+        for n in 0..4 {
+            enqueue_ordered(&db, &format!("k{k}-{n}"), &format!("key-{k}")).await;
+        }
+    }
+    let stores = [db.another_store().await, db.another_store().await, db.another_store().await];
+    let claims = futures_util::future::join_all(
+        stores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| async move { s.claim(&format!("r{i}"), 200, 60_000, &[]).await.unwrap() }),
+    )
+    .await;
+    let mut per_key = std::collections::HashMap::<String, usize>::new();
+    for c in claims.iter().flatten() {
+        *per_key.entry(c.key.split('-').next().unwrap().to_string()).or_default() += 1;
+    }
+    assert_eq!(per_key.len(), 50, "every key's head claimed");
+    assert!(per_key.values().all(|n| *n == 1), "{per_key:?}");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_key_keeps_its_backlog_out_of_the_claim() {
+    let db = TestDb::new().await;
+    enqueue_ordered(&db, "head", "stuck").await;
+    sqlx::query("UPDATE outbox.intents SET state = 'dead' WHERE key = 'head'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT outbox.enqueue('behind-' || g, 'webhook', jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', g),
+                               NULL, now(), 'stuck')
+           FROM generate_series(1, 20000) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    db.enqueue("free", "webhook", json!({"url": "http://127.0.0.1:9/", "body": 0}))
+        .await;
+    sqlx::query("ANALYZE outbox.intents").execute(db.pool()).await.unwrap();
+    assert_eq!(db.count("waiting").await, 20000);
+    let plan = db.store.explain_claim(100).await.unwrap().join("\n");
+    let buffers: u64 = plan
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Buffers: shared hit="))
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|v| v.parse().ok())
+        .expect("the plan reports buffers");
+    assert!(buffers < 200, "a claim of one intent read {buffers} buffers:\n{plan}");
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!(stats.blocked_ordering_keys, 1);
+    // the head is cancelled: the next one is promoted into the claim index
+    db.store.cancel("head").await.unwrap();
+    let next = db.store.claim("r", 100, 60_000, &[]).await.unwrap();
+    let mut keys: Vec<_> = next.iter().map(|c| c.key.as_str()).collect();
+    keys.sort();
+    assert_eq!(keys, ["behind-1", "free"]);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_left_waiting_by_a_race_is_promoted_by_the_sweeper() {
+    let db = TestDb::new().await;
+    enqueue_ordered(&db, "lonely", "k").await;
+    // what a racing enqueue leaves: waiting, with nothing ahead of it
+    sqlx::query("UPDATE outbox.intents SET waiting = true")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    assert!(db.store.claim("r", 10, 60_000, &[]).await.unwrap().is_empty());
+    assert_eq!(db.store.promote_stranded_heads(1000).await.unwrap(), 1);
+    assert_eq!(db.store.claim("r", 10, 60_000, &[]).await.unwrap().len(), 1);
+    db.drop_db().await;
+}
