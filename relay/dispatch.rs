@@ -158,6 +158,7 @@ async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         kind: &claim.kind,
         destination: claim.destination.as_deref(),
         payload: &claim.payload,
+        payload_text: Some(&claim.payload_text),
         attempt: claim.attempt,
         key_generation: claim.key_generation,
     };
@@ -296,6 +297,7 @@ mod tests {
             kind: "webhook".into(),
             destination: None,
             payload: serde_json::json!({}),
+            payload_text: "{}".into(),
             payload_error: None,
             attempt,
             attempts_base: base,

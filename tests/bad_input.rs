@@ -186,18 +186,16 @@ async fn write(db: &TestDb, p: &Prepared<'_>) -> Result<(), sqlx::Error> {
                         .execute(&mut *tx)
                         .await
                 }
-                None => {
-                    sqlx::query(
-                        "SELECT id FROM outbox.enqueue($1, $2, $3::text::jsonb, $4, now(), NULL, $5)",
-                    )
-                    .bind(&p.key)
-                    .bind(&c.kind)
-                    .bind(p.text())
-                    .bind(&c.destination)
-                    .bind(&c.source)
-                    .execute(&mut *tx)
-                        .await
-                }
+                None => sqlx::query(
+                    "SELECT id FROM outbox.enqueue($1, $2, $3::text::jsonb, $4, now(), NULL, $5)",
+                )
+                .bind(&p.key)
+                .bind(&c.kind)
+                .bind(p.text())
+                .bind(&c.destination)
+                .bind(&c.source)
+                .execute(&mut *tx)
+                .await,
             };
             match r {
                 Ok(_) => tx.commit().await,

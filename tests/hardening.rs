@@ -27,12 +27,8 @@ async fn a_nul_in_a_refusal_body_is_stored_escaped_and_wedges_nothing() {
         _ => Reply::status(200),
     })
     .await;
-    db.enqueue(
-        "nul",
-        "webhook",
-        json!({"url": rx.url("/nul"), "body": {}}),
-    )
-    .await;
+    db.enqueue("nul", "webhook", json!({"url": rx.url("/nul"), "body": {}}))
+        .await;
     for i in 0..5 {
         db.enqueue(
             &format!("ok-{i}"),
@@ -68,7 +64,10 @@ async fn a_nul_in_a_charge_decline_is_stored_escaped() {
     let i = db.store.find("declined-nul").await.unwrap();
     assert_eq!(i.state, "rejected");
     let reason = i.last_error.unwrap();
-    assert!(reason.contains("declined.\\u0000\\u0000 (after a NUL)"), "{reason}");
+    assert!(
+        reason.contains("declined.\\u0000\\u0000 (after a NUL)"),
+        "{reason}"
+    );
     db.drop_db().await;
 }
 
@@ -94,7 +93,11 @@ async fn an_absurd_charge_retry_after_is_capped_and_run_once_returns() {
         wait > chrono::Duration::minutes(59) && wait < chrono::Duration::minutes(75),
         "Retry-After capped at an hour (plus jitter): {wait}"
     );
-    assert_eq!(stripe.fake.requests().len(), 1, "asked once, not once a lease");
+    assert_eq!(
+        stripe.fake.requests().len(),
+        1,
+        "asked once, not once a lease"
+    );
     db.drop_db().await;
 }
 
@@ -115,7 +118,12 @@ async fn a_completion_for_an_intent_purged_in_flight_is_dropped_and_counted() {
     .await;
     let cfg = config();
     let run = tokio::spawn(engine(db.store.clone(), &cfg).run_once());
-    assert!(wait_for(Duration::from_secs(10), || async { !rx.requests().is_empty() }).await);
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            !rx.requests().is_empty()
+        })
+        .await
+    );
     // in flight: an operator cancels it and a purge removes it
     db.store.cancel("purged").await.unwrap();
     sqlx::query("UPDATE outbox.intents SET updated_at = now() - interval '1 hour'")
@@ -130,8 +138,12 @@ async fn a_completion_for_an_intent_purged_in_flight_is_dropped_and_counted() {
         1
     );
     // later work is still recorded: the completer is not wedged
-    db.enqueue("after", "webhook", json!({"url": rx.url("/ok"), "body": {}}))
-        .await;
+    db.enqueue(
+        "after",
+        "webhook",
+        json!({"url": rx.url("/ok"), "body": {}}),
+    )
+    .await;
     tokio::time::timeout(Duration::from_secs(20), run)
         .await
         .expect("run --once returned")
@@ -205,7 +217,10 @@ async fn under_snapshot_isolation_a_purged_key_is_never_a_new_intent() {
     let db = TestDb::new().await;
     let payload = json!({"url": "http://127.0.0.1:9/", "body": {"n": 1}});
     for level in ["REPEATABLE READ", "SERIALIZABLE"] {
-        for (case, again) in [("same", payload.clone()), ("other", json!({"url": "x", "body": 2}))] {
+        for (case, again) in [
+            ("same", payload.clone()),
+            ("other", json!({"url": "x", "body": 2})),
+        ] {
             let key = format!("{level}-{case}");
             db.enqueue(&key, "webhook", payload.clone()).await;
             sqlx::query(
@@ -263,26 +278,28 @@ async fn under_snapshot_isolation_a_purged_key_is_never_a_new_intent() {
         .execute(&mut *app)
         .await
         .unwrap();
-    assert_eq!(enqueue_in(&mut app, "fresh", payload.clone()).await, Ok(false));
+    assert_eq!(
+        enqueue_in(&mut app, "fresh", payload.clone()).await,
+        Ok(false)
+    );
     sqlx::query("COMMIT").execute(&mut *app).await.unwrap();
-    let probes: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.ledger WHERE state = 'probe'")
-        .fetch_one(db.pool())
-        .await
-        .unwrap();
+    let probes: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.ledger WHERE state = 'probe'")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
     assert_eq!(probes, 0);
     db.drop_db().await;
 }
 
 async fn enqueue_ordered(db: &TestDb, key: &str, ordering_key: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT id FROM outbox.enqueue($1, 'webhook', $2, NULL, now(), $3)",
-    )
-    .bind(key)
-    .bind(json!({"url": "http://127.0.0.1:9/", "body": {"k": key}}))
-    .bind(ordering_key)
-    .fetch_one(db.pool())
-    .await
-    .unwrap()
+    sqlx::query_scalar("SELECT id FROM outbox.enqueue($1, 'webhook', $2, NULL, now(), $3)")
+        .bind(key)
+        .bind(json!({"url": "http://127.0.0.1:9/", "body": {"k": key}}))
+        .bind(ordering_key)
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,13 +308,19 @@ async fn an_operator_retry_of_an_older_intent_waits_while_a_later_one_is_claimed
     enqueue_ordered(&db, "o1", "order-1").await;
     enqueue_ordered(&db, "o2", "order-1").await;
     let first = db.store.claim("r1", 10, 60_000, &[]).await.unwrap();
-    assert_eq!(first.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(), ["o1"]);
+    assert_eq!(
+        first.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(),
+        ["o1"]
+    );
     sqlx::query("UPDATE outbox.intents SET state = 'delivered', owner = NULL, lease_expires_at = NULL WHERE key = 'o1'")
         .execute(db.pool())
         .await
         .unwrap();
     let second = db.store.claim("r1", 10, 60_000, &[]).await.unwrap();
-    assert_eq!(second.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(), ["o2"]);
+    assert_eq!(
+        second.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(),
+        ["o2"]
+    );
     // o2 is in flight; an operator retries the delivered o1
     db.store.retry("o1", false).await.unwrap();
     let third = db.store.claim("r2", 10, 60_000, &[]).await.unwrap();
@@ -335,17 +358,21 @@ async fn relays_claiming_at_once_take_one_intent_per_key() {
             enqueue_ordered(&db, &format!("k{k}-{n}"), &format!("key-{k}")).await;
         }
     }
-    let stores = [db.another_store().await, db.another_store().await, db.another_store().await];
-    let claims = futures_util::future::join_all(
-        stores
-            .iter()
-            .enumerate()
-            .map(|(i, s)| async move { s.claim(&format!("r{i}"), 200, 60_000, &[]).await.unwrap() }),
-    )
-    .await;
+    let stores = [
+        db.another_store().await,
+        db.another_store().await,
+        db.another_store().await,
+    ];
+    let claims =
+        futures_util::future::join_all(stores.iter().enumerate().map(|(i, s)| async move {
+            s.claim(&format!("r{i}"), 200, 60_000, &[]).await.unwrap()
+        }))
+        .await;
     let mut per_key = std::collections::HashMap::<String, usize>::new();
     for c in claims.iter().flatten() {
-        *per_key.entry(c.key.split('-').next().unwrap().to_string()).or_default() += 1;
+        *per_key
+            .entry(c.key.split('-').next().unwrap().to_string())
+            .or_default() += 1;
     }
     assert_eq!(per_key.len(), 50, "every key's head claimed");
     assert!(per_key.values().all(|n| *n == 1), "{per_key:?}");
@@ -368,9 +395,16 @@ async fn a_blocked_key_keeps_its_backlog_out_of_the_claim() {
     .execute(db.pool())
     .await
     .unwrap();
-    db.enqueue("free", "webhook", json!({"url": "http://127.0.0.1:9/", "body": 0}))
-        .await;
-    sqlx::query("ANALYZE outbox.intents").execute(db.pool()).await.unwrap();
+    db.enqueue(
+        "free",
+        "webhook",
+        json!({"url": "http://127.0.0.1:9/", "body": 0}),
+    )
+    .await;
+    sqlx::query("ANALYZE outbox.intents")
+        .execute(db.pool())
+        .await
+        .unwrap();
     assert_eq!(db.count("waiting").await, 20000);
     let plan = db.store.explain_claim(100).await.unwrap().join("\n");
     let buffers: u64 = plan
@@ -379,7 +413,10 @@ async fn a_blocked_key_keeps_its_backlog_out_of_the_claim() {
         .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|v| v.parse().ok())
         .expect("the plan reports buffers");
-    assert!(buffers < 200, "a claim of one intent read {buffers} buffers:\n{plan}");
+    assert!(
+        buffers < 200,
+        "a claim of one intent read {buffers} buffers:\n{plan}"
+    );
     let stats = db.store.stats().await.unwrap();
     assert_eq!(stats.blocked_ordering_keys, 1);
     // the head is cancelled: the next one is promoted into the claim index
@@ -400,8 +437,47 @@ async fn a_head_left_waiting_by_a_race_is_promoted_by_the_sweeper() {
         .execute(db.pool())
         .await
         .unwrap();
-    assert!(db.store.claim("r", 10, 60_000, &[]).await.unwrap().is_empty());
+    assert!(db
+        .store
+        .claim("r", 10, 60_000, &[])
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(db.store.promote_stranded_heads(1000).await.unwrap(), 1);
     assert_eq!(db.store.claim("r", 10, 60_000, &[]).await.unwrap().len(), 1);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_body_arrives_as_the_stored_json_text_digit_for_digit() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let payload = format!(
+        r#"{{"url": "{}", "body": {{"id": 123456789012345678901234567890, "price": 0.1000000000000000055511151231257827, "neg": -9007199254740993, "tiny": 1e-300, "s": "é\u0001"}}}}"#,
+        rx.url("/precise")
+    );
+    sqlx::query("SELECT outbox.enqueue('precise', 'webhook', $1::text::jsonb)")
+        .bind(&payload)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    run_once_within(&db, &config(), Duration::from_secs(20)).await;
+    assert_eq!(db.state("precise").await, "delivered");
+    let stored: String = sqlx::query_scalar(
+        "SELECT (payload->'body')::text FROM outbox.intents WHERE key = 'precise'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let sent = rx.requests()[0].body.clone();
+    assert_eq!(std::str::from_utf8(&sent).unwrap(), stored);
+    assert!(
+        stored.contains("123456789012345678901234567890"),
+        "{stored}"
+    );
+    assert!(
+        stored.contains("0.1000000000000000055511151231257827"),
+        "{stored}"
+    );
     db.drop_db().await;
 }

@@ -36,6 +36,10 @@ pub struct Delivery<'a> {
     /// Names a configured endpoint (webhook) instead of an inline address.
     pub destination: Option<&'a str>,
     pub payload: &'a serde_json::Value,
+    /// The payload as stored (Postgres' canonical jsonb text), when the
+    /// relay has it: a webhook body is sent as exactly this text, so no
+    /// number loses digits on its way through a double.
+    pub payload_text: Option<&'a str>,
     /// 1 for the first attempt.
     pub attempt: i32,
     /// Bumped only when an operator explicitly asks for a new effect; part of

@@ -3,7 +3,7 @@
 //! non-ASCII; huge, negative and fractional numbers) through each provider's
 //! pure request building, which runs before any network call:
 //!
-//! - webhook: `webhook::request::parse`
+//! - webhook: `webhook::request::parse`, and `raw_body` (the bytes sent)
 //! - email:   `email::message::prepare`
 //! - charge:  `charge::request::form`
 //!
@@ -650,6 +650,23 @@ proptest! {
         dest in destination(),
     ) {
         let _ = check_webhook(&payload, dest.as_deref());
+    }
+
+    #[test]
+    fn the_raw_body_is_the_body_of_the_text_it_came_from(
+        payload in prop_oneof![2 => shaped("webhook"), 2 => mutated("webhook"), 1 => json()],
+    ) {
+        // the relay hands the provider the payload's stored text; the bytes
+        // sent are that text's body, which reads back as the parsed body
+        let text = payload.to_string();
+        match (webhook::raw_body(&text), payload.get("body")) {
+            (Some(raw), Some(body)) => {
+                let back: Value = serde_json::from_slice(&raw).expect("the raw body is JSON");
+                prop_assert_eq!(&back, body);
+            }
+            (None, None) => {}
+            (raw, body) => prop_assert!(false, "raw {:?} for body {:?}", raw, body),
+        }
     }
 
     #[test]

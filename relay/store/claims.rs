@@ -20,6 +20,9 @@ pub struct Claimed {
     pub kind: String,
     pub destination: Option<String>,
     pub payload: Value,
+    /// The payload as stored: Postgres' canonical jsonb text (a webhook body
+    /// is sent as its slice of this text, digits intact).
+    pub payload_text: String,
     /// Set when the stored payload cannot be read (nested deeper than the
     /// JSON parser allows, a number beyond a double: shapes outbox.enqueue
     /// refuses since 0004, but a row written otherwise may have them). The
@@ -93,20 +96,21 @@ pub struct Written {
     pub gone: Vec<i64>,
 }
 
-const CLAIMED_COLUMNS: &str = "i.id, i.key, i.kind, i.destination, i.payload, i.attempts, \
+const CLAIMED_COLUMNS: &str =
+    "i.id, i.key, i.kind, i.destination, i.payload::text AS payload, i.attempts, \
      i.attempts_base, i.fence, i.key_generation, i.created_at, \
      i.delivered_at IS NOT NULL AS delivered_before";
 
 fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
-    let (payload, payload_error) = match row.try_get::<Value, _>("payload") {
+    let payload_text: String = row.try_get("payload")?;
+    let (payload, payload_error) = match serde_json::from_str::<Value>(&payload_text) {
         Ok(v) => (v, None),
-        Err(sqlx::Error::ColumnDecode { source, .. }) => (
+        Err(source) => (
             Value::Null,
             Some(format!(
                 "the stored payload cannot be read as JSON: {source}"
             )),
         ),
-        Err(e) => return Err(e),
     };
     Ok(Claimed {
         id: row.try_get("id")?,
@@ -114,6 +118,7 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
         kind: row.try_get("kind")?,
         destination: row.try_get("destination")?,
         payload,
+        payload_text,
         payload_error,
         attempt: row.try_get("attempts")?,
         attempts_base: row.try_get("attempts_base")?,

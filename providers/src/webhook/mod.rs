@@ -99,10 +99,15 @@ impl WebhookProvider {
     }
 
     async fn send(&self, d: &Delivery<'_>) -> Outcome {
-        let req = match request::parse(d.payload, d.destination, &self.config.endpoints) {
+        let mut req = match request::parse(d.payload, d.destination, &self.config.endpoints) {
             Ok(r) => r,
             Err(reason) => return Outcome::invalid(reason),
         };
+        // the stored text, not a re-serialization of its parse: big integers
+        // and long decimals arrive with every digit
+        if let Some(raw) = d.payload_text.and_then(request::raw_body) {
+            req.body = raw;
+        }
         // IP literals (including numeric forms like http://2130706433/, which
         // the URL parser normalizes) never reach the resolver: check them here.
         if let Some(ip) = resolve::literal_ip(&req.url) {
