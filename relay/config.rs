@@ -361,9 +361,9 @@ pub struct ChargeSection {
     pub timeout: Dur,
     pub connect_timeout: Dur,
     /// The limit on one reconcile search. A recovered claim is reconciled
-    /// before it is delivered, and an ambiguous answer after, so one
-    /// attempt may take `timeout + 2 × reconcile_timeout`: that is what the
-    /// lease must cover.
+    /// before it is delivered, and an ambiguous answer after; searches and
+    /// the POST together stay within `timeout`, the attempt's budget that
+    /// the lease must cover.
     pub reconcile_timeout: Dur,
     pub on_ambiguous: AmbiguityPolicy,
 }
@@ -480,12 +480,13 @@ impl Config {
         Ok(())
     }
 
-    /// The longest time one attempt of `kind` may take, provider calls
-    /// included: a charge may search (reconcile) before and after its POST.
+    /// The budget of one attempt of `kind`: every provider call it makes
+    /// (a charge may search, reconcile, before and after its POST) runs
+    /// within it, and dispatch enforces it.
     pub fn attempt_time(&self, kind: &str) -> Duration {
         match kind {
             "email" => self.email.timeout.0,
-            "charge" => self.charge.timeout.0 + 2 * self.charge.reconcile_timeout.0,
+            "charge" => self.charge.timeout.0,
             _ => self.webhook.timeout.0,
         }
     }
@@ -573,8 +574,8 @@ impl Config {
         }
         if self.longest_attempt() + Duration::from_secs(1) > r.lease.0 {
             bail!(
-                "relay.lease ({:?}) must exceed the longest attempt ({:?}; webhook.timeout, \
-                 email.timeout, charge.timeout + 2 × charge.reconcile_timeout): a delivery must end before its \
+                "relay.lease ({:?}) must exceed the longest provider timeout ({:?}; \
+                 webhook.timeout, email.timeout, charge.timeout): a delivery must end before its \
                  lease can expire, or a slow request would be redelivered while it runs",
                 r.lease.0,
                 self.longest_attempt()

@@ -163,8 +163,19 @@ async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         key_generation: claim.key_generation,
     };
     let policy = provider.on_ambiguous();
+    // Every provider call of this attempt (reconcile searches included)
+    // runs within one budget, the one the lease was sized for.
+    let budget = ctx.cfg.attempt_budget(&claim.kind);
+    let deadline = tokio::time::Instant::now() + budget;
     if let Some(previous) = &claim.recovered_from {
-        match reconcile::recover(provider.as_ref(), &delivery, previous).await {
+        let recovered = tokio::time::timeout_at(
+            deadline,
+            reconcile::recover(provider.as_ref(), &delivery, previous),
+        )
+        .await
+        // no answer in time is no answer: the kind's policy decides
+        .unwrap_or_else(|_| reconcile::decide(policy, previous));
+        match recovered {
             Recovery::Settled(outcome) => {
                 metrics::counter!("outbox_reconcile_total", "kind" => kind_label(&claim.kind), "result" => outcome.class())
                     .increment(1);
@@ -179,9 +190,33 @@ async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
             }
         }
     }
-    let outcome = provider.deliver(&delivery).await;
-    if matches!(outcome, Outcome::Ambiguous { .. }) {
-        let settled = reconcile::settle_ambiguous(provider.as_ref(), &delivery, outcome).await;
+    if tokio::time::Instant::now() >= deadline {
+        // nothing was sent: the reconcile used the whole budget
+        let outcome = Outcome::Transient {
+            reason: format!(
+                "reconciling the expired lease took the attempt's whole budget ({budget:?}); nothing was sent"
+            ),
+            status: None,
+            retry_after: None,
+        };
+        return (outcome, policy);
+    }
+    let outcome = tokio::time::timeout_at(deadline, provider.deliver(&delivery))
+        .await
+        .unwrap_or_else(|_| Outcome::Ambiguous {
+            reason: format!(
+                "the delivery did not finish within the attempt's budget ({budget:?}, reconcile included); whether it took effect is unknown"
+            ),
+            status: None,
+        });
+    if let Outcome::Ambiguous { .. } = &outcome {
+        let unsettled = outcome.clone();
+        let settled = tokio::time::timeout_at(
+            deadline,
+            reconcile::settle_ambiguous(provider.as_ref(), &delivery, outcome),
+        )
+        .await
+        .unwrap_or(unsettled);
         metrics::counter!("outbox_reconcile_total", "kind" => kind_label(&claim.kind), "result" => settled.class())
             .increment(1);
         return (settled, policy);

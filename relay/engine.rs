@@ -33,13 +33,19 @@ pub struct EngineConfig {
     /// The longest one attempt may take (the providers' timeouts): a claim
     /// with less lease than this left is handed back rather than started.
     pub max_attempt_time: Duration,
-    /// The same per kind (reconcile searches included), each at most
-    /// `max_attempt_time`.
+    /// Each kind's attempt budget (its provider timeout; reconcile
+    /// searches run within it).
     pub attempt_times: HashMap<String, Duration>,
     pub retry: RetrySection,
 }
 
 impl EngineConfig {
+    /// The budget dispatch holds one attempt of `kind` to (reconcile
+    /// searches included).
+    pub fn attempt_budget(&self, kind: &str) -> Duration {
+        self.attempt_times.get(kind).copied().unwrap_or(self.lease)
+    }
+
     /// The longest one attempt of `kind` may take.
     pub fn attempt_time(&self, kind: &str) -> Duration {
         self.attempt_times

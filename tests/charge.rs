@@ -15,9 +15,6 @@ fn charge_config(fake: &Running) -> Config {
     let mut c = config();
     c.charge.api_key = Some(Secret::new(API_KEY));
     c.charge.api_base = fake.base.clone();
-    // room for a whole attempt (timeout + 2 × reconcile_timeout) after a
-    // claim has waited for a delivery slot
-    c.relay.lease = outbox_relay::config::Dur(Duration::from_secs(10));
     c
 }
 

@@ -53,7 +53,6 @@ async fn a_nul_in_a_charge_decline_is_stored_escaped() {
     let mut cfg = config();
     cfg.charge.api_key = Some(Secret::new(API_KEY));
     cfg.charge.api_base = stripe.base.clone();
-    cfg.relay.lease = outbox_relay::config::Dur(Duration::from_secs(10));
     db.enqueue(
         "declined-nul",
         "charge",
@@ -78,7 +77,6 @@ async fn an_absurd_charge_retry_after_is_capped_and_run_once_returns() {
     let mut cfg = config();
     cfg.charge.api_key = Some(Secret::new(API_KEY));
     cfg.charge.api_base = stripe.base.clone();
-    cfg.relay.lease = outbox_relay::config::Dur(Duration::from_secs(10));
     db.enqueue(
         "limited",
         "charge",

@@ -31,6 +31,8 @@ GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, text, timestamptz, t
     TO outbox_app, outbox_relay;
 GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_relay, outbox_operator;
 GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
+-- the claim asks it whose turn it is within an ordering key (0005)
+GRANT EXECUTE ON FUNCTION outbox.ordering_turn(text, bigint) TO outbox_relay;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA outbox TO outbox_relay;
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA outbox TO outbox_relay;

@@ -130,9 +130,7 @@ pub fn config() -> Config {
             ),
             ("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s"),
             ("OUTBOX_RELAY__EMAIL__TIMEOUT", "3s"),
-            ("OUTBOX_RELAY__CHARGE__TIMEOUT", "2s"),
-            // an attempt may take timeout + 2 × reconcile_timeout: within the lease
-            ("OUTBOX_RELAY__CHARGE__RECONCILE_TIMEOUT", "1s"),
+            ("OUTBOX_RELAY__CHARGE__TIMEOUT", "3s"),
             ("OUTBOX_RELAY__RELAY__LEASE", "5s"),
             ("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "50ms"),
             ("OUTBOX_RELAY__RELAY__SWEEP_INTERVAL", "100ms"),
