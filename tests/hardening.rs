@@ -479,3 +479,99 @@ async fn a_webhook_body_arrives_as_the_stored_json_text_digit_for_digit() {
     );
     db.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_completer_makes_the_relay_unready_and_exit_non_zero() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|_, _| Reply::status(200).after(Duration::from_millis(800))).await;
+    db.enqueue("held", "webhook", json!({"url": rx.url("/held"), "body": {}}))
+        .await;
+    let port = common::free_port();
+    let mut relay = common::relay_command(&db.url)
+        .arg("run")
+        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", format!("\"127.0.0.1:{port}\""))
+        .env("OUTBOX_RELAY__RELAY__LEASE", "3s")
+        .env("OUTBOX_RELAY__RELAY__SHUTDOWN_TIMEOUT", "2s")
+        .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "50ms")
+        .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "1s")
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || async { !rx.requests().is_empty() }).await);
+    // an application transaction holds the intent's row: the completion
+    // statement waits behind it
+    let mut app = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox.intents WHERE key = 'held' FOR UPDATE")
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let saw_broken = wait_for(Duration::from_secs(15), || {
+        let ready = ready.clone();
+        let said = said.clone();
+        async move {
+            match reqwest::get(&ready).await {
+                Ok(r) if r.status() == 503 => {
+                    let text = r.text().await.unwrap_or_default();
+                    let broken = text.contains("completer");
+                    *said.lock().unwrap() = text;
+                    broken
+                }
+                _ => false,
+            }
+        }
+    })
+    .await;
+    let said = said.lock().unwrap().clone();
+    assert!(saw_broken, "readyz said {said:?}");
+    assert!(said.contains("broken: task completer is stuck"), "{said}");
+    let status = tokio::time::timeout(Duration::from_secs(20), relay.wait())
+        .await
+        .expect("the broken relay exits")
+        .unwrap();
+    assert!(!status.success(), "exit status {status}");
+    app.rollback().await.unwrap();
+    let mut stderr = String::new();
+    use tokio::io::AsyncReadExt;
+    relay
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    assert!(stderr.contains("task completer is stuck"), "{stderr}");
+    // the fleet registry says it stopped
+    let stopped: bool = sqlx::query_scalar("SELECT stopped_at IS NOT NULL FROM outbox.relays")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert!(stopped);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_this_relay_does_not_know_waits_while_a_live_relay_knows_it() {
+    let db = TestDb::new().await;
+    // a newer relay of the fleet knows "sms" (and is not configured for it)
+    db.store
+        .register_relay("newer:1", "9.9.9", &["webhook"], &["webhook", "email", "charge", "sms"])
+        .await
+        .unwrap();
+    db.enqueue("text-1", "sms", json!({"to": "+15550100"})).await;
+    run_once_within(&db, &config(), Duration::from_secs(20)).await;
+    assert_eq!(db.state("text-1").await, "pending", "left for the relay that knows it");
+    let waiting = db.store.unserved_kinds().await.unwrap();
+    assert_eq!(waiting.len(), 1);
+    assert_eq!((waiting[0].kind.as_str(), waiting[0].pending), ("sms", 1));
+    assert_eq!(waiting[0].known_by, ["newer:1"]);
+    // once no live relay knows it, it is rejected as unknown
+    db.store.deregister_relay("newer:1").await.unwrap();
+    run_once_within(&db, &config(), Duration::from_secs(20)).await;
+    let i = db.store.find("text-1").await.unwrap();
+    assert_eq!(i.state, "rejected");
+    assert!(i.last_error.unwrap().contains("no live relay knows it"));
+    db.drop_db().await;
+}
