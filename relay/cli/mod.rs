@@ -11,6 +11,7 @@
 //! | 4 | conflict: OB409 on enqueue, or the intent's state does not allow the operation |
 //! | 5 | the database is unreachable |
 
+mod fleet;
 mod intents;
 mod operate;
 mod output;
@@ -67,6 +68,8 @@ enum Command {
     Stats(JsonFlag),
     /// Delete terminal intents older than a duration (their keys stay in the ledger).
     Purge(operate::PurgeArgs),
+    /// The fleet: each relay's owner, version, served kinds and last heartbeat.
+    Relays(JsonFlag),
     /// List the configured schedules with their next fire times.
     Schedules(intents::SchedulesArgs),
     /// Benchmark the engine in a scratch database on this server.
@@ -311,6 +314,7 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Cancel(args) => operate::cancel(&store, args).await,
         Command::Resolve(args) => operate::resolve(&store, args).await,
         Command::Stats(flag) => operate::stats(&store, flag.json).await,
+        Command::Relays(flag) => fleet::relays(&store, flag.json).await,
         Command::Purge(args) => operate::purge(&store, args).await,
         Command::Schedules(args) => intents::schedules(&store, &config, args).await,
         Command::Bench(a) => {

@@ -228,7 +228,27 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
         "ordering keys blocked by a dead or ambiguous head: {}",
         s.blocked_ordering_keys
     );
-    println!("purged keys remembered by the ledger: {}", s.ledger_keys);
+    println!(
+        "purged keys remembered by the ledger: {}{}",
+        if s.ledger_keys_estimated {
+            "about "
+        } else {
+            ""
+        },
+        s.ledger_keys
+    );
+    for u in &s.unserved_kinds {
+        let why = if u.known_by.is_empty() {
+            "no live relay knows this kind; a relay that does not know it rejects it as unknown"
+                .to_string()
+        } else {
+            format!(
+                "known to {} but no live relay is configured for it",
+                u.known_by.join(", ")
+            )
+        };
+        println!("waiting: {} pending {} intent(s): {why}", u.pending, u.kind);
+    }
     Ok(())
 }
 

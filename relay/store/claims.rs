@@ -530,7 +530,11 @@ impl Store {
              per_intent AS (
                  UPDATE outbox.intents i SET duplicates = i.duplicates + c.n
                    FROM (SELECT intent_id, count(*)::int AS n FROM d GROUP BY intent_id) c
-                  WHERE i.id = c.intent_id)
+                  WHERE i.id = c.intent_id),
+             total AS (
+                 -- the all-time count `stats` reports, kept past purges
+                 UPDATE outbox.totals SET value = value + (SELECT count(*) FROM d)
+                  WHERE name = 'duplicate_enqueues' AND EXISTS (SELECT 1 FROM d))
              SELECT coalesce(d.kind, i.kind, 'unknown'), d.source, count(*)
                FROM d LEFT JOIN outbox.intents i ON i.id = d.intent_id
               GROUP BY 1, 2",

@@ -101,7 +101,10 @@ impl Store {
                     coalesce((SELECT array_agg(l.owner ORDER BY l.owner) FROM live l
                                WHERE p.kind = ANY(l.known_kinds)), '{{}}') AS known_by
                FROM pending p
-              WHERE NOT EXISTS (SELECT 1 FROM live l WHERE p.kind = ANY(l.kinds))
+              -- with no live relay registered (older relays, `run --once`)
+              -- there is nothing to say
+              WHERE EXISTS (SELECT 1 FROM live)
+                AND NOT EXISTS (SELECT 1 FROM live l WHERE p.kind = ANY(l.kinds))
               ORDER BY p.kind"
         ))
         .fetch_all(&self.pool)

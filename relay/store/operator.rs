@@ -113,8 +113,14 @@ pub struct Stats {
     /// Ordering keys whose oldest live intent is dead or ambiguous: that key
     /// waits for an operator (cancel, retry or resolve the head).
     pub blocked_ordering_keys: i64,
-    /// Purged intents whose keys the ledger still remembers.
+    /// Purged intents whose keys the ledger still remembers (estimated
+    /// from the table statistics past 100,000 keys: `stats` never counts a
+    /// long history row by row).
     pub ledger_keys: i64,
+    pub ledger_keys_estimated: bool,
+    /// Pending intents whose kind no live relay delivers, and which live
+    /// relays know the kind without being configured for it.
+    pub unserved_kinds: Vec<super::fleet::UnservedKind>,
 }
 
 /// A purged intent, as the ledger remembers it.
@@ -457,15 +463,29 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        let (expired_leases, duplicate_enqueues, ledger_keys): (i64, i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM outbox.intents
+        // duplicates: the running total the sweeper folds into, plus those
+        // not folded yet; the ledger: counted while small, else estimated
+        let (expired_leases, duplicate_enqueues, ledger_keys, ledger_keys_estimated): (
+            i64,
+            i64,
+            i64,
+            bool,
+        ) = sqlx::query_as(
+            "WITH est AS (SELECT reltuples::bigint AS n FROM pg_class
+                           WHERE oid = 'outbox.ledger'::regclass)
+             SELECT (SELECT count(*) FROM outbox.intents
                       WHERE state = 'claimed' AND lease_expires_at < now()),
-                    (SELECT coalesce(sum(duplicates), 0)::bigint FROM outbox.intents)
+                    (SELECT coalesce(sum(value), 0)::bigint FROM outbox.totals
+                      WHERE name = 'duplicate_enqueues')
                     + (SELECT count(*) FROM outbox.enqueue_duplicates),
-                    (SELECT count(*) FROM outbox.ledger)",
+                    CASE WHEN (SELECT n FROM est) < 100000
+                         THEN (SELECT count(*) FROM outbox.ledger)
+                         ELSE (SELECT n FROM est) END,
+                    (SELECT n FROM est) >= 100000",
         )
         .fetch_one(&self.pool)
         .await?;
+        let unserved_kinds = self.unserved_kinds().await?;
         let blocked_ordering_keys: i64 = sqlx::query_scalar(BLOCKED_KEYS)
             .fetch_one(&self.pool)
             .await?;
@@ -476,6 +496,8 @@ impl Store {
             duplicate_enqueues,
             blocked_ordering_keys,
             ledger_keys,
+            ledger_keys_estimated,
+            unserved_kinds,
         })
     }
 
