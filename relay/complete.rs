@@ -21,7 +21,7 @@
 //!   dropped and counted.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +58,69 @@ impl Progress {
     }
 }
 
+/// What the completer wrote since the last summary: the daemon's periodic
+/// log line reads and resets it.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub delivered: AtomicU64,
+    pub rejected: AtomicU64,
+    pub retried: AtomicU64,
+    pub dead: AtomicU64,
+    pub ambiguous: AtomicU64,
+    pub replays: AtomicU64,
+    pub fenced: AtomicU64,
+}
+
+/// A reading of [`Tally`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub delivered: u64,
+    pub rejected: u64,
+    pub retried: u64,
+    pub dead: u64,
+    pub ambiguous: u64,
+    pub replays: u64,
+    pub fenced: u64,
+}
+
+impl Tally {
+    /// The counts since the last call, and start again from zero.
+    pub fn take(&self) -> Counts {
+        let take = |a: &AtomicU64| a.swap(0, Ordering::Relaxed);
+        Counts {
+            delivered: take(&self.delivered),
+            rejected: take(&self.rejected),
+            retried: take(&self.retried),
+            dead: take(&self.dead),
+            ambiguous: take(&self.ambiguous),
+            replays: take(&self.replays),
+            fenced: take(&self.fenced),
+        }
+    }
+
+    fn count(&self, c: &Completion, accepted: bool) {
+        let add = |a: &AtomicU64| {
+            a.fetch_add(1, Ordering::Relaxed);
+        };
+        if c.uncounted {
+            return;
+        }
+        if !accepted {
+            return add(&self.fenced);
+        }
+        if c.replayed || c.operator_replay {
+            add(&self.replays);
+        }
+        match c.state {
+            "delivered" => add(&self.delivered),
+            "rejected" => add(&self.rejected),
+            "dead" => add(&self.dead),
+            "ambiguous" => add(&self.ambiguous),
+            _ => add(&self.retried),
+        }
+    }
+}
+
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
@@ -69,6 +132,7 @@ pub async fn run(
     max_batch: usize,
     batches: Arc<BatchCounts>,
     progress: Arc<Progress>,
+    tally: Arc<Tally>,
 ) {
     let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
     let writer = Writer {
@@ -107,6 +171,7 @@ pub async fn run(
             }
             let created_at = accepted.get(&c.id).copied();
             record_metrics(c, created_at.is_some(), now, created_at);
+            tally.count(c, created_at.is_some());
             let _ = ack.send(created_at.is_some());
         }
     }

@@ -149,6 +149,9 @@ pub struct RelaySection {
     pub sweep_interval: Dur,
     /// How long in-flight deliveries may take to finish on SIGTERM.
     pub shutdown_timeout: Dur,
+    /// How often the daemon logs a one-line summary at info level
+    /// (delivered, failed, retried, replays, backlog); 0s turns it off.
+    pub summary_interval: Dur,
     /// Where /metrics, /healthz and /readyz are served (port 0 picks one).
     pub metrics_addr: Option<String>,
     /// The owner name written on claims; default host:pid:random.
@@ -167,6 +170,7 @@ impl Default for RelaySection {
             listen: true,
             sweep_interval: dur("5s"),
             shutdown_timeout: dur("30s"),
+            summary_interval: dur("60s"),
             metrics_addr: Some("127.0.0.1:9187".into()),
             name: None,
             max_connections: None,

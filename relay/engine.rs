@@ -30,6 +30,8 @@ pub struct EngineConfig {
     pub listen: bool,
     pub sweep_interval: Duration,
     pub shutdown_timeout: Duration,
+    /// How often the daemon logs its summary line (zero: never).
+    pub summary_interval: Duration,
     /// The longest one attempt may take (the providers' timeouts): a claim
     /// with less lease than this left is handed back rather than started.
     pub max_attempt_time: Duration,
@@ -66,6 +68,7 @@ impl EngineConfig {
             listen: r.listen,
             sweep_interval: r.sweep_interval.0,
             shutdown_timeout: r.shutdown_timeout.0,
+            summary_interval: r.summary_interval.0,
             max_attempt_time: config.longest_attempt(),
             attempt_times: KNOWN_KINDS
                 .iter()
@@ -259,6 +262,8 @@ pub struct Engine {
     completer: Option<tokio::task::JoinHandle<()>>,
     /// The completer's statement in progress, for the supervisor.
     progress: Arc<complete::Progress>,
+    /// What the completer wrote since the last summary line.
+    tally: Arc<complete::Tally>,
     stop_tx: watch::Sender<bool>,
 }
 
@@ -281,6 +286,7 @@ impl Engine {
         let recovery_budget = (cfg.batch_size / 4).max(1);
         let batches = Arc::new(BatchCounts::default());
         let progress = Arc::new(complete::Progress::default());
+        let tally = Arc::new(complete::Tally::default());
         let completer = tokio::spawn(complete::run(
             store.clone(),
             cfg.owner.clone(),
@@ -288,6 +294,7 @@ impl Engine {
             cfg.batch_size.max(cfg.concurrency),
             batches.clone(),
             progress.clone(),
+            tally.clone(),
         ));
         let ctx = Arc::new(Ctx {
             claims: Arc::new(Semaphore::new(claim_budget)),
@@ -313,6 +320,7 @@ impl Engine {
             ctx,
             completer: Some(completer),
             progress,
+            tally,
             stop_tx,
         }
     }
@@ -398,6 +406,17 @@ impl Engine {
                     })
             }),
         );
+        if !ctx.cfg.summary_interval.is_zero() {
+            sup.start(Service::new(
+                "summary",
+                summary(
+                    ctx.store.clone(),
+                    self.tally.clone(),
+                    ctx.cfg.summary_interval,
+                    stop_rx.clone(),
+                ),
+            ));
+        }
         for service in services {
             sup.start(service);
         }
@@ -519,6 +538,40 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+/// Log one line every `every`: what was written since the last line and
+/// the backlog, so that a daemon at the default level says what it does.
+/// Quiet while nothing happens and nothing waits.
+async fn summary(
+    store: Store,
+    tally: Arc<complete::Tally>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let c = tally.take();
+        let backlog = store.due_count().await.ok();
+        if c == complete::Counts::default() && backlog.unwrap_or(0) == 0 {
+            continue;
+        }
+        tracing::info!(
+            delivered = c.delivered,
+            failed = c.rejected + c.dead,
+            rejected = c.rejected,
+            dead = c.dead,
+            ambiguous = c.ambiguous,
+            retried = c.retried,
+            replays = c.replays,
+            fenced = c.fenced,
+            backlog = %backlog.map_or_else(|| "?".to_string(), |n| n.to_string()),
+            "summary of the last {every:?}"
+        );
     }
 }
 

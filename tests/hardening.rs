@@ -653,3 +653,66 @@ async fn relays_lists_the_fleet_and_stats_says_why_a_kind_waits() {
     );
     db.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_logs_a_summary_line_at_the_default_level() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|r, _| match r.path.as_str() {
+        "/gone" => Reply::status(410),
+        _ => Reply::status(200),
+    })
+    .await;
+    for i in 0..3 {
+        db.enqueue(
+            &format!("s{i}"),
+            "webhook",
+            json!({"url": rx.url("/ok"), "body": i}),
+        )
+        .await;
+    }
+    db.enqueue(
+        "gone",
+        "webhook",
+        json!({"url": rx.url("/gone"), "body": 0}),
+    )
+    .await;
+    let mut relay = common::relay_command(&db.url)
+        .arg("run")
+        .env("OUTBOX_RELAY__RELAY__SUMMARY_INTERVAL", "\"500ms\"")
+        .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "\"50ms\"")
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            db.count("state IN ('delivered', 'rejected')").await == 4
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let status = common::terminate(&mut relay).await;
+    assert!(status.success());
+    let mut stderr = String::new();
+    use tokio::io::AsyncReadExt;
+    relay
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("summary of the last"))
+        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
+    assert!(
+        line.contains("delivered=3") && line.contains("failed=1") && line.contains("backlog=0"),
+        "{line}"
+    );
+    assert!(
+        stderr.contains("SIGTERM received") && stderr.contains("stopped"),
+        "{stderr}"
+    );
+    db.drop_db().await;
+}

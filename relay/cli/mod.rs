@@ -259,7 +259,13 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(execute(cli)) {
+    let result = runtime.block_on(execute(cli));
+    // Whatever is still running now (a pool connection closing, a DNS
+    // lookup on a blocking thread) has nothing left to do for anyone: do
+    // not let it hold the exit, which the supervisor of the process waits
+    // for.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             eprintln!("error: {}", f.message);

@@ -544,6 +544,17 @@ impl Store {
         .await
     }
 
+    /// How many intents are due now (pending, their turn, their time come):
+    /// the backlog the summary line reports.
+    pub async fn due_count(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.intents
+              WHERE state = 'pending' AND NOT waiting AND run_after <= now()",
+        )
+        .fetch_one(&self.pool)
+        .await
+    }
+
     /// Seconds until the earliest pending intent becomes due (negative when
     /// one is overdue), or `None` when nothing is pending.
     pub async fn next_due_in(&self, unserved_kinds: &[String]) -> Result<Option<f64>, sqlx::Error> {
