@@ -227,6 +227,37 @@ async fn migrate_enqueue_list_show() {
     db.drop_db().await;
 }
 
+/// `list` cuts a long last error from the middle: the end of a reason is
+/// usually what to do about it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_keeps_the_end_of_a_long_error() {
+    let db = TestDb::new().await;
+    db.enqueue(
+        "guarded",
+        "webhook",
+        json!({"url": "http://127.0.0.1:9/x", "body": 1}),
+    )
+    .await;
+    // the destination guard refuses loopback when nothing is allowed
+    let no_exceptions = [("OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS", "[]")];
+    let run = cli_env(Some(&db.url), &["run", "--once"], &no_exceptions).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let reason = db.store.find("guarded").await.unwrap().last_error.unwrap();
+    assert!(reason.len() > 80, "{reason}");
+    let table = ok(&db, &["list"]).await.stdout;
+    let column = table.lines().next().unwrap().find("LAST ERROR").unwrap();
+    let row = table.lines().find(|l| l.contains("guarded")).unwrap();
+    let shown = &row[column..];
+    assert!(
+        shown.starts_with("destination address 127.0.0.1 is")
+            && shown.contains('…')
+            && shown.ends_with("webhook.allowed_networks to allow it"),
+        "{row}"
+    );
+    assert_eq!(shown.chars().count(), 80, "{row}");
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_once_retry_and_new_effect() {
     let db = TestDb::new().await;
