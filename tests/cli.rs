@@ -332,6 +332,28 @@ async fn run_once_retry_and_new_effect() {
     db.drop_db().await;
 }
 
+/// A change reads back the intent it changed, also when another intent's
+/// key is that intent's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_reports_the_intent_it_changed() {
+    let db = TestDb::new().await;
+    let target = json!({"url": "http://127.0.0.1:9/", "body": 1});
+    let id = db.enqueue("by-key", "webhook", target.clone()).await;
+    db.enqueue(&id.to_string(), "webhook", target).await;
+    let cancelled = ok(&db, &["cancel", "by-key", "--json"]).await.json();
+    assert_eq!(
+        (cancelled[0]["id"].clone(), cancelled[0]["key"].clone()),
+        (json!(id), json!("by-key"))
+    );
+    assert_eq!(cancelled[0]["state"], "cancelled");
+    let retried = ok(&db, &["retry", "by-key", "--json"]).await.json();
+    assert_eq!(
+        (retried[0]["key"].clone(), retried[0]["state"].clone()),
+        (json!("by-key"), json!("pending"))
+    );
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_retry_by_state_with_dry_run() {
     let db = TestDb::new().await;

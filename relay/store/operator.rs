@@ -199,6 +199,16 @@ impl Store {
             .ok_or_else(|| StoreError::NotFound(reference.to_string()))
     }
 
+    /// The intent with this id (never a key: an intent's key may be another's id).
+    pub async fn find_id(&self, id: i64) -> Result<Intent, StoreError> {
+        let sql = format!("SELECT {INTENT_COLUMNS} FROM outbox.intents WHERE id = $1");
+        sqlx::query_as::<_, Intent>(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    }
+
     /// The live intent with this key or id, else the ledger's record of it.
     pub async fn lookup(&self, reference: &str) -> Result<Known, StoreError> {
         match self.find(reference).await {
@@ -275,7 +285,7 @@ impl Store {
             });
         }
         self.retry_ids(&[intent.id], new_effect).await?;
-        self.find(&intent.id.to_string()).await
+        self.find_id(intent.id).await
     }
 
     /// Retry every intent matching `filter`, in batches of `batch`, calling
@@ -366,7 +376,7 @@ impl Store {
                 why: "only pending, claimed, ambiguous or dead intents can be cancelled",
             });
         }
-        self.find(&intent.id.to_string()).await
+        self.find_id(intent.id).await
     }
 
     /// Settle an ambiguous (or dead) intent by hand. `$5` in the SET clauses
@@ -409,7 +419,7 @@ impl Store {
                 why: "only ambiguous or dead intents can be resolved",
             });
         }
-        self.find(&intent.id.to_string()).await
+        self.find_id(intent.id).await
     }
 
     async fn transition(
