@@ -278,8 +278,39 @@ async fn run_once_retry_and_new_effect() {
     ok(&db, &["run", "--once"]).await;
     assert_eq!(db.state("r:1").await, "delivered");
 
+    // a delivered intent is re-sent only when forced, saying what that means
+    let refused = cli(&db, &["retry", "r:1"]).await;
+    assert_eq!(refused.code, 4, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("is delivered")
+            && refused.stderr.contains("same idempotency key")
+            && refused.stderr.contains("replays its first answer")
+            && refused.stderr.contains("performs the effect again")
+            && refused.stderr.contains("--force"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(db.state("r:1").await, "delivered");
+    let dry = ok(&db, &["retry", "r:1", "--dry-run", "--json"])
+        .await
+        .json();
+    assert_eq!(
+        (dry[0]["would_retry"].clone(), dry[0]["needs_force"].clone()),
+        (json!(false), json!(true))
+    );
+    let dry = ok(&db, &["retry", "r:1", "--dry-run", "--force", "--json"])
+        .await
+        .json();
+    assert_eq!(dry[0]["would_retry"], true);
+    assert_eq!(
+        db.state("r:1").await,
+        "delivered",
+        "a dry run changes nothing"
+    );
+    assert_eq!(rx.requests().len(), 1);
+
     // retry reuses the key...
-    let retried = ok(&db, &["retry", "r:1", "--json"]).await.json();
+    let retried = ok(&db, &["retry", "r:1", "--force", "--json"]).await.json();
     assert_eq!(
         (
             retried[0]["state"].clone(),
@@ -289,7 +320,7 @@ async fn run_once_retry_and_new_effect() {
     );
     ok(&db, &["run", "--once"]).await;
     // ...unless a new effect is asked for explicitly
-    let fresh = ok(&db, &["retry", "r:1", "--new-effect", "--json"])
+    let fresh = ok(&db, &["retry", "r:1", "--new-effect", "--force", "--json"])
         .await
         .json();
     assert_eq!(fresh[0]["key_generation"], 1);
@@ -304,6 +335,7 @@ async fn run_once_retry_and_new_effect() {
     let actions = shown["operator_actions"].as_array().unwrap();
     assert_eq!(actions.len(), 2);
     assert_eq!(actions[1]["detail"]["new_effect"], true);
+    assert_eq!(actions[1]["detail"]["from"], "delivered");
     let human = ok(&db, &["show", "r:1"]).await.stdout;
     assert!(
         human.contains("OUTCOME") && human.contains("delivered"),
@@ -403,6 +435,32 @@ async fn bulk_retry_by_state_with_dry_run() {
     );
     ok(&db, &["run", "--once"]).await;
     assert_eq!(db.count("state = 'delivered'").await, 5);
+
+    // re-sending delivered intents in bulk needs --force; a dry run does not
+    let refused = cli(&db, &["retry", "--state", "delivered"]).await;
+    assert_eq!(refused.code, 4, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("5 delivered intent(s) match")
+            && refused.stderr.contains("same idempotency key")
+            && refused.stderr.contains("--force"),
+        "{}",
+        refused.stderr
+    );
+    let dry = ok(
+        &db,
+        &["retry", "--state", "delivered", "--dry-run", "--json"],
+    )
+    .await
+    .json();
+    assert_eq!(
+        (dry["matched"].clone(), dry["needs_force"].clone()),
+        (json!(5), json!(true))
+    );
+    assert_eq!(db.count("state = 'delivered'").await, 5);
+    let out = ok(&db, &["retry", "--state", "delivered", "--force"]).await;
+    assert!(out.stdout.contains("retried 5 intent(s)"), "{}", out.stdout);
+    assert_eq!(db.count("state = 'pending'").await, 5);
+    assert_eq!(rx.requests().len(), 5);
     db.drop_db().await;
 }
 
