@@ -574,6 +574,23 @@ async fn cancel_resolve_stats_purge() {
     db.drop_db().await;
 }
 
+/// Logs written to a pipe (or a file) carry no colour codes; NO_COLOR is
+/// honoured too (the terminal case is the unit test in telemetry.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_pipe_are_plain_text() {
+    let db = TestDb::new().await;
+    for env in [
+        vec![("RUST_LOG", "debug")],
+        vec![("RUST_LOG", "debug"), ("NO_COLOR", "1")],
+    ] {
+        let out = cli_env(Some(&db.url), &["run", "--once"], &env).await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert!(out.stderr.contains("DEBUG"), "{}", out.stderr);
+        assert!(!out.stderr.contains('\x1b'), "{:?}", out.stderr);
+    }
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_name_the_problem_and_exit_codes_mean_something() {
     let none = cli_env(None, &["stats"], &[]).await;
