@@ -574,6 +574,99 @@ async fn cancel_resolve_stats_purge() {
     db.drop_db().await;
 }
 
+/// Every operator change logs one info line: the action, which intent or
+/// how many, the new state; never the payload or a rejection's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_actions_log_one_line_each() {
+    let db = TestDb::new().await;
+    let marker = "payload-marker-never-logged";
+    let mut ids = Vec::new();
+    for key in ["log:a", "log:b", "log:c"] {
+        let target = json!({"url": "http://127.0.0.1:9/", "body": marker});
+        ids.push(db.enqueue(key, "webhook", target).await);
+    }
+    sqlx::query("UPDATE outbox.intents SET state = 'ambiguous' WHERE key = 'log:b'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox.intents SET state = 'dead' WHERE key = 'log:c'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let info = [("RUST_LOG", "info")];
+    let logged = |args: &'static [&'static str], want: &'static [&'static str]| {
+        let url = db.url.clone();
+        async move {
+            let out = cli_env(Some(&url), args, &info).await;
+            assert_eq!(out.code, 0, "{args:?}: {}", out.stderr);
+            let lines: Vec<&str> = out
+                .stderr
+                .lines()
+                .filter(|l| l.contains("operator"))
+                .collect();
+            assert_eq!(lines.len(), 1, "{args:?}: {}", out.stderr);
+            assert!(lines[0].contains(" INFO "), "{}", lines[0]);
+            for w in want {
+                assert!(lines[0].contains(w), "{args:?}: {w:?} not in {}", lines[0]);
+            }
+            assert!(!out.stderr.contains(marker), "{}", out.stderr);
+            out.stderr
+        }
+    };
+    let a = format!("intent={}", ids[0]);
+    let out = logged(
+        &["cancel", "log:a"],
+        &["operator cancel", "key=log:a", "state=cancelled"],
+    )
+    .await;
+    assert!(out.contains(&a), "{out}");
+    let out = logged(
+        &["resolve", "log:b", "--reject", "reason-not-logged"],
+        &[
+            "operator resolve",
+            "resolution=\"reject\"",
+            "key=log:b",
+            "state=rejected",
+        ],
+    )
+    .await;
+    assert!(!out.contains("reason-not-logged"), "{out}");
+    logged(
+        &["retry", "log:c"],
+        &[
+            "operator retry",
+            "key=log:c",
+            "state=pending",
+            "force=false",
+        ],
+    )
+    .await;
+    logged(
+        &["retry", "--state", "rejected"],
+        &[
+            "operator retry: 1 intent(s)",
+            "count=1",
+            "from=rejected",
+            "state=\"pending\"",
+        ],
+    )
+    .await;
+    logged(
+        &["purge", "--older-than", "0s"],
+        &["operator purge: 1 intent(s)", "count=1", "older_than=0s"],
+    )
+    .await;
+    // a dry run changes nothing and logs nothing
+    let dry = cli_env(
+        Some(&db.url),
+        &["purge", "--older-than", "0s", "--dry-run"],
+        &info,
+    )
+    .await;
+    assert!(!dry.stderr.contains("operator"), "{}", dry.stderr);
+    db.drop_db().await;
+}
+
 /// Logs written to a pipe (or a file) carry no colour codes; NO_COLOR is
 /// honoured too (the terminal case is the unit test in telemetry.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,8 @@
 //! `retry`, `cancel`, `resolve`, `stats`, `purge`.
+//!
+//! Every change an operator makes is logged once at info level (the action,
+//! which intent or how many, the new state), besides being recorded in
+//! `outbox.operator_actions`; payloads and reasons are not logged.
 
 use std::io::IsTerminal;
 
@@ -87,6 +91,16 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
         if tty {
             eprintln!();
         }
+        tracing::info!(
+            action = "retry",
+            count = done,
+            from = %filter.state,
+            kind = filter.kind.as_deref().unwrap_or("any"),
+            state = "pending",
+            new_effect = a.new_effect,
+            force = a.force,
+            "operator retry: {done} intent(s)"
+        );
         if a.json {
             json(&json!({"retried": done, "new_effect": a.new_effect}));
         } else {
@@ -113,7 +127,18 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
             continue;
         }
         match store.retry(r, how).await {
-            Ok(i) => results.push(json!({"id": i.id, "key": i.key, "state": i.state, "key_generation": i.key_generation})),
+            Ok(i) => {
+                tracing::info!(
+                    action = "retry",
+                    intent = i.id,
+                    key = %i.key,
+                    state = %i.state,
+                    new_effect = a.new_effect,
+                    force = a.force,
+                    "operator retry"
+                );
+                results.push(json!({"id": i.id, "key": i.key, "state": i.state, "key_generation": i.key_generation}));
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 first_error = first_error.or(Some(Failure::from(e)));
@@ -159,7 +184,10 @@ pub async fn cancel(store: &Store, a: CancelArgs) -> Outcome {
     let mut first_error = None;
     for r in &a.references {
         match store.cancel(r).await {
-            Ok(i) => results.push(json!({"id": i.id, "key": i.key, "state": i.state})),
+            Ok(i) => {
+                tracing::info!(action = "cancel", intent = i.id, key = %i.key, state = %i.state, "operator cancel");
+                results.push(json!({"id": i.id, "key": i.key, "state": i.state}));
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 first_error = first_error.or(Some(Failure::from(e)));
@@ -216,6 +244,19 @@ pub async fn resolve(store: &Store, a: ResolveArgs) -> Outcome {
         Resolution::Reject { reason }
     };
     let i = store.resolve(&a.reference, &how).await?;
+    let resolution = match how {
+        Resolution::Delivered { .. } => "delivered",
+        Resolution::Redeliver => "redeliver",
+        Resolution::Reject { .. } => "reject",
+    };
+    tracing::info!(
+        action = "resolve",
+        resolution,
+        intent = i.id,
+        key = %i.key,
+        state = %i.state,
+        "operator resolve"
+    );
     if a.json {
         json(&json!({"id": i.id, "key": i.key, "state": i.state, "provider_ref": i.provider_ref}));
     } else {
@@ -292,6 +333,16 @@ pub async fn purge(store: &Store, a: PurgeArgs) -> Outcome {
     let n = store
         .purge(a.older_than, a.include_dead, a.dry_run, 1000)
         .await?;
+    if !a.dry_run {
+        tracing::info!(
+            action = "purge",
+            count = n,
+            older_than = %humantime::format_duration(a.older_than),
+            include_dead = a.include_dead,
+            state = "purged (kept in the ledger)",
+            "operator purge: {n} intent(s)"
+        );
+    }
     if a.json {
         json(&json!({"purged": if a.dry_run { 0 } else { n }, "matched": n, "dry_run": a.dry_run}));
     } else if a.dry_run {
