@@ -574,6 +574,29 @@ async fn cancel_resolve_stats_purge() {
     db.drop_db().await;
 }
 
+/// `--help` names the environment variables without a dangling `=` (and
+/// without their values: DATABASE_URL may carry a password).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_names_the_environment_variables_plainly() {
+    for env in [
+        vec![],
+        vec![("OUTBOX_RELAY_CONFIG", "/etc/outbox-relay/x.toml")],
+    ] {
+        for args in [&["--help"][..], &["run", "--help"], &["retry", "--help"]] {
+            let out = cli_env(Some("postgres://u:hunter2@h/db"), args, &env).await;
+            assert_eq!(out.code, 0, "{}", out.stderr);
+            assert!(
+                out.stdout.contains("[env: OUTBOX_RELAY_CONFIG]")
+                    && out.stdout.contains("[env: DATABASE_URL]"),
+                "{args:?}: {}",
+                out.stdout
+            );
+            assert!(!out.stdout.contains("=]"), "{}", out.stdout);
+            assert!(!out.stdout.contains("hunter2") && !out.stdout.contains("x.toml"));
+        }
+    }
+}
+
 /// Every operator change logs one info line: the action, which intent or
 /// how many, the new state; never the payload or a rejection's reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,12 @@ pub struct Cli {
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
     /// TOML configuration file.
-    #[arg(long, env = "OUTBOX_RELAY_CONFIG", global = true)]
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_CONFIG",
+        global = true,
+        hide_env_values = true
+    )]
     config: Option<PathBuf>,
     /// Log format for the daemon's logs (stderr).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
