@@ -728,6 +728,35 @@ async fn errors_name_the_problem_and_exit_codes_mean_something() {
     );
     assert!(!down.stderr.contains("s3cret"), "the password never prints");
 
+    // a URL that is not a usable Postgres URL is invalid configuration (2),
+    // said once, naming what was given but never its password
+    for (url, needle) in [
+        (
+            "mysql://root:s3cret@127.0.0.1/app",
+            "the database URL is a mysql:// URL; the relay needs PostgreSQL: postgres:// or postgresql://",
+        ),
+        (
+            "postgres://postgres:s3cret@127.0.0.1:5432/x?sslmode=bogus",
+            "not a valid Postgres URL: unknown value \"bogus\" for `ssl_mode`",
+        ),
+        ("postgres://postgres:s3cret@127.0.0.1:port/x", "the database URL is not a URL (invalid port number)"),
+        ("s3cret", "the database URL is not a URL"),
+    ] {
+        for out in [
+            cli_env(Some(url), &["stats"], &[]).await,
+            cli_env(None, &["--database-url", url, "list"], &[]).await,
+        ] {
+            assert_eq!(out.code, 2, "{url}: {}", out.stderr);
+            assert!(out.stderr.contains(needle), "{url}: {}", out.stderr);
+            assert!(!out.stderr.contains("s3cret"), "{}", out.stderr);
+            assert!(
+                !out.stderr.contains("error with configuration"),
+                "{}",
+                out.stderr
+            );
+        }
+    }
+
     let cfg = common::config_file("[relay]\nconcurency = 4\n");
     let bad = cli_env(
         Some("postgres://127.0.0.1:1/x"),

@@ -174,6 +174,12 @@ impl From<anyhow::Error> for Failure {
             f.message = format!("{err:#}");
             return f;
         }
+        if err
+            .chain()
+            .any(|c| c.downcast_ref::<crate::store::InvalidUrl>().is_some())
+        {
+            return Failure::usage(format!("{err:#}"));
+        }
         let unreachable = err.chain().any(|c| {
             c.downcast_ref::<sqlx::Error>().is_some_and(is_unreachable)
                 || c.to_string().starts_with("cannot connect to Postgres")
