@@ -499,34 +499,49 @@ impl Config {
             }
             None => toml::Table::new(),
         };
-        let env = read_secret_files(env.into_iter().collect())?;
+        let given: Vec<(String, String)> = env.into_iter().collect();
+        let env = read_secret_files(given.clone())?;
         apply_env(&mut table, env.iter().cloned())?;
+        // which variable set which key, so that errors can name it
+        let mut sources = EnvSources::new(&given, &env);
         if let Some((_, key)) = env.iter().find(|(k, _)| k == "STRIPE_API_KEY") {
             let charge = table
                 .entry("charge")
                 .or_insert_with(|| toml::Value::Table(toml::Table::new()));
             if let Some(t) = charge.as_table_mut() {
-                t.entry("api_key")
-                    .or_insert_with(|| toml::Value::String(key.clone()));
+                if !t.contains_key("api_key") {
+                    t.insert("api_key".into(), toml::Value::String(key.clone()));
+                    sources.add("charge.api_key", "STRIPE_API_KEY", &given);
+                }
             }
         }
         // serde_path_to_error names the key a bad value sits under
         // ("relay.lease: invalid duration ..."), which serde alone does not.
-        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
-            .map_err(|e| {
-                let path = e.path().to_string();
+        let config: Config = match serde_path_to_error::deserialize(toml::Value::Table(table)) {
+            Ok(c) => c,
+            Err(e) => {
+                let key = e.path().to_string();
                 let message = e.into_inner().message().to_string();
-                if path == "." {
+                let err = if key == "." {
                     anyhow::anyhow!("invalid configuration: {message}")
                 } else {
-                    anyhow::anyhow!("invalid configuration: {path}: {message}")
-                }
-            })
-            .with_context(|| match path {
-                Some(p) => format!("in {}", p.display()),
-                None => "in the environment overrides".into(),
-            })?;
-        config.validate()?;
+                    anyhow::anyhow!("invalid configuration: {key}: {message}")
+                };
+                return Err(match (sources.setting(&key), path) {
+                    (Some(var), _) => err.context(format!("in environment variable {var}")),
+                    (None, Some(p)) => err.context(format!("in {}", p.display())),
+                    (None, None) => err.context("in the environment overrides"),
+                });
+            }
+        };
+        config.validate().map_err(|e| {
+            let vars = sources.named_in(&format!("{e:#}"));
+            match vars.len() {
+                0 => e,
+                1 => e.context(format!("in environment variable {}", vars[0])),
+                _ => e.context(format!("in environment variables {}", vars.join(", "))),
+            }
+        })?;
         Ok(config)
     }
 
@@ -695,6 +710,68 @@ pub fn read_secret_file(var: &str, path: &str) -> anyhow::Result<String> {
 /// Keys whose environment values are taken as they are, never read as TOML.
 fn is_secret_key(key: &str) -> bool {
     matches!(key, "password" | "api_key" | "database_url")
+}
+
+/// Which environment variable set which key (`relay.concurrency` ←
+/// `OUTBOX_RELAY__RELAY__CONCURRENCY`), so that an error about a key the
+/// environment set names the variable rather than the config file.
+struct EnvSources(Vec<(String, String)>);
+
+impl EnvSources {
+    /// From the variables as given and as read (`…_FILE` replaced by the
+    /// variable without the suffix).
+    fn new(given: &[(String, String)], read: &[(String, String)]) -> Self {
+        let mut sources = EnvSources(Vec::new());
+        for (name, _) in read {
+            if let Some(path) = name.strip_prefix("OUTBOX_RELAY__") {
+                let key = path.split("__").collect::<Vec<_>>().join(".");
+                sources.add(&key.to_ascii_lowercase(), name, given);
+            }
+        }
+        sources
+    }
+
+    /// `key` was set by `name` (or by `name_FILE`, when that is what was given).
+    fn add(&mut self, key: &str, name: &str, given: &[(String, String)]) {
+        let var = if given.iter().any(|(k, _)| k == name) {
+            name.to_string()
+        } else {
+            format!("{name}_FILE")
+        };
+        self.0.push((key.to_string(), var));
+    }
+
+    /// The variable that set `key` or a section holding it (`retry.schedule`
+    /// for `retry.schedule[0]`), the most specific one.
+    fn setting(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| {
+                key.strip_prefix(k.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+            })
+            .max_by_key(|(k, _)| k.len())
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The variables whose keys `message` names, as whole keys.
+    fn named_in(&self, message: &str) -> Vec<&str> {
+        let part = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
+        let mut vars: Vec<&str> = self
+            .0
+            .iter()
+            .filter(|(key, _)| {
+                message.match_indices(key.as_str()).any(|(at, _)| {
+                    let before = message[..at].chars().next_back();
+                    let after = message[at + key.len()..].chars().next();
+                    !before.is_some_and(part) && !after.is_some_and(|c| part(c) && c != '.')
+                })
+            })
+            .map(|(_, v)| v.as_str())
+            .collect();
+        vars.dedup();
+        vars
+    }
 }
 
 /// Merge `OUTBOX_RELAY__A__B=value` into the table at `a.b`.
@@ -1113,5 +1190,71 @@ mod tests {
         );
         let err = load_str("", &[("OUTBOX_RELAY__RELAY__TYPO", "1")]).unwrap_err();
         assert!(format!("{err:#}").contains("typo"));
+    }
+
+    #[test]
+    fn errors_from_the_environment_name_the_variable() {
+        let dir = std::env::temp_dir().join(format!("outbox-relay-env-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("timeout");
+        std::fs::write(&file, "soon\n").unwrap();
+        let file = file.display().to_string();
+        for (env, file_text, needle) in [
+            (
+                vec![("OUTBOX_RELAY__RELAY__CONCURRENCY", "lots")],
+                "[relay]\nconcurrency = 8",
+                "in environment variable OUTBOX_RELAY__RELAY__CONCURRENCY: invalid configuration: \
+                 relay.concurrency: invalid type: string \"lots\", expected u32",
+            ),
+            (
+                vec![("OUTBOX_RELAY__RELAY__TYPO", "1")],
+                "",
+                "in environment variable OUTBOX_RELAY__RELAY__TYPO: invalid configuration: \
+                 relay.typo: unknown field `typo`",
+            ),
+            (
+                vec![("OUTBOX_RELAY__RETRY__SCHEDULE", "[\"1s\", \"later\"]")],
+                "",
+                "in environment variable OUTBOX_RELAY__RETRY__SCHEDULE: invalid configuration: \
+                 retry.schedule[1]: invalid duration \"later\"",
+            ),
+            (
+                vec![("OUTBOX_RELAY__RELAY__CONCURRENCY", "0")],
+                "",
+                "in environment variable OUTBOX_RELAY__RELAY__CONCURRENCY: relay.concurrency must be \
+                 between 1 and 10000, not 0",
+            ),
+            (
+                vec![("OUTBOX_RELAY__WEBHOOK__TIMEOUT_FILE", file.as_str())],
+                "",
+                "in environment variable OUTBOX_RELAY__WEBHOOK__TIMEOUT_FILE: invalid configuration: \
+                 webhook.timeout: invalid duration \"soon\"",
+            ),
+            (
+                vec![("STRIPE_API_KEY", " ")],
+                "",
+                "in environment variable STRIPE_API_KEY: charge.api_key (STRIPE_API_KEY) is empty",
+            ),
+            (
+                vec![("OUTBOX_RELAY__RELAY__LEASE", "10s")],
+                "[webhook]\ntimeout = \"15s\"",
+                "in environment variable OUTBOX_RELAY__RELAY__LEASE: relay.lease (10s) must exceed",
+            ),
+        ] {
+            let err = format!("{:#}", load_str(file_text, &env).unwrap_err());
+            assert!(err.contains(needle), "{env:?}: {err}");
+        }
+        // a bad value in the file is the file's, whatever else the environment sets
+        let err = load_str(
+            "[relay]\nlease = \"soon\"",
+            &[("OUTBOX_RELAY__RELAY__CONCURRENCY", "8")],
+        )
+        .unwrap_err();
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("in /") && err.contains("relay.lease") && !err.contains("OUTBOX_RELAY__"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

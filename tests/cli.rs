@@ -767,6 +767,20 @@ async fn errors_name_the_problem_and_exit_codes_mean_something() {
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("concurency"), "{}", bad.stderr);
     std::fs::remove_file(cfg).ok();
+    // a bad override from the environment names its variable
+    let bad = cli_env(
+        Some("postgres://127.0.0.1:1/x"),
+        &["stats"],
+        &[("OUTBOX_RELAY__RELAY__CONCURRENCY", "lots")],
+    )
+    .await;
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr
+            .contains("in environment variable OUTBOX_RELAY__RELAY__CONCURRENCY: "),
+        "{}",
+        bad.stderr
+    );
 
     // the URL from a file (a mounted secret); its password never prints
     let url_file = common::config_file("postgres://postgres:s3cret@127.0.0.1:1/x\n");
