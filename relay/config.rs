@@ -149,8 +149,17 @@ pub struct RelaySection {
     pub sweep_interval: Dur,
     /// How long in-flight deliveries may take to finish on SIGTERM.
     pub shutdown_timeout: Dur,
-    /// Where /metrics, /healthz and /readyz are served (port 0 picks one).
+    /// Where /metrics, /healthz and /readyz are served (port 0 picks one),
+    /// and `GET /v1/intents/{key}` (see `lookup`).
     pub metrics_addr: Option<String>,
+    /// Answer `GET /v1/intents/{key}` on the metrics listener: an intent's
+    /// state by its exact key, for a client that wants to know whether an
+    /// operation happened. false: the path is 404 like any unknown one.
+    pub lookup: bool,
+    /// When set, `GET /v1/intents/{key}` needs `Authorization: Bearer
+    /// <token>` (401 otherwise); /metrics and the probes stay open. Also
+    /// `OUTBOX_RELAY_LOOKUP_TOKEN` (or `…_FILE`). Kept secret: never printed.
+    pub lookup_token: Option<Secret>,
     /// The owner name written on claims; default host:pid:random.
     pub name: Option<String>,
     /// Postgres connections; default concurrency/8 + 4.
@@ -168,6 +177,8 @@ impl Default for RelaySection {
             sweep_interval: dur("5s"),
             shutdown_timeout: dur("30s"),
             metrics_addr: Some("127.0.0.1:9187".into()),
+            lookup: true,
+            lookup_token: None,
             name: None,
             max_connections: None,
         }
@@ -504,6 +515,21 @@ impl Config {
         apply_env(&mut table, env.iter().cloned())?;
         // which variable set which key, so that errors can name it
         let mut sources = EnvSources::new(&given, &env);
+        if let Some((_, token)) = env.iter().find(|(k, _)| k == LOOKUP_TOKEN_VAR) {
+            if env
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("OUTBOX_RELAY__RELAY__LOOKUP_TOKEN"))
+            {
+                bail!("both {LOOKUP_TOKEN_VAR} and OUTBOX_RELAY__RELAY__LOOKUP_TOKEN are set; set one");
+            }
+            let relay = table
+                .entry("relay")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let Some(t) = relay.as_table_mut() {
+                t.insert("lookup_token".into(), toml::Value::String(token.clone()));
+                sources.add("relay.lookup_token", LOOKUP_TOKEN_VAR, &given);
+            }
+        }
         if let Some((_, key)) = env.iter().find(|(k, _)| k == "STRIPE_API_KEY") {
             let charge = table
                 .entry("charge")
@@ -637,6 +663,21 @@ impl Config {
         if ret.interval.0 < Duration::from_secs(1) {
             bail!("retention.interval must be at least 1s");
         }
+        if let Some(token) = &r.lookup_token {
+            let token = token.expose();
+            if !token.bytes().all(|b| b.is_ascii_graphic()) {
+                bail!(
+                    "relay.lookup_token must be printable ASCII without spaces \
+                     (it is sent as Authorization: Bearer <token>)"
+                );
+            }
+            if token.len() < 16 {
+                bail!(
+                    "relay.lookup_token is shorter than 16 characters; use a random one \
+                     (e.g. openssl rand -hex 32)"
+                );
+            }
+        }
         if let Some(addr) = &r.metrics_addr {
             addr.parse::<std::net::SocketAddr>().map_err(|_| {
                 anyhow::anyhow!("relay.metrics_addr {addr:?} is not an address like 127.0.0.1:9187")
@@ -646,7 +687,15 @@ impl Config {
     }
 }
 
-/// Replace every `OUTBOX_RELAY__…_FILE` and `STRIPE_API_KEY_FILE` variable
+/// The variable that may hold `relay.lookup_token`, like `STRIPE_API_KEY`
+/// for `charge.api_key`.
+pub const LOOKUP_TOKEN_VAR: &str = "OUTBOX_RELAY_LOOKUP_TOKEN";
+
+/// Secrets with a variable of their own, taken as they are (never as TOML).
+const PLAIN_SECRET_VARS: &[&str] = &["STRIPE_API_KEY", LOOKUP_TOKEN_VAR];
+
+/// Replace every `OUTBOX_RELAY__…_FILE`, `STRIPE_API_KEY_FILE` and
+/// `OUTBOX_RELAY_LOOKUP_TOKEN_FILE` variable
 /// by the variable without the suffix, holding the file's contents (a
 /// trailing newline dropped): how container platforms hand out secrets.
 /// The value is always a string, except for a list key (`signing_secrets`),
@@ -659,7 +708,7 @@ pub fn read_secret_files(env: Vec<(String, String)>) -> anyhow::Result<Vec<(Stri
             out.push((name.clone(), value.clone()));
             continue;
         };
-        if !(base.starts_with("OUTBOX_RELAY__") || base == "STRIPE_API_KEY") {
+        if !(base.starts_with("OUTBOX_RELAY__") || PLAIN_SECRET_VARS.contains(&base)) {
             out.push((name.clone(), value.clone()));
             continue;
         }
@@ -679,7 +728,7 @@ pub fn read_secret_files(env: Vec<(String, String)>) -> anyhow::Result<Vec<(Stri
         } else {
             toml::Value::String(contents)
         };
-        // STRIPE_API_KEY and secret keys are taken as they are (see
+        // STRIPE_API_KEY, the lookup token and secret keys are taken as they are (see
         // `apply_env`); anything else is read as TOML, so quote it
         let last = base
             .rsplit("__")
@@ -687,7 +736,9 @@ pub fn read_secret_files(env: Vec<(String, String)>) -> anyhow::Result<Vec<(Stri
             .unwrap_or(base)
             .to_ascii_lowercase();
         let raw = match toml_value.as_str() {
-            Some(text) if base == "STRIPE_API_KEY" || is_secret_key(&last) => text.to_string(),
+            Some(text) if PLAIN_SECRET_VARS.contains(&base) || is_secret_key(&last) => {
+                text.to_string()
+            }
             _ => toml_value.to_string(),
         };
         out.push((base.to_string(), raw));
@@ -709,7 +760,10 @@ pub fn read_secret_file(var: &str, path: &str) -> anyhow::Result<String> {
 
 /// Keys whose environment values are taken as they are, never read as TOML.
 fn is_secret_key(key: &str) -> bool {
-    matches!(key, "password" | "api_key" | "database_url")
+    matches!(
+        key,
+        "password" | "api_key" | "database_url" | "lookup_token"
+    )
 }
 
 /// Which environment variable set which key (`relay.concurrency` ←
@@ -1190,6 +1244,65 @@ mod tests {
         );
         let err = load_str("", &[("OUTBOX_RELAY__RELAY__TYPO", "1")]).unwrap_err();
         assert!(format!("{err:#}").contains("typo"));
+    }
+
+    #[test]
+    fn the_lookup_token_comes_from_the_file_or_the_environment_and_never_prints() {
+        let token = "tok-0123456789abcdef";
+        let defaults = load_str("", &[]).unwrap();
+        assert!(defaults.relay.lookup && defaults.relay.lookup_token.is_none());
+        let dir = std::env::temp_dir().join(format!("outbox-relay-tok-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        let file = file.display().to_string();
+        let in_file = format!("[relay]\nlookup_token = \"{token}\"");
+        for (text, env) in [
+            (in_file.as_str(), vec![]),
+            ("", vec![("OUTBOX_RELAY_LOOKUP_TOKEN", token)]),
+            ("", vec![("OUTBOX_RELAY_LOOKUP_TOKEN_FILE", file.as_str())]),
+            ("", vec![("OUTBOX_RELAY__RELAY__LOOKUP_TOKEN", token)]),
+            // the environment overrides the file
+            (
+                "[relay]\nlookup_token = \"from-the-file-0123456789\"",
+                vec![("OUTBOX_RELAY_LOOKUP_TOKEN", token)],
+            ),
+        ] {
+            let c = load_str(text, &env).unwrap();
+            assert_eq!(c.relay.lookup_token.as_ref().unwrap().expose(), token);
+            assert!(!format!("{c:?}").contains(token), "the token never prints");
+        }
+        let off = load_str("", &[("OUTBOX_RELAY__RELAY__LOOKUP", "false")]).unwrap();
+        assert!(!off.relay.lookup);
+        for (env, needle) in [
+            (
+                vec![("OUTBOX_RELAY_LOOKUP_TOKEN", "short-s3cret")],
+                "in environment variable OUTBOX_RELAY_LOOKUP_TOKEN: relay.lookup_token is shorter than 16",
+            ),
+            (
+                vec![("OUTBOX_RELAY_LOOKUP_TOKEN", "s3cret with spaces inside")],
+                "relay.lookup_token must be printable ASCII without spaces",
+            ),
+            (
+                vec![
+                    ("OUTBOX_RELAY_LOOKUP_TOKEN", token),
+                    ("OUTBOX_RELAY__RELAY__LOOKUP_TOKEN", token),
+                ],
+                "both OUTBOX_RELAY_LOOKUP_TOKEN and OUTBOX_RELAY__RELAY__LOOKUP_TOKEN are set",
+            ),
+            (
+                vec![
+                    ("OUTBOX_RELAY_LOOKUP_TOKEN", token),
+                    ("OUTBOX_RELAY_LOOKUP_TOKEN_FILE", file.as_str()),
+                ],
+                "both OUTBOX_RELAY_LOOKUP_TOKEN and OUTBOX_RELAY_LOOKUP_TOKEN_FILE are set",
+            ),
+        ] {
+            let err = format!("{:#}", load_str("", &env).unwrap_err());
+            assert!(err.contains(needle), "{err}");
+            assert!(!err.contains("s3cret") && !err.contains(token), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

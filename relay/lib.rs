@@ -20,6 +20,8 @@
 //! - [`retention`]: purging terminal intents into the ledger, and the ledger.
 //! - [`engine`]: wiring, `run` and `run --once`, graceful shutdown.
 //! - [`metrics`]: Prometheus metrics, queue gauges, /healthz and /readyz.
+//! - [`lookup`]: `GET /v1/intents/{key}` on the metrics listener: by key
+//!   only, optionally behind a bearer token.
 //! - [`cli`]: the `outbox-relay` command.
 //! - [`telemetry`]: logging setup.
 //! - [`bench`]: the reproducible benchmark (`outbox-relay bench`).
@@ -34,6 +36,7 @@ pub mod complete;
 pub mod config;
 pub mod dispatch;
 pub mod engine;
+pub mod lookup;
 pub mod metrics;
 pub mod reconcile;
 pub mod retention;

@@ -276,6 +276,31 @@ impl Store {
         }
     }
 
+    /// The live intent whose key is exactly `key`, else the ledger's record
+    /// of that key. Never by id: for callers that must not let anyone walk
+    /// the ids (`GET /v1/intents/{key}`).
+    pub async fn lookup_key(&self, key: &str) -> Result<Known, StoreError> {
+        let sql = format!("SELECT {INTENT_COLUMNS} FROM outbox.intents WHERE key = $1");
+        let live: Option<Intent> = sqlx::query_as(&sql)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(intent) = live {
+            return Ok(Known::Live(Box::new(intent)));
+        }
+        let entry: Option<LedgerEntry> = sqlx::query_as(
+            "SELECT key, intent_id, kind, destination, state, provider_ref, last_error,
+                    created_at, completed_at, purged_at
+               FROM outbox.ledger WHERE key = $1",
+        )
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        entry
+            .map(Known::Ledger)
+            .ok_or_else(|| StoreError::NotFound(key.to_string()))
+    }
+
     pub async fn attempts(&self, intent_id: i64) -> Result<Vec<Attempt>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT attempt, fence, owner, started_at, finished_at, outcome, status, provider_ref,
