@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{terminate, wait_for, TestDb};
+use common::{terminate, TestDb};
 use serde_json::json;
 
 const TOKEN: &str = "lookup-token-0123456789abcdef";
@@ -25,14 +25,22 @@ async fn relay(db: &TestDb, env: &[(&str, &str)]) -> (tokio::process::Child, u16
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd.spawn().unwrap();
-    let up = wait_for(Duration::from_secs(20), || async {
-        reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-    })
-    .await;
-    assert!(up, "the relay's listener did not come up");
+    let mut child = cmd.spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the relay exited ({status}): {}", stop(child).await);
+        }
+        let healthz = reqwest::get(format!("http://127.0.0.1:{port}/healthz")).await;
+        if healthz.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay's listener did not come up"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     (child, port)
 }
 
