@@ -152,8 +152,17 @@ pub struct RelaySection {
     /// How often the daemon logs a one-line summary at info level
     /// (delivered, failed, retried, replays, backlog); 0s turns it off.
     pub summary_interval: Dur,
-    /// Where /metrics, /healthz and /readyz are served (port 0 picks one).
+    /// Where /metrics, /healthz and /readyz are served (port 0 picks one),
+    /// and `GET /v1/intents/{key}` (see `lookup`).
     pub metrics_addr: Option<String>,
+    /// Answer `GET /v1/intents/{key}` on the metrics listener: an intent's
+    /// state by its exact key, for a client that wants to know whether an
+    /// operation happened. false: the path is 404 like any unknown one.
+    pub lookup: bool,
+    /// When set, `GET /v1/intents/{key}` needs `Authorization: Bearer
+    /// <token>` (401 otherwise); /metrics and the probes stay open. Also
+    /// `OUTBOX_RELAY_LOOKUP_TOKEN` (or `…_FILE`). Kept secret: never printed.
+    pub lookup_token: Option<Secret>,
     /// The owner name written on claims; default host:pid:random.
     pub name: Option<String>,
     /// Postgres connections; default concurrency/8 + 4.
@@ -172,6 +181,8 @@ impl Default for RelaySection {
             shutdown_timeout: dur("30s"),
             summary_interval: dur("60s"),
             metrics_addr: Some("127.0.0.1:9187".into()),
+            lookup: true,
+            lookup_token: None,
             name: None,
             max_connections: None,
         }
@@ -521,34 +532,64 @@ impl Config {
             }
             None => toml::Table::new(),
         };
-        let env = read_secret_files(env.into_iter().collect())?;
+        let given: Vec<(String, String)> = env.into_iter().collect();
+        let env = read_secret_files(given.clone())?;
         apply_env(&mut table, env.iter().cloned())?;
+        // which variable set which key, so that errors can name it
+        let mut sources = EnvSources::new(&given, &env);
+        if let Some((_, token)) = env.iter().find(|(k, _)| k == LOOKUP_TOKEN_VAR) {
+            if env
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("OUTBOX_RELAY__RELAY__LOOKUP_TOKEN"))
+            {
+                bail!("both {LOOKUP_TOKEN_VAR} and OUTBOX_RELAY__RELAY__LOOKUP_TOKEN are set; set one");
+            }
+            let relay = table
+                .entry("relay")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let Some(t) = relay.as_table_mut() {
+                t.insert("lookup_token".into(), toml::Value::String(token.clone()));
+                sources.add("relay.lookup_token", LOOKUP_TOKEN_VAR, &given);
+            }
+        }
         if let Some((_, key)) = env.iter().find(|(k, _)| k == "STRIPE_API_KEY") {
             let charge = table
                 .entry("charge")
                 .or_insert_with(|| toml::Value::Table(toml::Table::new()));
             if let Some(t) = charge.as_table_mut() {
-                t.entry("api_key")
-                    .or_insert_with(|| toml::Value::String(key.clone()));
+                if !t.contains_key("api_key") {
+                    t.insert("api_key".into(), toml::Value::String(key.clone()));
+                    sources.add("charge.api_key", "STRIPE_API_KEY", &given);
+                }
             }
         }
         // serde_path_to_error names the key a bad value sits under
         // ("relay.lease: invalid duration ..."), which serde alone does not.
-        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
-            .map_err(|e| {
-                let path = e.path().to_string();
+        let config: Config = match serde_path_to_error::deserialize(toml::Value::Table(table)) {
+            Ok(c) => c,
+            Err(e) => {
+                let key = e.path().to_string();
                 let message = e.into_inner().message().to_string();
-                if path == "." {
+                let err = if key == "." {
                     anyhow::anyhow!("invalid configuration: {message}")
                 } else {
-                    anyhow::anyhow!("invalid configuration: {path}: {message}")
-                }
-            })
-            .with_context(|| match path {
-                Some(p) => format!("in {}", p.display()),
-                None => "in the environment overrides".into(),
-            })?;
-        config.validate()?;
+                    anyhow::anyhow!("invalid configuration: {key}: {message}")
+                };
+                return Err(match (sources.setting(&key), path) {
+                    (Some(var), _) => err.context(format!("in environment variable {var}")),
+                    (None, Some(p)) => err.context(format!("in {}", p.display())),
+                    (None, None) => err.context("in the environment overrides"),
+                });
+            }
+        };
+        config.validate().map_err(|e| {
+            let vars = sources.named_in(&format!("{e:#}"));
+            match vars.len() {
+                0 => e,
+                1 => e.context(format!("in environment variable {}", vars[0])),
+                _ => e.context(format!("in environment variables {}", vars.join(", "))),
+            }
+        })?;
         Ok(config)
     }
 
@@ -644,6 +685,21 @@ impl Config {
         if ret.interval.0 < Duration::from_secs(1) {
             bail!("retention.interval must be at least 1s");
         }
+        if let Some(token) = &r.lookup_token {
+            let token = token.expose();
+            if !token.bytes().all(|b| b.is_ascii_graphic()) {
+                bail!(
+                    "relay.lookup_token must be printable ASCII without spaces \
+                     (it is sent as Authorization: Bearer <token>)"
+                );
+            }
+            if token.len() < 16 {
+                bail!(
+                    "relay.lookup_token is shorter than 16 characters; use a random one \
+                     (e.g. openssl rand -hex 32)"
+                );
+            }
+        }
         if let Some(addr) = &r.metrics_addr {
             addr.parse::<std::net::SocketAddr>().map_err(|_| {
                 anyhow::anyhow!("relay.metrics_addr {addr:?} is not an address like 127.0.0.1:9187")
@@ -653,7 +709,15 @@ impl Config {
     }
 }
 
-/// Replace every `OUTBOX_RELAY__…_FILE` and `STRIPE_API_KEY_FILE` variable
+/// The variable that may hold `relay.lookup_token`, like `STRIPE_API_KEY`
+/// for `charge.api_key`.
+pub const LOOKUP_TOKEN_VAR: &str = "OUTBOX_RELAY_LOOKUP_TOKEN";
+
+/// Secrets with a variable of their own, taken as they are (never as TOML).
+const PLAIN_SECRET_VARS: &[&str] = &["STRIPE_API_KEY", LOOKUP_TOKEN_VAR];
+
+/// Replace every `OUTBOX_RELAY__…_FILE`, `STRIPE_API_KEY_FILE` and
+/// `OUTBOX_RELAY_LOOKUP_TOKEN_FILE` variable
 /// by the variable without the suffix, holding the file's contents (a
 /// trailing newline dropped): how container platforms hand out secrets.
 /// The value is always a string, except for a list key (`signing_secrets`),
@@ -666,7 +730,7 @@ pub fn read_secret_files(env: Vec<(String, String)>) -> anyhow::Result<Vec<(Stri
             out.push((name.clone(), value.clone()));
             continue;
         };
-        if !(base.starts_with("OUTBOX_RELAY__") || base == "STRIPE_API_KEY") {
+        if !(base.starts_with("OUTBOX_RELAY__") || PLAIN_SECRET_VARS.contains(&base)) {
             out.push((name.clone(), value.clone()));
             continue;
         }
@@ -686,7 +750,7 @@ pub fn read_secret_files(env: Vec<(String, String)>) -> anyhow::Result<Vec<(Stri
         } else {
             toml::Value::String(contents)
         };
-        // STRIPE_API_KEY and secret keys are taken as they are (see
+        // STRIPE_API_KEY, the lookup token and secret keys are taken as they are (see
         // `apply_env`); anything else is read as TOML, so quote it
         let last = base
             .rsplit("__")
@@ -694,7 +758,9 @@ pub fn read_secret_files(env: Vec<(String, String)>) -> anyhow::Result<Vec<(Stri
             .unwrap_or(base)
             .to_ascii_lowercase();
         let raw = match toml_value.as_str() {
-            Some(text) if base == "STRIPE_API_KEY" || is_secret_key(&last) => text.to_string(),
+            Some(text) if PLAIN_SECRET_VARS.contains(&base) || is_secret_key(&last) => {
+                text.to_string()
+            }
             _ => toml_value.to_string(),
         };
         out.push((base.to_string(), raw));
@@ -716,7 +782,72 @@ pub fn read_secret_file(var: &str, path: &str) -> anyhow::Result<String> {
 
 /// Keys whose environment values are taken as they are, never read as TOML.
 fn is_secret_key(key: &str) -> bool {
-    matches!(key, "password" | "api_key" | "database_url")
+    matches!(
+        key,
+        "password" | "api_key" | "database_url" | "lookup_token"
+    )
+}
+
+/// Which environment variable set which key (`relay.concurrency` ←
+/// `OUTBOX_RELAY__RELAY__CONCURRENCY`), so that an error about a key the
+/// environment set names the variable rather than the config file.
+struct EnvSources(Vec<(String, String)>);
+
+impl EnvSources {
+    /// From the variables as given and as read (`…_FILE` replaced by the
+    /// variable without the suffix).
+    fn new(given: &[(String, String)], read: &[(String, String)]) -> Self {
+        let mut sources = EnvSources(Vec::new());
+        for (name, _) in read {
+            if let Some(path) = name.strip_prefix("OUTBOX_RELAY__") {
+                let key = path.split("__").collect::<Vec<_>>().join(".");
+                sources.add(&key.to_ascii_lowercase(), name, given);
+            }
+        }
+        sources
+    }
+
+    /// `key` was set by `name` (or by `name_FILE`, when that is what was given).
+    fn add(&mut self, key: &str, name: &str, given: &[(String, String)]) {
+        let var = if given.iter().any(|(k, _)| k == name) {
+            name.to_string()
+        } else {
+            format!("{name}_FILE")
+        };
+        self.0.push((key.to_string(), var));
+    }
+
+    /// The variable that set `key` or a section holding it (`retry.schedule`
+    /// for `retry.schedule[0]`), the most specific one.
+    fn setting(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| {
+                key.strip_prefix(k.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+            })
+            .max_by_key(|(k, _)| k.len())
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The variables whose keys `message` names, as whole keys.
+    fn named_in(&self, message: &str) -> Vec<&str> {
+        let part = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
+        let mut vars: Vec<&str> = self
+            .0
+            .iter()
+            .filter(|(key, _)| {
+                message.match_indices(key.as_str()).any(|(at, _)| {
+                    let before = message[..at].chars().next_back();
+                    let after = message[at + key.len()..].chars().next();
+                    !before.is_some_and(part) && !after.is_some_and(|c| part(c) && c != '.')
+                })
+            })
+            .map(|(_, v)| v.as_str())
+            .collect();
+        vars.dedup();
+        vars
+    }
 }
 
 /// Merge `OUTBOX_RELAY__A__B=value` into the table at `a.b`.
@@ -1135,5 +1266,130 @@ mod tests {
         );
         let err = load_str("", &[("OUTBOX_RELAY__RELAY__TYPO", "1")]).unwrap_err();
         assert!(format!("{err:#}").contains("typo"));
+    }
+
+    #[test]
+    fn the_lookup_token_comes_from_the_file_or_the_environment_and_never_prints() {
+        let token = "tok-0123456789abcdef";
+        let defaults = load_str("", &[]).unwrap();
+        assert!(defaults.relay.lookup && defaults.relay.lookup_token.is_none());
+        let dir = std::env::temp_dir().join(format!("outbox-relay-tok-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        let file = file.display().to_string();
+        let in_file = format!("[relay]\nlookup_token = \"{token}\"");
+        for (text, env) in [
+            (in_file.as_str(), vec![]),
+            ("", vec![("OUTBOX_RELAY_LOOKUP_TOKEN", token)]),
+            ("", vec![("OUTBOX_RELAY_LOOKUP_TOKEN_FILE", file.as_str())]),
+            ("", vec![("OUTBOX_RELAY__RELAY__LOOKUP_TOKEN", token)]),
+            // the environment overrides the file
+            (
+                "[relay]\nlookup_token = \"from-the-file-0123456789\"",
+                vec![("OUTBOX_RELAY_LOOKUP_TOKEN", token)],
+            ),
+        ] {
+            let c = load_str(text, &env).unwrap();
+            assert_eq!(c.relay.lookup_token.as_ref().unwrap().expose(), token);
+            assert!(!format!("{c:?}").contains(token), "the token never prints");
+        }
+        let off = load_str("", &[("OUTBOX_RELAY__RELAY__LOOKUP", "false")]).unwrap();
+        assert!(!off.relay.lookup);
+        for (env, needle) in [
+            (
+                vec![("OUTBOX_RELAY_LOOKUP_TOKEN", "short-s3cret")],
+                "in environment variable OUTBOX_RELAY_LOOKUP_TOKEN: relay.lookup_token is shorter than 16",
+            ),
+            (
+                vec![("OUTBOX_RELAY_LOOKUP_TOKEN", "s3cret with spaces inside")],
+                "relay.lookup_token must be printable ASCII without spaces",
+            ),
+            (
+                vec![
+                    ("OUTBOX_RELAY_LOOKUP_TOKEN", token),
+                    ("OUTBOX_RELAY__RELAY__LOOKUP_TOKEN", token),
+                ],
+                "both OUTBOX_RELAY_LOOKUP_TOKEN and OUTBOX_RELAY__RELAY__LOOKUP_TOKEN are set",
+            ),
+            (
+                vec![
+                    ("OUTBOX_RELAY_LOOKUP_TOKEN", token),
+                    ("OUTBOX_RELAY_LOOKUP_TOKEN_FILE", file.as_str()),
+                ],
+                "both OUTBOX_RELAY_LOOKUP_TOKEN and OUTBOX_RELAY_LOOKUP_TOKEN_FILE are set",
+            ),
+        ] {
+            let err = format!("{:#}", load_str("", &env).unwrap_err());
+            assert!(err.contains(needle), "{err}");
+            assert!(!err.contains("s3cret") && !err.contains(token), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn errors_from_the_environment_name_the_variable() {
+        let dir = std::env::temp_dir().join(format!("outbox-relay-env-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("timeout");
+        std::fs::write(&file, "soon\n").unwrap();
+        let file = file.display().to_string();
+        for (env, file_text, needle) in [
+            (
+                vec![("OUTBOX_RELAY__RELAY__CONCURRENCY", "lots")],
+                "[relay]\nconcurrency = 8",
+                "in environment variable OUTBOX_RELAY__RELAY__CONCURRENCY: invalid configuration: \
+                 relay.concurrency: invalid type: string \"lots\", expected u32",
+            ),
+            (
+                vec![("OUTBOX_RELAY__RELAY__TYPO", "1")],
+                "",
+                "in environment variable OUTBOX_RELAY__RELAY__TYPO: invalid configuration: \
+                 relay.typo: unknown field `typo`",
+            ),
+            (
+                vec![("OUTBOX_RELAY__RETRY__SCHEDULE", "[\"1s\", \"later\"]")],
+                "",
+                "in environment variable OUTBOX_RELAY__RETRY__SCHEDULE: invalid configuration: \
+                 retry.schedule[1]: invalid duration \"later\"",
+            ),
+            (
+                vec![("OUTBOX_RELAY__RELAY__CONCURRENCY", "0")],
+                "",
+                "in environment variable OUTBOX_RELAY__RELAY__CONCURRENCY: relay.concurrency must be \
+                 between 1 and 10000, not 0",
+            ),
+            (
+                vec![("OUTBOX_RELAY__WEBHOOK__TIMEOUT_FILE", file.as_str())],
+                "",
+                "in environment variable OUTBOX_RELAY__WEBHOOK__TIMEOUT_FILE: invalid configuration: \
+                 webhook.timeout: invalid duration \"soon\"",
+            ),
+            (
+                vec![("STRIPE_API_KEY", " ")],
+                "",
+                "in environment variable STRIPE_API_KEY: charge.api_key (STRIPE_API_KEY) is empty",
+            ),
+            (
+                vec![("OUTBOX_RELAY__RELAY__LEASE", "10s")],
+                "[webhook]\ntimeout = \"15s\"",
+                "in environment variable OUTBOX_RELAY__RELAY__LEASE: relay.lease (10s) must exceed",
+            ),
+        ] {
+            let err = format!("{:#}", load_str(file_text, &env).unwrap_err());
+            assert!(err.contains(needle), "{env:?}: {err}");
+        }
+        // a bad value in the file is the file's, whatever else the environment sets
+        let err = load_str(
+            "[relay]\nlease = \"soon\"",
+            &[("OUTBOX_RELAY__RELAY__CONCURRENCY", "8")],
+        )
+        .unwrap_err();
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("in /") && err.contains("relay.lease") && !err.contains("OUTBOX_RELAY__"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

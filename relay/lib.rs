@@ -22,6 +22,8 @@
 //! - [`supervisor`]: every long-running task under one stop signal; a task
 //!   that dies or gets stuck makes the relay unready and exits it.
 //! - [`metrics`]: Prometheus metrics, queue gauges, /healthz and /readyz.
+//! - [`lookup`]: `GET /v1/intents/{key}` on the metrics listener: by key
+//!   only, optionally behind a bearer token.
 //! - [`cli`]: the `outbox-relay` command.
 //! - [`telemetry`]: logging setup.
 //! - [`bench`]: the reproducible benchmark (`outbox-relay bench`).
@@ -36,6 +38,7 @@ pub mod complete;
 pub mod config;
 pub mod dispatch;
 pub mod engine;
+pub mod lookup;
 pub mod metrics;
 pub mod reconcile;
 pub mod retention;

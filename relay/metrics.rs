@@ -16,16 +16,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use axum::extract::{Path, State};
-use axum::http::header::CONTENT_TYPE;
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use serde_json::json;
 
-use crate::store::operator::Known;
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 /// The process-wide recorder (installed once).
 pub fn recorder() -> PrometheusHandle {
@@ -206,11 +202,13 @@ struct Served {
 
 /// Bind `addr` (port 0 picks one). Returns the bound address and the
 /// server, which runs until it is dropped: it answers (`/readyz` 503)
-/// through the whole shutdown.
+/// through the whole shutdown. `lookup` says who may ask
+/// `GET /v1/intents/{key}` ([`crate::lookup`]).
 pub async fn serve(
     addr: SocketAddr,
     store: Store,
     health: Arc<Health>,
+    lookup: crate::lookup::Access,
 ) -> anyhow::Result<(
     SocketAddr,
     impl std::future::Future<Output = ()> + Send + 'static,
@@ -224,7 +222,10 @@ pub async fn serve(
         .route("/metrics", get(render))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
-        .route("/v1/intents/{*key}", get(intent))
+        .route(
+            "/v1/intents/{*key}",
+            crate::lookup::route(served.store.clone(), lookup),
+        )
         .with_state(served);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -240,41 +241,6 @@ pub async fn serve(
 
 async fn render(State(s): State<Served>) -> String {
     s.handle.render()
-}
-
-/// `GET /v1/intents/{key}`: did this operation happen? Read-only, from the
-/// live table or the ledger, so a client whose retry window has closed can
-/// ask instead of retrying blindly.
-async fn intent(State(s): State<Served>, Path(key): Path<String>) -> Response {
-    let body = match s.store.lookup(&key).await {
-        Ok(Known::Live(i)) => json!({
-            "source": "live", "key": i.key, "id": i.id, "kind": i.kind, "state": i.state,
-            "attempts": i.attempts, "provider_ref": i.provider_ref, "last_error": i.last_error,
-            "created_at": i.created_at, "updated_at": i.updated_at, "delivered_at": i.delivered_at,
-        }),
-        Ok(Known::Ledger(e)) => json!({
-            "source": "ledger", "key": e.key, "id": e.intent_id, "kind": e.kind, "state": e.state,
-            "provider_ref": e.provider_ref, "last_error": e.last_error, "created_at": e.created_at,
-            "completed_at": e.completed_at, "purged_at": e.purged_at,
-        }),
-        Err(StoreError::NotFound(_)) => {
-            return (
-                StatusCode::NOT_FOUND,
-                [(CONTENT_TYPE, "application/json")],
-                json!({"error": "no intent has this key", "key": key}).to_string(),
-            )
-                .into_response()
-        }
-        Err(err) => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(CONTENT_TYPE, "application/json")],
-                json!({"error": err.to_string()}).to_string(),
-            )
-                .into_response()
-        }
-    };
-    ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 async fn ready(State(s): State<Served>) -> (StatusCode, String) {

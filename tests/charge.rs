@@ -9,6 +9,7 @@ use common::{config, engine, TestDb};
 use outbox_providers::charge::request::idempotency_key;
 use outbox_providers::Secret;
 use outbox_relay::config::Config;
+use outbox_relay::store::operator::RetryOptions;
 use serde_json::json;
 
 fn charge_config(fake: &Running) -> Config {
@@ -51,7 +52,11 @@ async fn a_charge_is_created_once_with_the_derived_key_and_its_id_recorded() {
 
     // an operator retry re-sends under the same key: the provider replays,
     // no second payment, and the replay is recorded on the attempt
-    db.store.retry("order:42:charge", false).await.unwrap();
+    let force = RetryOptions {
+        force: true,
+        ..RetryOptions::default()
+    };
+    db.store.retry("order:42:charge", force).await.unwrap();
     engine(db.store.clone(), &charge_config(&stripe))
         .run_once()
         .await
@@ -90,9 +95,16 @@ async fn a_decline_is_rejected_and_only_new_effect_charges_again() {
     );
 
     // a plain retry replays the stored decline; --new-effect is a new key
-    db.store.retry("declined", false).await.unwrap();
+    db.store
+        .retry("declined", RetryOptions::default())
+        .await
+        .unwrap();
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
-    db.store.retry("declined", true).await.unwrap();
+    let new_effect = RetryOptions {
+        new_effect: true,
+        ..RetryOptions::default()
+    };
+    db.store.retry("declined", new_effect).await.unwrap();
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
     let keys: Vec<(String, bool)> = stripe
         .fake

@@ -227,6 +227,37 @@ async fn migrate_enqueue_list_show() {
     db.drop_db().await;
 }
 
+/// `list` cuts a long last error from the middle: the end of a reason is
+/// usually what to do about it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_keeps_the_end_of_a_long_error() {
+    let db = TestDb::new().await;
+    db.enqueue(
+        "guarded",
+        "webhook",
+        json!({"url": "http://127.0.0.1:9/x", "body": 1}),
+    )
+    .await;
+    // the destination guard refuses loopback when nothing is allowed
+    let no_exceptions = [("OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS", "[]")];
+    let run = cli_env(Some(&db.url), &["run", "--once"], &no_exceptions).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let reason = db.store.find("guarded").await.unwrap().last_error.unwrap();
+    assert!(reason.len() > 80, "{reason}");
+    let table = ok(&db, &["list"]).await.stdout;
+    let column = table.lines().next().unwrap().find("LAST ERROR").unwrap();
+    let row = table.lines().find(|l| l.contains("guarded")).unwrap();
+    let shown = &row[column..];
+    assert!(
+        shown.starts_with("destination address 127.0.0.1 is")
+            && shown.contains('…')
+            && shown.ends_with("webhook.allowed_networks to allow it"),
+        "{row}"
+    );
+    assert_eq!(shown.chars().count(), 80, "{row}");
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_once_retry_and_new_effect() {
     let db = TestDb::new().await;
@@ -247,8 +278,39 @@ async fn run_once_retry_and_new_effect() {
     ok(&db, &["run", "--once"]).await;
     assert_eq!(db.state("r:1").await, "delivered");
 
+    // a delivered intent is re-sent only when forced, saying what that means
+    let refused = cli(&db, &["retry", "r:1"]).await;
+    assert_eq!(refused.code, 4, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("is delivered")
+            && refused.stderr.contains("same idempotency key")
+            && refused.stderr.contains("replays its first answer")
+            && refused.stderr.contains("performs the effect again")
+            && refused.stderr.contains("--force"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(db.state("r:1").await, "delivered");
+    let dry = ok(&db, &["retry", "r:1", "--dry-run", "--json"])
+        .await
+        .json();
+    assert_eq!(
+        (dry[0]["would_retry"].clone(), dry[0]["needs_force"].clone()),
+        (json!(false), json!(true))
+    );
+    let dry = ok(&db, &["retry", "r:1", "--dry-run", "--force", "--json"])
+        .await
+        .json();
+    assert_eq!(dry[0]["would_retry"], true);
+    assert_eq!(
+        db.state("r:1").await,
+        "delivered",
+        "a dry run changes nothing"
+    );
+    assert_eq!(rx.requests().len(), 1);
+
     // retry reuses the key...
-    let retried = ok(&db, &["retry", "r:1", "--json"]).await.json();
+    let retried = ok(&db, &["retry", "r:1", "--force", "--json"]).await.json();
     assert_eq!(
         (
             retried[0]["state"].clone(),
@@ -258,7 +320,7 @@ async fn run_once_retry_and_new_effect() {
     );
     ok(&db, &["run", "--once"]).await;
     // ...unless a new effect is asked for explicitly
-    let fresh = ok(&db, &["retry", "r:1", "--new-effect", "--json"])
+    let fresh = ok(&db, &["retry", "r:1", "--new-effect", "--force", "--json"])
         .await
         .json();
     assert_eq!(fresh[0]["key_generation"], 1);
@@ -273,6 +335,7 @@ async fn run_once_retry_and_new_effect() {
     let actions = shown["operator_actions"].as_array().unwrap();
     assert_eq!(actions.len(), 2);
     assert_eq!(actions[1]["detail"]["new_effect"], true);
+    assert_eq!(actions[1]["detail"]["from"], "delivered");
     let human = ok(&db, &["show", "r:1"]).await.stdout;
     assert!(
         human.contains("OUTCOME") && human.contains("delivered"),
@@ -298,6 +361,28 @@ async fn run_once_retry_and_new_effect() {
     assert_eq!(busy.code, 4, "{}", busy.stderr);
     assert!(busy.stderr.contains("in flight"));
     assert_eq!(cli(&db, &["retry", "nope"]).await.code, 3);
+    db.drop_db().await;
+}
+
+/// A change reads back the intent it changed, also when another intent's
+/// key is that intent's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_reports_the_intent_it_changed() {
+    let db = TestDb::new().await;
+    let target = json!({"url": "http://127.0.0.1:9/", "body": 1});
+    let id = db.enqueue("by-key", "webhook", target.clone()).await;
+    db.enqueue(&id.to_string(), "webhook", target).await;
+    let cancelled = ok(&db, &["cancel", "by-key", "--json"]).await.json();
+    assert_eq!(
+        (cancelled[0]["id"].clone(), cancelled[0]["key"].clone()),
+        (json!(id), json!("by-key"))
+    );
+    assert_eq!(cancelled[0]["state"], "cancelled");
+    let retried = ok(&db, &["retry", "by-key", "--json"]).await.json();
+    assert_eq!(
+        (retried[0]["key"].clone(), retried[0]["state"].clone()),
+        (json!("by-key"), json!("pending"))
+    );
     db.drop_db().await;
 }
 
@@ -350,6 +435,32 @@ async fn bulk_retry_by_state_with_dry_run() {
     );
     ok(&db, &["run", "--once"]).await;
     assert_eq!(db.count("state = 'delivered'").await, 5);
+
+    // re-sending delivered intents in bulk needs --force; a dry run does not
+    let refused = cli(&db, &["retry", "--state", "delivered"]).await;
+    assert_eq!(refused.code, 4, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("5 delivered intent(s) match")
+            && refused.stderr.contains("same idempotency key")
+            && refused.stderr.contains("--force"),
+        "{}",
+        refused.stderr
+    );
+    let dry = ok(
+        &db,
+        &["retry", "--state", "delivered", "--dry-run", "--json"],
+    )
+    .await
+    .json();
+    assert_eq!(
+        (dry["matched"].clone(), dry["needs_force"].clone()),
+        (json!(5), json!(true))
+    );
+    assert_eq!(db.count("state = 'delivered'").await, 5);
+    let out = ok(&db, &["retry", "--state", "delivered", "--force"]).await;
+    assert!(out.stdout.contains("retried 5 intent(s)"), "{}", out.stdout);
+    assert_eq!(db.count("state = 'pending'").await, 5);
+    assert_eq!(rx.requests().len(), 5);
     db.drop_db().await;
 }
 
@@ -463,6 +574,139 @@ async fn cancel_resolve_stats_purge() {
     db.drop_db().await;
 }
 
+/// `--help` names the environment variables without a dangling `=` (and
+/// without their values: DATABASE_URL may carry a password).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_names_the_environment_variables_plainly() {
+    for env in [
+        vec![],
+        vec![("OUTBOX_RELAY_CONFIG", "/etc/outbox-relay/x.toml")],
+    ] {
+        for args in [&["--help"][..], &["run", "--help"], &["retry", "--help"]] {
+            let out = cli_env(Some("postgres://u:hunter2@h/db"), args, &env).await;
+            assert_eq!(out.code, 0, "{}", out.stderr);
+            assert!(
+                out.stdout.contains("[env: OUTBOX_RELAY_CONFIG]")
+                    && out.stdout.contains("[env: DATABASE_URL]"),
+                "{args:?}: {}",
+                out.stdout
+            );
+            assert!(!out.stdout.contains("=]"), "{}", out.stdout);
+            assert!(!out.stdout.contains("hunter2") && !out.stdout.contains("x.toml"));
+        }
+    }
+}
+
+/// Every operator change logs one info line: the action, which intent or
+/// how many, the new state; never the payload or a rejection's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_actions_log_one_line_each() {
+    let db = TestDb::new().await;
+    let marker = "payload-marker-never-logged";
+    let mut ids = Vec::new();
+    for key in ["log:a", "log:b", "log:c"] {
+        let target = json!({"url": "http://127.0.0.1:9/", "body": marker});
+        ids.push(db.enqueue(key, "webhook", target).await);
+    }
+    sqlx::query("UPDATE outbox.intents SET state = 'ambiguous' WHERE key = 'log:b'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox.intents SET state = 'dead' WHERE key = 'log:c'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let info = [("RUST_LOG", "info")];
+    let logged = |args: &'static [&'static str], want: &'static [&'static str]| {
+        let url = db.url.clone();
+        async move {
+            let out = cli_env(Some(&url), args, &info).await;
+            assert_eq!(out.code, 0, "{args:?}: {}", out.stderr);
+            let lines: Vec<&str> = out
+                .stderr
+                .lines()
+                .filter(|l| l.contains("operator"))
+                .collect();
+            assert_eq!(lines.len(), 1, "{args:?}: {}", out.stderr);
+            assert!(lines[0].contains(" INFO "), "{}", lines[0]);
+            for w in want {
+                assert!(lines[0].contains(w), "{args:?}: {w:?} not in {}", lines[0]);
+            }
+            assert!(!out.stderr.contains(marker), "{}", out.stderr);
+            out.stderr
+        }
+    };
+    let a = format!("intent={}", ids[0]);
+    let out = logged(
+        &["cancel", "log:a"],
+        &["operator cancel", "key=log:a", "state=cancelled"],
+    )
+    .await;
+    assert!(out.contains(&a), "{out}");
+    let out = logged(
+        &["resolve", "log:b", "--reject", "reason-not-logged"],
+        &[
+            "operator resolve",
+            "resolution=\"reject\"",
+            "key=log:b",
+            "state=rejected",
+        ],
+    )
+    .await;
+    assert!(!out.contains("reason-not-logged"), "{out}");
+    logged(
+        &["retry", "log:c"],
+        &[
+            "operator retry",
+            "key=log:c",
+            "state=pending",
+            "force=false",
+        ],
+    )
+    .await;
+    logged(
+        &["retry", "--state", "rejected"],
+        &[
+            "operator retry: 1 intent(s)",
+            "count=1",
+            "from=rejected",
+            "state=\"pending\"",
+        ],
+    )
+    .await;
+    logged(
+        &["purge", "--older-than", "0s"],
+        &["operator purge: 1 intent(s)", "count=1", "older_than=0s"],
+    )
+    .await;
+    // a dry run changes nothing and logs nothing
+    let dry = cli_env(
+        Some(&db.url),
+        &["purge", "--older-than", "0s", "--dry-run"],
+        &info,
+    )
+    .await;
+    assert!(!dry.stderr.contains("operator"), "{}", dry.stderr);
+    db.drop_db().await;
+}
+
+/// Logs written to a pipe (or a file) carry no colour codes; NO_COLOR is
+/// honoured too (the terminal case is the unit test in telemetry.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_pipe_are_plain_text() {
+    let db = TestDb::new().await;
+    for env in [
+        vec![("RUST_LOG", "debug")],
+        vec![("RUST_LOG", "debug"), ("NO_COLOR", "1")],
+    ] {
+        let out = cli_env(Some(&db.url), &["run", "--once"], &env).await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert!(out.stderr.contains("DEBUG"), "{}", out.stderr);
+        assert!(!out.stderr.contains('\x1b'), "{:?}", out.stderr);
+    }
+    db.drop_db().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_name_the_problem_and_exit_codes_mean_something() {
     let none = cli_env(None, &["stats"], &[]).await;
@@ -484,6 +728,35 @@ async fn errors_name_the_problem_and_exit_codes_mean_something() {
     );
     assert!(!down.stderr.contains("s3cret"), "the password never prints");
 
+    // a URL that is not a usable Postgres URL is invalid configuration (2),
+    // said once, naming what was given but never its password
+    for (url, needle) in [
+        (
+            "mysql://root:s3cret@127.0.0.1/app",
+            "the database URL is a mysql:// URL; the relay needs PostgreSQL: postgres:// or postgresql://",
+        ),
+        (
+            "postgres://postgres:s3cret@127.0.0.1:5432/x?sslmode=bogus",
+            "not a valid Postgres URL: unknown value \"bogus\" for `ssl_mode`",
+        ),
+        ("postgres://postgres:s3cret@127.0.0.1:port/x", "the database URL is not a URL (invalid port number)"),
+        ("s3cret", "the database URL is not a URL"),
+    ] {
+        for out in [
+            cli_env(Some(url), &["stats"], &[]).await,
+            cli_env(None, &["--database-url", url, "list"], &[]).await,
+        ] {
+            assert_eq!(out.code, 2, "{url}: {}", out.stderr);
+            assert!(out.stderr.contains(needle), "{url}: {}", out.stderr);
+            assert!(!out.stderr.contains("s3cret"), "{}", out.stderr);
+            assert!(
+                !out.stderr.contains("error with configuration"),
+                "{}",
+                out.stderr
+            );
+        }
+    }
+
     let cfg = common::config_file("[relay]\nconcurency = 4\n");
     let bad = cli_env(
         Some("postgres://127.0.0.1:1/x"),
@@ -494,6 +767,20 @@ async fn errors_name_the_problem_and_exit_codes_mean_something() {
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("concurency"), "{}", bad.stderr);
     std::fs::remove_file(cfg).ok();
+    // a bad override from the environment names its variable
+    let bad = cli_env(
+        Some("postgres://127.0.0.1:1/x"),
+        &["stats"],
+        &[("OUTBOX_RELAY__RELAY__CONCURRENCY", "lots")],
+    )
+    .await;
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr
+            .contains("in environment variable OUTBOX_RELAY__RELAY__CONCURRENCY: "),
+        "{}",
+        bad.stderr
+    );
 
     // the URL from a file (a mounted secret); its password never prints
     let url_file = common::config_file("postgres://postgres:s3cret@127.0.0.1:1/x\n");

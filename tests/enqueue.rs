@@ -15,6 +15,22 @@ async fn call(db: &TestDb, key: &str, payload: &str) -> Result<(i64, bool), sqlx
         .await
 }
 
+/// The README's first SQL example runs as copied, on a migrated database.
+#[tokio::test]
+async fn the_readme_enqueue_example_runs_as_copied() {
+    let readme = include_str!("../README.md");
+    let start = readme.find("```sql\n").expect("a SQL example") + "```sql\n".len();
+    let example = &readme[start..start + readme[start..].find("```").unwrap()];
+    assert!(example.contains("outbox.enqueue("), "{example}");
+    let db = TestDb::new().await;
+    sqlx::raw_sql(example)
+        .execute(db.pool())
+        .await
+        .unwrap_or_else(|e| panic!("{e}:\n{example}"));
+    assert_eq!(db.state("order:42:confirmation").await, "pending");
+    db.drop_db().await;
+}
+
 #[tokio::test]
 async fn same_key_same_payload_is_a_duplicate_with_the_same_id() {
     let db = TestDb::new().await;

@@ -320,7 +320,16 @@ async fn an_operator_retry_of_an_older_intent_waits_while_a_later_one_is_claimed
         ["o2"]
     );
     // o2 is in flight; an operator retries the delivered o1
-    db.store.retry("o1", false).await.unwrap();
+    db.store
+        .retry(
+            "o1",
+            outbox_relay::store::operator::RetryOptions {
+                new_effect: false,
+                force: true,
+            },
+        )
+        .await
+        .unwrap();
     let third = db.store.claim("r2", 10, 60_000, &[]).await.unwrap();
     assert!(third.is_empty(), "two of one key in flight: {third:?}");
     db.drop_db().await;

@@ -92,7 +92,7 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
         .await
         .unwrap();
     // an operator retry re-sends a delivered intent under the same key
-    let out = common::cli(&db, &["retry", "m:d"]).await;
+    let out = common::cli(&db, &["retry", "m:d", "--force"]).await;
     assert!(out.status.success());
     assert!(
         wait_for(Duration::from_secs(20), || async {

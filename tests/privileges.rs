@@ -3,6 +3,7 @@
 mod common;
 
 use common::{Receiver, TestDb};
+use outbox_relay::store::operator::RetryOptions;
 use outbox_relay::store::{enqueue, NewIntent, Store};
 use serde_json::json;
 
@@ -101,7 +102,11 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read()
         .unwrap();
     assert_eq!(operator.list(None, None, 10).await.unwrap().len(), 1);
     assert!(operator.stats().await.is_ok());
-    let err = operator.retry("priv:1", false).await.unwrap_err();
+    let force = RetryOptions {
+        force: true,
+        ..RetryOptions::default()
+    };
+    let err = operator.retry("priv:1", force).await.unwrap_err();
     assert!(err.to_string().contains("permission denied"), "{err}");
     assert_eq!(db.state("priv:1").await, "delivered");
 

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::json;
 
-use super::output::{clip, json, opt, table, time};
+use super::output::{clip, clip_middle, json, opt, table, time};
 use super::{Failure, Outcome};
 use crate::config::Config;
 use crate::store::operator::Known;
@@ -118,7 +118,7 @@ pub async fn list(store: &Store, a: ListArgs) -> Outcome {
                 i.attempts.to_string(),
                 time(i.updated_at),
                 clip(&opt(i.provider_ref.as_deref()), 36),
-                clip(&opt(i.last_error.as_deref()), 60),
+                clip_middle(&opt(i.last_error.as_deref()), 80),
             ]
         })
         .collect();
@@ -226,7 +226,7 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
                     "no (stale)".into()
                 },
                 clip(&t.owner, 28),
-                clip(&opt(t.error.as_deref().or(t.provider_ref.as_deref())), 70),
+                clip_middle(&opt(t.error.as_deref().or(t.provider_ref.as_deref())), 80),
             ]
         })
         .collect();

@@ -33,7 +33,12 @@ pub struct Cli {
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
     /// TOML configuration file.
-    #[arg(long, env = "OUTBOX_RELAY_CONFIG", global = true)]
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_CONFIG",
+        global = true,
+        hide_env_values = true
+    )]
     config: Option<PathBuf>,
     /// Log format for the daemon's logs (stderr).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -171,6 +176,12 @@ impl From<anyhow::Error> for Failure {
             let mut f = Failure::from_store(e);
             f.message = format!("{err:#}");
             return f;
+        }
+        if err
+            .chain()
+            .any(|c| c.downcast_ref::<crate::store::InvalidUrl>().is_some())
+        {
+            return Failure::usage(format!("{err:#}"));
         }
         let unreachable = err.chain().any(|c| {
             c.downcast_ref::<sqlx::Error>().is_some_and(is_unreachable)

@@ -1,4 +1,8 @@
 //! `retry`, `cancel`, `resolve`, `stats`, `purge`.
+//!
+//! Every change an operator makes is logged once at info level (the action,
+//! which intent or how many, the new state), besides being recorded in
+//! `outbox.operator_actions`; payloads and reasons are not logged.
 
 use std::io::IsTerminal;
 
@@ -7,7 +11,7 @@ use serde_json::json;
 
 use super::output::{json, opt, table};
 use super::{Failure, Outcome};
-use crate::store::operator::{Filter, Resolution};
+use crate::store::operator::{Filter, Resolution, RetryOptions, RESEND_DELIVERED};
 use crate::store::{Store, STATES};
 
 #[derive(Debug, Args)]
@@ -29,28 +33,54 @@ pub struct RetryArgs {
     /// e.g. to charge again after a decline. Recorded.
     #[arg(long)]
     new_effect: bool,
+    /// Re-send delivered intents too. Under the same key a provider that
+    /// dedupes replays its first answer; one that does not (and any, with
+    /// --new-effect) performs the effect again.
+    #[arg(long)]
+    force: bool,
     #[arg(long)]
     json: bool,
 }
 
 pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
+    let how = RetryOptions {
+        new_effect: a.new_effect,
+        force: a.force,
+    };
     if let Some(state) = a.state {
         let filter = Filter {
             state,
             kind: a.kind,
         };
         let total = store.count_matching(&filter).await?;
+        let needs_force = filter.state == "delivered" && !a.force;
         if a.dry_run {
             if a.json {
-                json(&json!({"would_retry": total, "dry_run": true}));
+                json(&json!({
+                    "would_retry": if needs_force { 0 } else { total },
+                    "matched": total, "needs_force": needs_force, "dry_run": true,
+                }));
+            } else if needs_force {
+                println!(
+                    "{total} delivered intent(s) match; retrying them needs --force (dry run)"
+                );
             } else {
                 println!("would retry {total} {} intent(s) (dry run)", filter.state);
             }
             return Ok(());
         }
+        if needs_force {
+            return Err(Failure::new(
+                4,
+                format!(
+                    "{total} delivered intent(s) match: for each, {}",
+                    RESEND_DELIVERED.replace("re-send it", "re-send them")
+                ),
+            ));
+        }
         let tty = std::io::stderr().is_terminal();
         let done = store
-            .retry_matching(&filter, a.new_effect, 1000, |done| {
+            .retry_matching(&filter, how, 1000, |done| {
                 if tty {
                     eprint!("\rretrying: {done}/{total}");
                 } else {
@@ -61,6 +91,16 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
         if tty {
             eprintln!();
         }
+        tracing::info!(
+            action = "retry",
+            count = done,
+            from = %filter.state,
+            kind = filter.kind.as_deref().unwrap_or("any"),
+            state = "pending",
+            new_effect = a.new_effect,
+            force = a.force,
+            "operator retry: {done} intent(s)"
+        );
         if a.json {
             json(&json!({"retried": done, "new_effect": a.new_effect}));
         } else {
@@ -76,13 +116,29 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
     for r in &a.references {
         if a.dry_run {
             match store.find(r).await {
-                Ok(i) => results.push(json!({"id": i.id, "key": i.key, "state": i.state, "would_retry": i.state != "claimed"})),
+                Ok(i) => {
+                    let needs_force = i.state == "delivered" && !a.force;
+                    let would = i.state != "claimed" && !needs_force;
+                    results.push(json!({"id": i.id, "key": i.key, "state": i.state,
+                                        "would_retry": would, "needs_force": needs_force}));
+                }
                 Err(e) => first_error = first_error.or(Some(Failure::from(e))),
             }
             continue;
         }
-        match store.retry(r, a.new_effect).await {
-            Ok(i) => results.push(json!({"id": i.id, "key": i.key, "state": i.state, "key_generation": i.key_generation})),
+        match store.retry(r, how).await {
+            Ok(i) => {
+                tracing::info!(
+                    action = "retry",
+                    intent = i.id,
+                    key = %i.key,
+                    state = %i.state,
+                    new_effect = a.new_effect,
+                    force = a.force,
+                    "operator retry"
+                );
+                results.push(json!({"id": i.id, "key": i.key, "state": i.state, "key_generation": i.key_generation}));
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 first_error = first_error.or(Some(Failure::from(e)));
@@ -93,13 +149,22 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
         json(&results);
     } else {
         for r in &results {
-            let verb = if a.dry_run { "would retry" } else { "retried" };
-            println!(
-                "{verb} intent {} ({}): now {}",
-                r["id"],
+            let (id, key, state) = (
+                &r["id"],
                 r["key"].as_str().unwrap_or(""),
-                r["state"].as_str().unwrap_or("")
+                r["state"].as_str().unwrap_or(""),
             );
+            if !a.dry_run {
+                println!("retried intent {id} ({key}): now {state}");
+            } else if r["would_retry"] == true {
+                println!("would retry intent {id} ({key}): now {state}");
+            } else if r["needs_force"] == true {
+                println!("would not retry intent {id} ({key}): it is delivered, and re-sending it needs --force");
+            } else {
+                println!(
+                    "would not retry intent {id} ({key}): it is {state} (a delivery is in flight)"
+                );
+            }
         }
     }
     first_error.map_or(Ok(()), Err)
@@ -119,7 +184,10 @@ pub async fn cancel(store: &Store, a: CancelArgs) -> Outcome {
     let mut first_error = None;
     for r in &a.references {
         match store.cancel(r).await {
-            Ok(i) => results.push(json!({"id": i.id, "key": i.key, "state": i.state})),
+            Ok(i) => {
+                tracing::info!(action = "cancel", intent = i.id, key = %i.key, state = %i.state, "operator cancel");
+                results.push(json!({"id": i.id, "key": i.key, "state": i.state}));
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 first_error = first_error.or(Some(Failure::from(e)));
@@ -176,6 +244,19 @@ pub async fn resolve(store: &Store, a: ResolveArgs) -> Outcome {
         Resolution::Reject { reason }
     };
     let i = store.resolve(&a.reference, &how).await?;
+    let resolution = match how {
+        Resolution::Delivered { .. } => "delivered",
+        Resolution::Redeliver => "redeliver",
+        Resolution::Reject { .. } => "reject",
+    };
+    tracing::info!(
+        action = "resolve",
+        resolution,
+        intent = i.id,
+        key = %i.key,
+        state = %i.state,
+        "operator resolve"
+    );
     if a.json {
         json(&json!({"id": i.id, "key": i.key, "state": i.state, "provider_ref": i.provider_ref}));
     } else {
@@ -272,6 +353,16 @@ pub async fn purge(store: &Store, a: PurgeArgs) -> Outcome {
     let n = store
         .purge(a.older_than, a.include_dead, a.dry_run, 1000)
         .await?;
+    if !a.dry_run {
+        tracing::info!(
+            action = "purge",
+            count = n,
+            older_than = %humantime::format_duration(a.older_than),
+            include_dead = a.include_dead,
+            state = "purged (kept in the ledger)",
+            "operator purge: {n} intent(s)"
+        );
+    }
     if a.json {
         json(&json!({"purged": if a.dry_run { 0 } else { n }, "matched": n, "dry_run": a.dry_run}));
     } else if a.dry_run {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::{Failure, Outcome};
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
+use crate::lookup::Access;
 use crate::metrics::{self, Health};
 use crate::store::Store;
 use crate::supervisor::Service;
@@ -30,8 +31,16 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
         let addr = addr.parse().map_err(|_| {
             Failure::usage(format!("relay.metrics_addr {addr:?} is not an address"))
         })?;
-        let (bound, server) = metrics::serve(addr, store.clone(), health.clone()).await?;
+        let lookup = Access::from_config(&config.relay);
+        let (bound, server) =
+            metrics::serve(addr, store.clone(), health.clone(), lookup.clone()).await?;
         tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
+        let lookup_is = lookup.describe(bound);
+        if lookup.open_beyond_this_host(bound) {
+            tracing::warn!(%bound, "GET /v1/intents/{{key}} is {lookup_is}");
+        } else {
+            tracing::info!(%bound, "GET /v1/intents/{{key}} is {lookup_is}");
+        }
         services.push(Service::lasting("http listener", server));
         services.push(Service::new(
             "gauges",

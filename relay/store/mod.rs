@@ -52,6 +52,92 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
 }
 
+/// The database URL cannot be used as it is: not a URL, not a Postgres one,
+/// or a parameter the driver refuses (`sslmode`, a missing `sslrootcert`
+/// file). Invalid configuration (the CLI exits 2); the message never holds
+/// the URL's password.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidUrl(String);
+
+/// Parse a Postgres URL (`postgres://` or `postgresql://`) the way the
+/// driver will, with errors that say what is wrong without echoing it.
+pub fn parse_url(url: &str) -> Result<PgConnectOptions, InvalidUrl> {
+    let parsed = url::Url::parse(url).map_err(|e| {
+        InvalidUrl(format!(
+            "the database URL is not a URL ({e}); write postgres://USER:PASSWORD@HOST:5432/DATABASE"
+        ))
+    })?;
+    if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+        return Err(InvalidUrl(format!(
+            "the database URL is a {scheme}:// URL; the relay needs PostgreSQL: postgres:// or postgresql://",
+            scheme = parsed.scheme()
+        )));
+    }
+    let options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
+        // sqlx nests its configuration errors, each saying "error with
+        // configuration: "; one "not a valid Postgres URL" says it
+        let mut text = e.to_string();
+        while let Some(rest) = text.strip_prefix("error with configuration: ") {
+            text = rest.to_string();
+        }
+        InvalidUrl(redact(
+            &format!("the database URL is not a valid Postgres URL: {text}"),
+            &parsed,
+        ))
+    })?;
+    if let Some(ca) = url_param(url, "sslrootcert") {
+        std::fs::metadata(&ca).map_err(|e| {
+            InvalidUrl(redact(
+                &format!("sslrootcert {ca} in the database URL: {e}"),
+                &parsed,
+            ))
+        })?;
+    }
+    Ok(options)
+}
+
+/// `text` without the URL's password (as written and percent-decoded, in
+/// the userinfo or a `password` parameter).
+fn redact(text: &str, url: &url::Url) -> String {
+    let mut secrets: Vec<String> = url
+        .query_pairs()
+        .filter(|(k, _)| k == "password")
+        .map(|(_, v)| v.into_owned())
+        .collect();
+    if let Some(p) = url.password() {
+        secrets.push(p.to_string());
+        if let Ok(decoded) = percent_decode(p) {
+            secrets.push(decoded);
+        }
+    }
+    let mut out = text.to_string();
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        out = out.replace(secret.as_str(), "<redacted>");
+    }
+    out
+}
+
+fn percent_decode(text: &str) -> Result<String, std::string::FromUtf8Error> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out)
+}
+
 /// A handle on the outbox tables, shared by every task of a relay.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -65,16 +151,9 @@ impl Store {
 
     /// Connect with a pool sized for `connections` and a bounded connect wait.
     /// The error names the problem without echoing the URL (it may carry a
-    /// password).
+    /// password); a URL that cannot be used is an [`InvalidUrl`].
     pub async fn connect(url: &str, connections: u32) -> anyhow::Result<Self> {
-        let options: PgConnectOptions = url
-            .parse()
-            .map_err(|e| anyhow::anyhow!("database_url is not a valid Postgres URL: {e}"))?;
-        let options = options.application_name("outbox-relay");
-        if let Some(ca) = url_param(url, "sslrootcert") {
-            std::fs::metadata(&ca)
-                .map_err(|e| anyhow::anyhow!("sslrootcert {ca} in the database URL: {e}"))?;
-        }
+        let options = parse_url(url)?.application_name("outbox-relay");
         // One direct attempt first, so an unreachable server fails at once
         // with its own error instead of after the pool's acquire timeout.
         let probe = options.connect().await.map_err(|e| {
@@ -162,7 +241,51 @@ pub fn sqlstate(err: &sqlx::Error) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::url_param;
+    use super::{parse_url, url_param};
+
+    #[test]
+    fn only_usable_postgres_urls_parse() {
+        for url in [
+            "postgres://u:p@h:5432/db",
+            "postgresql://u@h/db?sslmode=require",
+            "postgres:///db?host=/var/run/postgresql",
+        ] {
+            assert!(parse_url(url).is_ok(), "{url}");
+        }
+        for (url, needle) in [
+            (
+                "mysql://root:s3cret@db.example.com/app",
+                "the database URL is a mysql:// URL; the relay needs PostgreSQL: postgres:// or postgresql://",
+            ),
+            ("s3cret", "the database URL is not a URL (relative URL without a base)"),
+            ("postgres://u:s3cret@h:port/db", "the database URL is not a URL (invalid port number)"),
+            (
+                "postgres://u:s3cret@h/db?sslmode=bogus",
+                "the database URL is not a valid Postgres URL: unknown value \"bogus\" for `ssl_mode`",
+            ),
+            (
+                "postgres://u:s3cret@h/db?sslmode=s3cret",
+                "the database URL is not a valid Postgres URL: unknown value \"<redacted>\" for `ssl_mode`",
+            ),
+            (
+                "postgres://u:s3%63ret@h/db?sslmode=s3cret",
+                "unknown value \"<redacted>\"",
+            ),
+            (
+                "postgres://u@h/db?password=s3cret&sslmode=s3cret",
+                "unknown value \"<redacted>\"",
+            ),
+            (
+                "postgres://u:s3cret@h/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+                "sslrootcert /nonexistent/ca.pem in the database URL: No such file",
+            ),
+        ] {
+            let err = parse_url(url).unwrap_err().to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+            assert!(!err.contains("s3cret"), "{url}: {err}");
+            assert_eq!(err.matches("error with configuration").count(), 0, "{err}");
+        }
+    }
 
     #[test]
     fn url_params_are_found_and_decoded() {

@@ -153,6 +153,25 @@ pub struct Filter {
     pub kind: Option<String>,
 }
 
+/// How an operator retry goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetryOptions {
+    /// Perform the effect as a new operation: bumps the key generation, so
+    /// the provider does not dedupe it against the earlier one (recorded).
+    pub new_effect: bool,
+    /// Re-send delivered intents too. Without it a delivered intent is
+    /// refused ([`Store::retry`]) or left alone ([`Store::retry_matching`]):
+    /// see [`RESEND_DELIVERED`].
+    pub force: bool,
+}
+
+/// What re-sending a delivered intent means, for the refusal without `force`.
+pub const RESEND_DELIVERED: &str =
+    "a re-send reaches the provider under the same idempotency key, \
+     so a provider that dedupes on it replays its first answer and one that does not performs \
+     the effect again (with --new-effect the key is new and every provider performs it again); \
+     pass --force to re-send it";
+
 /// Ordering keys whose oldest live intent is dead or ambiguous. Reads the
 /// dead and ambiguous intents that have a key (`intents_blocked`) and one
 /// index probe each, never the backlog queued behind them.
@@ -178,7 +197,8 @@ fn purgeable(include_dead: bool) -> &'static [&'static str] {
     }
 }
 
-/// States an operator retry applies to (anything but a live claim).
+/// States an operator retry applies to (anything but a live claim; a
+/// delivered intent only when forced).
 const RETRYABLE: &[&str] = &[
     "pending",
     "delivered",
@@ -187,6 +207,30 @@ const RETRYABLE: &[&str] = &[
     "ambiguous",
     "cancelled",
 ];
+/// [`RETRYABLE`] without `delivered`.
+const RETRYABLE_UNFORCED: &[&str] = &["pending", "rejected", "dead", "ambiguous", "cancelled"];
+
+fn retryable(how: RetryOptions) -> &'static [&'static str] {
+    if how.force {
+        RETRYABLE
+    } else {
+        RETRYABLE_UNFORCED
+    }
+}
+
+/// Why `intent` cannot be retried `how`, if it cannot.
+fn retry_refusal(intent: &Intent, how: RetryOptions) -> Option<StoreError> {
+    let why = match intent.state.as_str() {
+        "delivered" if !how.force => RESEND_DELIVERED,
+        s if retryable(how).contains(&s) => return None,
+        _ => "a delivery is in flight; wait for it, or cancel it first",
+    };
+    Some(StoreError::InvalidState {
+        id: intent.id,
+        state: intent.state.clone(),
+        why,
+    })
+}
 /// States a cancel applies to.
 const CANCELLABLE: &[&str] = &["pending", "claimed", "ambiguous", "dead"];
 
@@ -205,6 +249,16 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?
             .ok_or_else(|| StoreError::NotFound(reference.to_string()))
+    }
+
+    /// The intent with this id (never a key: an intent's key may be another's id).
+    pub async fn find_id(&self, id: i64) -> Result<Intent, StoreError> {
+        let sql = format!("SELECT {INTENT_COLUMNS} FROM outbox.intents WHERE id = $1");
+        sqlx::query_as::<_, Intent>(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))
     }
 
     /// The live intent with this key or id, else the ledger's record of it.
@@ -228,6 +282,31 @@ impl Store {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The live intent whose key is exactly `key`, else the ledger's record
+    /// of that key. Never by id: for callers that must not let anyone walk
+    /// the ids (`GET /v1/intents/{key}`).
+    pub async fn lookup_key(&self, key: &str) -> Result<Known, StoreError> {
+        let sql = format!("SELECT {INTENT_COLUMNS} FROM outbox.intents WHERE key = $1");
+        let live: Option<Intent> = sqlx::query_as(&sql)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(intent) = live {
+            return Ok(Known::Live(Box::new(intent)));
+        }
+        let entry: Option<LedgerEntry> = sqlx::query_as(
+            "SELECT key, intent_id, kind, destination, state, provider_ref, last_error,
+                    created_at, completed_at, purged_at
+               FROM outbox.ledger WHERE key = $1",
+        )
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        entry
+            .map(Known::Ledger)
+            .ok_or_else(|| StoreError::NotFound(key.to_string()))
     }
 
     pub async fn attempts(&self, intent_id: i64) -> Result<Vec<Attempt>, StoreError> {
@@ -271,30 +350,37 @@ impl Store {
             .await?)
     }
 
-    /// Retry one intent now. Keeps the idempotency key unless `new_effect`,
-    /// which bumps the key generation: the provider sees a new operation.
-    pub async fn retry(&self, reference: &str, new_effect: bool) -> Result<Intent, StoreError> {
+    /// Retry one intent now. Keeps the idempotency key unless
+    /// `how.new_effect`, which bumps the key generation: the provider sees a
+    /// new operation. A delivered intent needs `how.force`; a live claim is
+    /// refused.
+    pub async fn retry(&self, reference: &str, how: RetryOptions) -> Result<Intent, StoreError> {
         let intent = self.find(reference).await?;
-        if !RETRYABLE.contains(&intent.state.as_str()) {
-            return Err(StoreError::InvalidState {
-                id: intent.id,
-                state: intent.state,
-                why: "a delivery is in flight; wait for it, or cancel it first",
-            });
+        if let Some(refusal) = retry_refusal(&intent, how) {
+            return Err(refusal);
         }
-        self.retry_ids(&[intent.id], new_effect).await?;
-        self.find(&intent.id.to_string()).await
+        let changed = self.retry_ids(&[intent.id], how).await?;
+        let now = self.find_id(intent.id).await?;
+        if changed == 0 {
+            // its state changed in between (claimed, or delivered meanwhile)
+            return Err(retry_refusal(&now, how).unwrap_or(StoreError::NotFound(reference.into())));
+        }
+        Ok(now)
     }
 
     /// Retry every intent matching `filter`, in batches of `batch`, calling
-    /// `progress(done)` after each. Returns how many were retried.
+    /// `progress(done)` after each. Returns how many were retried. Delivered
+    /// intents are left alone unless `how.force`.
     pub async fn retry_matching(
         &self,
         filter: &Filter,
-        new_effect: bool,
+        how: RetryOptions,
         batch: i64,
         mut progress: impl FnMut(u64),
     ) -> Result<u64, StoreError> {
+        if !retryable(how).contains(&filter.state.as_str()) {
+            return Ok(0);
+        }
         let mut done = 0u64;
         let mut after = 0i64;
         loop {
@@ -311,7 +397,7 @@ impl Store {
             .await?;
             let Some(&last) = ids.last() else { break };
             after = last;
-            done += self.retry_ids(&ids, new_effect).await?;
+            done += self.retry_ids(&ids, how).await?;
             progress(done);
         }
         Ok(done)
@@ -328,25 +414,29 @@ impl Store {
         .await?)
     }
 
-    async fn retry_ids(&self, ids: &[i64], new_effect: bool) -> Result<u64, StoreError> {
+    async fn retry_ids(&self, ids: &[i64], how: RetryOptions) -> Result<u64, StoreError> {
         let n: i64 = sqlx::query_scalar(
-            "WITH r AS (
-                 UPDATE outbox.intents
+            "WITH old AS (
+                 SELECT id, state FROM outbox.intents
+                  WHERE id = ANY($1) AND state = ANY($3) ORDER BY id FOR UPDATE),
+             r AS (
+                 UPDATE outbox.intents i
                     SET state = 'pending', run_after = now(), attempts_base = attempts,
                         owner = NULL, lease_expires_at = NULL, fence = fence + 1,
                         key_generation = key_generation + CASE WHEN $2 THEN 1 ELSE 0 END,
                         updated_at = now()
-                  WHERE id = ANY($1) AND state = ANY($3)
-                 RETURNING id, key_generation),
+                   FROM old WHERE i.id = old.id
+                 RETURNING i.id, i.key_generation, old.state AS was),
              a AS (
                  INSERT INTO outbox.operator_actions (intent_id, action, detail)
-                 SELECT id, 'retry', jsonb_build_object('new_effect', $2, 'key_generation', key_generation)
+                 SELECT id, 'retry', jsonb_build_object('new_effect', $2, 'key_generation', key_generation,
+                                                        'from', was)
                    FROM r)
              SELECT count(*) FROM r",
         )
         .bind(ids)
-        .bind(new_effect)
-        .bind(RETRYABLE)
+        .bind(how.new_effect)
+        .bind(retryable(how))
         .fetch_one(&self.pool)
         .await?;
         Ok(n as u64)
@@ -374,7 +464,7 @@ impl Store {
                 why: "only pending, claimed, ambiguous or dead intents can be cancelled",
             });
         }
-        self.find(&intent.id.to_string()).await
+        self.find_id(intent.id).await
     }
 
     /// Settle an ambiguous (or dead) intent by hand. `$5` in the SET clauses
@@ -417,7 +507,7 @@ impl Store {
                 why: "only ambiguous or dead intents can be resolved",
             });
         }
-        self.find(&intent.id.to_string()).await
+        self.find_id(intent.id).await
     }
 
     async fn transition(

@@ -1,0 +1,190 @@
+//! `GET /v1/intents/{key}` of a running relay: by key only, behind the
+//! bearer token when one is set, off with `relay.lookup = false`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{terminate, TestDb};
+use serde_json::json;
+
+const TOKEN: &str = "lookup-token-0123456789abcdef";
+
+/// `outbox-relay run` with the listener on a free port, ready to answer.
+async fn relay(db: &TestDb, env: &[(&str, &str)]) -> (tokio::process::Child, u16) {
+    let port = common::free_port();
+    let mut cmd = common::relay_command(&db.url);
+    cmd.arg("run")
+        .env(
+            "OUTBOX_RELAY__RELAY__METRICS_ADDR",
+            format!("\"127.0.0.1:{port}\""),
+        )
+        .env("RUST_LOG", "debug")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the relay exited ({status}): {}", stop(child).await);
+        }
+        let healthz = reqwest::get(format!("http://127.0.0.1:{port}/healthz")).await;
+        if healthz.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay's listener did not come up"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (child, port)
+}
+
+/// GET the path with an optional Authorization header: status and body.
+async fn get(port: u16, path: &str, authorization: Option<&str>) -> (u16, serde_json::Value) {
+    let mut req = reqwest::Client::new().get(format!("http://127.0.0.1:{port}{path}"));
+    if let Some(a) = authorization {
+        req = req.header("authorization", a);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(json!(text)))
+}
+
+/// Everything the relay logged, after it stopped.
+async fn stop(mut child: tokio::process::Child) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut stderr = child.stderr.take().unwrap();
+    let read = tokio::spawn(async move {
+        let mut text = String::new();
+        stderr.read_to_string(&mut text).await.unwrap();
+        text
+    });
+    terminate(&mut child).await;
+    read.await.unwrap()
+}
+
+async fn enqueue_future(db: &TestDb, key: &str) -> i64 {
+    // due in an hour: the relay leaves it pending while the test asks
+    sqlx::query_scalar(
+        "SELECT id FROM outbox.enqueue($1, 'webhook', $2, p_run_after => now() + interval '1 hour')",
+    )
+    .bind(key)
+    .bind(json!({"url": "http://127.0.0.1:9/", "body": key}))
+    .fetch_one(db.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intent_is_found_by_its_key_never_by_its_id() {
+    let db = TestDb::new().await;
+    let id = enqueue_future(&db, "lookup:a").await;
+    let (child, port) = relay(&db, &[]).await;
+
+    let (status, body) = get(port, "/v1/intents/lookup:a", None).await;
+    assert_eq!((status, body["id"].as_i64()), (200, Some(id)), "{body}");
+    assert_eq!(body["state"], "pending");
+    // the id is no way in, whether or not any intent has it
+    for path in [format!("/v1/intents/{id}"), "/v1/intents/2".into()] {
+        let (status, body) = get(port, &path, None).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+    // a key that looks like a number is a key like any other
+    let other = enqueue_future(&db, &id.to_string()).await;
+    let (status, body) = get(port, &format!("/v1/intents/{id}"), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (body["id"].as_i64(), body["key"].as_str()),
+        (Some(other), Some(id.to_string().as_str()))
+    );
+    // purged into the ledger: by key still, by id not
+    sqlx::query("UPDATE outbox.intents SET state = 'cancelled' WHERE key = 'lookup:a'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    db.store
+        .purge(Duration::ZERO, false, false, 100)
+        .await
+        .unwrap();
+    let (status, body) = get(port, "/v1/intents/lookup:a", None).await;
+    assert_eq!(
+        (status, body["source"].as_str(), body["id"].as_i64()),
+        (200, Some("ledger"), Some(id)),
+        "{body}"
+    );
+    let (status, _) = get(port, &format!("/v1/intents/{other}"), None).await;
+    assert_eq!(status, 404);
+    stop(child).await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_only_the_right_bearer_is_answered() {
+    let db = TestDb::new().await;
+    let id = enqueue_future(&db, "lookup:t").await;
+    let (child, port) = relay(&db, &[("OUTBOX_RELAY_LOOKUP_TOKEN", TOKEN)]).await;
+
+    let right = format!("Bearer {TOKEN}");
+    let wrong = format!("Bearer {}x", &TOKEN[..TOKEN.len() - 1]);
+    for (authorization, want) in [
+        (None, 401),
+        (Some(wrong.as_str()), 401),
+        (Some("Bearer"), 401),
+        (Some(TOKEN), 401),
+        (Some(right.as_str()), 200),
+    ] {
+        let (status, body) = get(port, "/v1/intents/lookup:t", authorization).await;
+        assert_eq!(status, want, "{authorization:?}: {body}");
+        if want == 200 {
+            assert_eq!(body["id"].as_i64(), Some(id));
+        } else {
+            assert!(
+                !body.to_string().contains("lookup:t") && !body.to_string().contains(TOKEN),
+                "a refusal says nothing about the intent: {body}"
+            );
+        }
+    }
+    // an unknown key is 401 without the token, 404 with it
+    assert_eq!(get(port, "/v1/intents/nope", None).await.0, 401);
+    assert_eq!(get(port, "/v1/intents/nope", Some(&right)).await.0, 404);
+    // the probes and the metrics need no token
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(get(port, path, None).await.0, 200, "{path}");
+    }
+    let logs = stop(child).await;
+    assert!(
+        logs.contains("GET /v1/intents/{key} is behind the bearer token"),
+        "{logs}"
+    );
+    assert!(!logs.contains(TOKEN), "the token never reaches the logs");
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_false_turns_the_endpoint_off() {
+    let db = TestDb::new().await;
+    enqueue_future(&db, "lookup:off").await;
+    let (child, port) = relay(
+        &db,
+        &[
+            ("OUTBOX_RELAY__RELAY__LOOKUP", "false"),
+            ("OUTBOX_RELAY_LOOKUP_TOKEN", TOKEN),
+        ],
+    )
+    .await;
+    let right = format!("Bearer {TOKEN}");
+    for authorization in [None, Some(right.as_str())] {
+        let (status, body) = get(port, "/v1/intents/lookup:off", authorization).await;
+        assert_eq!(status, 404, "{body}");
+    }
+    assert_eq!(get(port, "/metrics", None).await.0, 200);
+    let logs = stop(child).await;
+    assert!(logs.contains("GET /v1/intents/{key} is off"), "{logs}");
+    db.drop_db().await;
+}
