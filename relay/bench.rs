@@ -40,6 +40,9 @@ pub struct BenchArgs {
     pub history: Vec<u64>,
     /// Claim batch sizes at which to measure the ceiling as well.
     pub ceiling_batches: Vec<i64>,
+    /// Intents to queue behind one dead head of an ordering key, to measure
+    /// what a blocked key costs the claim (0 skips).
+    pub blocked_backlog: u64,
     /// Peer job queues to drain the same workload with (run-peer.sh names).
     pub peers: Vec<String>,
     /// Where run-peer.sh and the peer scripts are.
@@ -55,6 +58,27 @@ pub struct HistoryPoint {
     pub relative: f64,
     /// EXPLAIN (ANALYZE, BUFFERS) of one claim of 100.
     pub claim_plan: Vec<String>,
+}
+
+/// What a key blocked by a dead head costs the claim: the same claim +
+/// complete rounds (batches of 100, no network) with and without
+/// `behind` intents queued behind the dead head, and the blocked-keys
+/// gauge query beside them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BlockedBacklog {
+    pub behind: u64,
+    /// Milliseconds per claim + complete round of 100, empty backlog.
+    pub round_ms_alone: f64,
+    /// The same beside the blocked backlog.
+    pub round_ms_beside: f64,
+    pub ratio: f64,
+    /// Shared buffers one claim of 100 reads with no backlog, and beside
+    /// it (the rows claimed cost the same either way; a claim that walked
+    /// the backlog would read it too).
+    pub claim_buffers_alone: u64,
+    pub claim_buffers_beside: u64,
+    /// The gauge refresh (counts, oldest due, blocked keys) beside it.
+    pub gauges_ms: f64,
 }
 
 /// One scale-out drain: `relays` processes on one database.
@@ -144,6 +168,7 @@ pub struct Report {
     pub scale_receiver_delay_ms: u64,
     pub scale_out: Vec<ScaleOut>,
     pub history: Vec<HistoryPoint>,
+    pub blocked_backlog: Option<BlockedBacklog>,
     /// One `outbox-relay run` process draining the workload the peers
     /// drain, receiver answering at once: before the first peer, and after
     /// each (empty when no peer was asked for).
@@ -450,7 +475,79 @@ async fn measure(
         relay_runs,
         peers,
         history: history_scale(store, &args.history, &payload).await?,
+        blocked_backlog: blocked_backlog(store, args.blocked_backlog, &payload).await?,
     })
+}
+
+/// Claim + complete rounds of 100 over 5,000 fresh intents, in ms per
+/// round; then the same beside `behind` intents queued behind one dead
+/// ordering-key head (enqueued through `outbox.enqueue`, as an application
+/// would). Before waiting intents were kept out of the claim index, every
+/// claim walked that backlog.
+async fn blocked_backlog(
+    store: &Store,
+    behind: u64,
+    payload: &impl Fn(usize) -> serde_json::Value,
+) -> anyhow::Result<Option<BlockedBacklog>> {
+    if behind == 0 {
+        return Ok(None);
+    }
+    let buffers = |plan: Vec<String>| {
+        plan.iter()
+            .find_map(|l| l.trim().strip_prefix("Buffers: shared hit="))
+            .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    enqueue_batched(store, 5_000, "unblocked", payload).await?;
+    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    let claim_buffers_alone = buffers(store.explain_claim(100).await?);
+    let alone = 100.0 / claim_complete_rate(store, 100).await? * 1000.0;
+    eprintln!("bench: blocked backlog: {behind} intents behind one dead ordering-key head");
+    sqlx::query(
+        "SELECT outbox.enqueue('blocked-head', 'webhook', '{\"url\": \"http://127.0.0.1:9/\", \"body\": 0}',
+                               NULL, now(), 'blocked')",
+    )
+    .execute(store.pool())
+    .await?;
+    run_sql(
+        store,
+        "UPDATE outbox.intents SET state = 'dead' WHERE key = 'blocked-head'",
+    )
+    .await?;
+    let mut queued = 0u64;
+    while queued < behind {
+        let chunk = (behind - queued).min(10_000);
+        sqlx::query(
+            "SELECT outbox.enqueue('blocked-' || g, 'webhook',
+                                   jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', g),
+                                   NULL, now(), 'blocked')
+               FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) g",
+        )
+        .bind(queued as i64)
+        .bind(chunk as i64)
+        .execute(store.pool())
+        .await?;
+        queued += chunk;
+    }
+    enqueue_batched(store, 5_000, "beside", payload).await?;
+    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    let claim_buffers_beside = buffers(store.explain_claim(100).await?);
+    let t = Instant::now();
+    store.stats_for_gauges().await?;
+    let gauges_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let rate = claim_complete_rate(store, 100).await?;
+    let beside = 100.0 / rate * 1000.0;
+    Ok(Some(BlockedBacklog {
+        behind,
+        round_ms_alone: alone,
+        round_ms_beside: beside,
+        ratio: beside / alone,
+        claim_buffers_alone,
+        claim_buffers_beside,
+        gauges_ms,
+    }))
 }
 
 /// Grow the delivered history (intents and their attempt rows) to each size
@@ -1092,6 +1189,22 @@ pub fn print(r: &Report) {
                 break;
             }
         }
+    }
+    if let Some(b) = &r.blocked_backlog {
+        println!();
+        println!(
+            "blocked key: claim + complete of 100 (no network) beside {} intents behind one dead head",
+            b.behind
+        );
+        println!(
+            "  {:.2} ms per round alone, {:.2} ms beside ({:.2}x); a claim reads {} buffers alone, {} beside; gauge refresh {:.1} ms",
+            b.round_ms_alone,
+            b.round_ms_beside,
+            b.ratio,
+            b.claim_buffers_alone,
+            b.claim_buffers_beside,
+            b.gauges_ms
+        );
     }
     if !r.scale_out.is_empty() {
         println!();

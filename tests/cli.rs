@@ -888,6 +888,8 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
                     "1",
                     "--ceiling-batches",
                     "7,20",
+                    "--blocked-backlog",
+                    "2000",
                     "--json",
                     "--peers",
                     peers,
@@ -938,6 +940,13 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
             "{c}"
         );
     }
+    // a key blocked by a dead head: its backlog stays out of the claim
+    let blocked = &report["blocked_backlog"];
+    assert_eq!(blocked["behind"], 2000, "{report}");
+    let alone = blocked["claim_buffers_alone"].as_u64().unwrap();
+    let beside = blocked["claim_buffers_beside"].as_u64().unwrap();
+    assert!(alone > 0 && beside < alone * 3 / 2, "{blocked}");
+    assert!(blocked["ratio"].as_f64().unwrap() > 0.0, "{blocked}");
     // the relay drains the same workload before and after the peer, seen by the same receiver
     let relay_runs = report["relay_runs"].as_array().unwrap();
     assert_eq!(relay_runs.len(), 2, "{report}");

@@ -125,6 +125,10 @@ pub struct BenchArgs {
     /// rows; empty to skip.
     #[arg(long, value_delimiter = ',')]
     ceiling_batches: Vec<u32>,
+    /// Intents to queue behind one dead ordering-key head, to measure what
+    /// a blocked key costs the claim and the gauges; 0 to skip.
+    #[arg(long, default_value_t = 100_000)]
+    blocked_backlog: u64,
     /// Peer job queues to drain the same workload with, in this run and
     /// against the same receiver, e.g. graphile-worker (needs Node.js 18+;
     /// see tests/peers/queue-bench); empty to skip.
@@ -349,6 +353,7 @@ async fn execute(cli: Cli) -> Outcome {
                     .collect(),
                 scale_receiver_delay: a.scale_receiver_delay,
                 history: a.history.clone(),
+                blocked_backlog: a.blocked_backlog,
                 ceiling_batches: a
                     .ceiling_batches
                     .iter()
