@@ -725,3 +725,39 @@ async fn the_daemon_logs_a_summary_line_at_the_default_level() {
     );
     db.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_searches_run_within_the_attempt_budget_the_lease_covers() {
+    let db = TestDb::new().await;
+    let stripe = FakeStripe::start().await;
+    let mut cfg = config();
+    cfg.charge.api_key = Some(Secret::new(API_KEY));
+    cfg.charge.api_base = stripe.base.clone();
+    // the budget: charge.timeout (3 s in the test config)
+    let budget = cfg.charge.timeout.0;
+    stripe.fake.slow_search(Duration::from_millis(2000));
+    // claimed by a relay that died: the next attempt reconciles first (2 s),
+    // then POSTs (answered 500 without a payment: ambiguous), then would
+    // reconcile again (2 s more): past the budget
+    db.enqueue(
+        "slow-reconcile",
+        "charge",
+        json!({"amount": 100, "currency": "usd", "payment_method": "pm_500_before_create"}),
+    )
+    .await;
+    db.store.claim("crashed", 10, 100, &[]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    run_once_within(&db, &cfg, Duration::from_secs(30)).await;
+    let i = db.store.find("slow-reconcile").await.unwrap();
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    let last = attempts.last().unwrap();
+    let took = (last.finished_at.unwrap() - last.started_at)
+        .to_std()
+        .unwrap();
+    assert!(
+        took < budget + Duration::from_millis(600),
+        "the attempt took {took:?}, beyond its {budget:?} budget: {attempts:?}"
+    );
+    assert_ne!(i.state, "delivered", "{i:?}");
+    db.drop_db().await;
+}

@@ -40,6 +40,8 @@ struct Inner {
     payments: Vec<Value>,
     /// Every request: (idempotency key, replayed?)
     log: Vec<(String, bool, u16)>,
+    /// How long a search takes to answer.
+    search_delay: std::time::Duration,
 }
 
 #[derive(Clone, Default)]
@@ -90,6 +92,11 @@ impl FakeStripe {
             .unwrap()
             .keys
             .insert(key.into(), Stored::InFlight(vec![]));
+    }
+
+    /// Make every search take `delay` (a slow reconcile).
+    pub fn slow_search(&self, delay: std::time::Duration) {
+        self.inner.lock().unwrap().search_delay = delay;
     }
 
     pub fn release(&self, key: &str) {
@@ -190,6 +197,8 @@ async fn search(
     if let Some(refused) = unauthorized(&headers) {
         return refused;
     }
+    let delay = fake.inner.lock().unwrap().search_delay;
+    tokio::time::sleep(delay).await;
     let query = url::form_urlencoded::parse(q.unwrap_or_default().as_bytes())
         .find(|(k, _)| k == "query")
         .map(|(_, v)| v.into_owned())
