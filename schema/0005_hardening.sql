@@ -67,18 +67,22 @@ CREATE FUNCTION outbox.ordering_turn(p_ordering_key text, p_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
-SET search_path = pg_catalog, outbox, pg_temp
+-- no SET search_path (it costs every call, and the function runs with its
+-- caller's rights): every name is qualified
 AS $$
 BEGIN
-    -- 0x4f42 ("OB"): our class of advisory locks
-    IF NOT pg_try_advisory_xact_lock(20290, hashtext(p_ordering_key)) THEN
+    -- 20290 = 0x4f42 ("OB"): our class of advisory locks
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(20290, pg_catalog.hashtext(p_ordering_key)) THEN
         RETURN false;
     END IF;
+    -- the state list repeats intents_ordering's predicate, so that index
+    -- serves the probe
     RETURN NOT EXISTS (
         SELECT 1 FROM outbox.intents e
-         WHERE e.ordering_key = p_ordering_key AND e.id <> p_id
-           AND (e.state = 'claimed'
-                OR (e.id < p_id AND e.state IN ('pending', 'ambiguous', 'dead'))));
+         WHERE e.ordering_key = p_ordering_key
+           AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead')
+           AND e.id <> p_id
+           AND (e.state = 'claimed' OR e.id < p_id));
 END
 $$;
 REVOKE EXECUTE ON FUNCTION outbox.ordering_turn(text, bigint) FROM PUBLIC;
