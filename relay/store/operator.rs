@@ -617,6 +617,11 @@ impl Store {
         Ok((counts, oldest, blocked))
     }
 
+    /// Ordering keys whose oldest live intent is dead or ambiguous.
+    pub async fn blocked_ordering_keys(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(BLOCKED_KEYS).fetch_one(&self.pool).await
+    }
+
     /// Delete terminal intents last changed before `older_than` ago, in
     /// batches (short transactions, SKIP LOCKED). Returns how many.
     pub async fn purge(
