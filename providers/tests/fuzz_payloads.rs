@@ -657,12 +657,12 @@ proptest! {
         payload in prop_oneof![2 => shaped("webhook"), 2 => mutated("webhook"), 1 => json()],
     ) {
         // the relay hands the provider the payload's stored text; the bytes
-        // sent are that text's body, which reads back as the parsed body
+        // sent are exactly that text's body, as the same writer spells it
+        // (not a parse and re-serialization: that is where digits go)
         let text = payload.to_string();
         match (webhook::raw_body(&text), payload.get("body")) {
             (Some(raw), Some(body)) => {
-                let back: Value = serde_json::from_slice(&raw).expect("the raw body is JSON");
-                prop_assert_eq!(&back, body);
+                prop_assert_eq!(String::from_utf8(raw).expect("UTF-8"), body.to_string());
             }
             (None, None) => {}
             (raw, body) => prop_assert!(false, "raw {:?} for body {:?}", raw, body),
