@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::BatchCounts;
 use crate::metrics::kind_label;
+use crate::state::IntentState;
 use crate::store::{sqlstate, Completion, Store, Written};
 
 /// A completion and the channel that tells its task whether it was accepted.
@@ -112,10 +113,10 @@ impl Tally {
             add(&self.replays);
         }
         match c.state {
-            "delivered" => add(&self.delivered),
-            "rejected" => add(&self.rejected),
-            "dead" => add(&self.dead),
-            "ambiguous" => add(&self.ambiguous),
+            IntentState::Delivered => add(&self.delivered),
+            IntentState::Rejected => add(&self.rejected),
+            IntentState::Dead => add(&self.dead),
+            IntentState::Ambiguous => add(&self.ambiguous),
             _ => add(&self.retried),
         }
     }
@@ -163,7 +164,7 @@ pub async fn run(
                     .increment(1);
                 tracing::warn!(
                     intent = c.id,
-                    outcome = c.outcome,
+                    outcome = %c.outcome,
                     "completion dropped: the intent no longer exists (cancelled and purged while its attempt was in flight)"
                 );
                 let _ = ack.send(false);
@@ -323,13 +324,14 @@ fn record_metrics(
         metrics::counter!("outbox_deferrals_total", "kind" => kind).increment(1);
         return;
     }
-    metrics::counter!("outbox_attempts_total", "kind" => kind, "outcome" => c.outcome).increment(1);
+    metrics::counter!("outbox_attempts_total", "kind" => kind, "outcome" => c.outcome.as_sql())
+        .increment(1);
     if !accepted {
         metrics::counter!("outbox_fencing_rejections_total").increment(1);
         tracing::warn!(
             intent = c.id,
             fence = c.fence,
-            outcome = c.outcome,
+            outcome = %c.outcome,
             "completion refused: the lease had moved on (stale worker); the attempt is kept with accepted = false"
         );
         return;
@@ -344,15 +346,15 @@ fn record_metrics(
     }
     // A 5xx is never terminal, but only an HTTP status is an HTTP status:
     // an SMTP 550 is a deliberate "no such mailbox".
-    if matches!(c.state, "delivered" | "rejected")
+    if matches!(c.state, IntentState::Delivered | IntentState::Rejected)
         && outbox_providers::reports_http_status(&c.kind)
         && c.status.is_some_and(|s| s >= 500)
     {
         metrics::counter!("outbox_invariant_violations_total", "kind" => kind).increment(1);
-        tracing::error!(intent = c.id, status = ?c.status, state = c.state,
+        tracing::error!(intent = c.id, status = ?c.status, state = %c.state,
             "invariant violated: a 5xx answer was stored as terminal");
     }
-    if c.state == "delivered" && !c.delivered_before {
+    if c.state == IntentState::Delivered && !c.delivered_before {
         metrics::counter!("outbox_delivered_total", "kind" => kind).increment(1);
         if let Some(created) = created_at {
             let latency = (now - created).to_std().unwrap_or_default();
@@ -365,6 +367,7 @@ fn record_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::AttemptOutcome;
 
     #[test]
     fn the_safe_form_keeps_the_outcome_and_drops_the_text() {
@@ -378,20 +381,25 @@ mod tests {
             key_generation: 0,
             started_at: chrono::Utc::now(),
             finished_at: chrono::Utc::now(),
-            outcome: "rejected",
+            outcome: AttemptOutcome::Rejected,
             status: Some(422),
             provider_ref: Some("ref\u{0}1".into()),
             error: Some("bad\u{0}".into()),
             replayed: false,
             uncounted: false,
-            state: "rejected",
+            state: IntentState::Rejected,
             run_after: None,
             response: Some(serde_json::json!({"body": "\u{0}"})),
         };
         let s = safe_form(&c, "22P05");
         assert_eq!(
             (s.state, s.outcome, s.status, s.fence),
-            ("rejected", "rejected", Some(422), 2)
+            (
+                IntentState::Rejected,
+                AttemptOutcome::Rejected,
+                Some(422),
+                2
+            )
         );
         assert_eq!(s.response, None);
         assert_eq!(s.provider_ref.as_deref(), Some("ref1"));

@@ -20,6 +20,7 @@ use tracing::Instrument;
 use crate::engine::Ctx;
 use crate::metrics::kind_label;
 use crate::reconcile::{self, Recovery};
+use crate::state::{AttemptOutcome, IntentState};
 use crate::store::{Claimed, Completion};
 use crate::transition::{self, Next, RetryPolicy};
 
@@ -264,7 +265,7 @@ pub fn settle(
         key_generation: claim.key_generation,
         started_at,
         finished_at,
-        outcome: outcome.class(),
+        outcome: AttemptOutcome::of(outcome),
         status: outcome.status().map(i32::from),
         provider_ref,
         error,
@@ -301,18 +302,18 @@ fn log_outcome(
             tracing::debug!(ms, replayed, "delivered")
         }
         Outcome::Transient { reason, .. } => {
-            tracing::info!(ms, next = completion.state, run_after = ?completion.run_after, reason = %reason, "transient failure")
+            tracing::info!(ms, next = %completion.state, run_after = ?completion.run_after, reason = %reason, "transient failure")
         }
         Outcome::Rejected { reason, .. } => tracing::warn!(ms, reason = %reason, "rejected"),
         Outcome::Ambiguous { reason, .. } => {
-            tracing::warn!(ms, next = completion.state, reason = %reason, "ambiguous outcome")
+            tracing::warn!(ms, next = %completion.state, reason = %reason, "ambiguous outcome")
         }
         Outcome::Misconfigured { reason, .. } => {
             tracing::error!(ms, reason = %reason, "provider refused our configuration; intent is dead")
         }
         Outcome::Deferred { reason, .. } => tracing::debug!(reason = %reason, "deferred"),
     }
-    if completion.state == "dead" {
+    if completion.state == IntentState::Dead {
         tracing::warn!(
             attempts = claim.attempt,
             "retries exhausted: intent is dead"
@@ -372,7 +373,7 @@ mod tests {
         );
         assert_eq!(
             (c.state, c.outcome, c.status),
-            ("pending", "transient", Some(503))
+            (IntentState::Pending, AttemptOutcome::Transient, Some(503))
         );
         assert_eq!(c.run_after, Some(t + chrono::Duration::seconds(10)));
         assert_eq!(c.error.as_deref(), Some("HTTP 503"));
@@ -396,7 +397,7 @@ mod tests {
             t,
             0.0,
         );
-        assert_eq!(dead.state, "dead");
+        assert_eq!(dead.state, IntentState::Dead);
         assert!(dead.error.unwrap().contains("gave up after 3 attempts"));
         let retried = settle(
             &claim(5, 3),
@@ -407,7 +408,7 @@ mod tests {
             t,
             0.0,
         );
-        assert_eq!(retried.state, "pending");
+        assert_eq!(retried.state, IntentState::Pending);
     }
 
     #[test]
@@ -427,7 +428,7 @@ mod tests {
             t,
             0.5,
         );
-        assert_eq!(c.state, "pending");
+        assert_eq!(c.state, IntentState::Pending);
         assert_eq!(
             c.run_after,
             Some(t + chrono::Duration::from_std(MAX_RETRY_DELAY).unwrap())
@@ -457,7 +458,7 @@ mod tests {
         );
         assert_eq!(
             (c.state, c.provider_ref.as_deref(), c.replayed, c.run_after),
-            ("delivered", Some("msg_1"), true, None)
+            (IntentState::Delivered, Some("msg_1"), true, None)
         );
         let r = Outcome::Rejected {
             reason: "HTTP 410".into(),
@@ -475,7 +476,7 @@ mod tests {
         );
         assert_eq!(
             (c.state, c.error.as_deref()),
-            ("rejected", Some("HTTP 410"))
+            (IntentState::Rejected, Some("HTTP 410"))
         );
         assert_eq!(c.response, Some(serde_json::json!({"status": 410})));
     }

@@ -12,6 +12,7 @@
 //! - [`claim`]: the claim loop and the LISTEN/NOTIFY wake-up.
 //! - [`dispatch`]: performing one claimed intent's effect, settling its
 //!   next state.
+//! - [`state`]: `IntentState` and `AttemptOutcome`, with their SQL spelling.
 //! - [`transition`]: outcome → next state, and backoff: pure functions.
 //! - [`complete`]: batched, fenced, never-dropped completion writes.
 //! - [`sweeper`]: expired leases → reconcile; duplicate-enqueue folding.
@@ -43,6 +44,7 @@ pub mod metrics;
 pub mod reconcile;
 pub mod retention;
 pub mod schedule;
+pub mod state;
 pub mod store;
 pub mod supervisor;
 pub mod sweeper;

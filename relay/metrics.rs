@@ -21,6 +21,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::state::{AttemptOutcome, IntentState};
 use crate::store::Store;
 
 /// The process-wide recorder (installed once).
@@ -93,8 +94,13 @@ fn zero() {
             metrics::counter!("outbox_replays_total", "kind" => *kind, "source" => source)
                 .absolute(0);
         }
-        for outcome in ["delivered", "rejected", "transient", "ambiguous"] {
-            metrics::counter!("outbox_attempts_total", "kind" => *kind, "outcome" => outcome)
+        for outcome in [
+            AttemptOutcome::Delivered,
+            AttemptOutcome::Rejected,
+            AttemptOutcome::Transient,
+            AttemptOutcome::Ambiguous,
+        ] {
+            metrics::counter!("outbox_attempts_total", "kind" => *kind, "outcome" => outcome.as_sql())
                 .absolute(0);
         }
     }
@@ -273,7 +279,12 @@ async fn ready(State(s): State<Served>) -> (StatusCode, String) {
 
 /// The states `outbox_intents` reports (terminal history is counted by the
 /// counters, not rescanned every few seconds).
-pub const GAUGED_STATES: &[&str] = &["pending", "claimed", "ambiguous", "dead"];
+pub const GAUGED_STATES: [IntentState; 4] = [
+    IntentState::Pending,
+    IntentState::Claimed,
+    IntentState::Ambiguous,
+    IntentState::Dead,
+];
 
 /// Refresh the queue gauges from one cheap query. Kinds seen before keep
 /// being reported (at 0) after they drain.
@@ -289,10 +300,11 @@ pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
         for state in GAUGED_STATES {
             let n: i64 =
                 s.0.iter()
-                    .filter(|r| kind_label(&r.0) == label && r.1 == *state)
+                    .filter(|r| kind_label(&r.0) == label && r.1 == state.as_sql())
                     .map(|r| r.2)
                     .sum();
-            metrics::gauge!("outbox_intents", "kind" => label, "state" => *state).set(n as f64);
+            metrics::gauge!("outbox_intents", "kind" => label, "state" => state.as_sql())
+                .set(n as f64);
         }
         let oldest =
             s.1.iter()

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use outbox_providers::{AmbiguityPolicy, Outcome};
 
+use crate::state::IntentState;
+
 /// How often and how patiently one kind is retried.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
@@ -63,14 +65,14 @@ pub enum Next {
 }
 
 impl Next {
-    /// The state name stored in `outbox.intents.state`.
-    pub fn state(&self) -> &'static str {
+    /// The intent's state after this step.
+    pub fn state(&self) -> IntentState {
         match self {
-            Next::Delivered => "delivered",
-            Next::Rejected => "rejected",
-            Next::Retry(_) | Next::Defer(_) => "pending",
-            Next::Dead => "dead",
-            Next::Ambiguous => "ambiguous",
+            Next::Delivered => IntentState::Delivered,
+            Next::Rejected => IntentState::Rejected,
+            Next::Retry(_) | Next::Defer(_) => IntentState::Pending,
+            Next::Dead => IntentState::Dead,
+            Next::Ambiguous => IntentState::Ambiguous,
         }
     }
 }
@@ -224,15 +226,15 @@ mod tests {
 
     #[test]
     fn state_names_are_the_contract() {
-        assert_eq!(Next::Retry(secs(1)).state(), "pending");
+        assert_eq!(Next::Retry(secs(1)).state(), IntentState::Pending);
+        assert_eq!(Next::Defer(secs(1)).state(), IntentState::Pending);
         for (n, s) in [
-            (Next::Delivered, "delivered"),
-            (Next::Rejected, "rejected"),
-            (Next::Dead, "dead"),
-            (Next::Ambiguous, "ambiguous"),
+            (Next::Delivered, IntentState::Delivered),
+            (Next::Rejected, IntentState::Rejected),
+            (Next::Dead, IntentState::Dead),
+            (Next::Ambiguous, IntentState::Ambiguous),
         ] {
             assert_eq!(n.state(), s);
-            assert!(crate::store::STATES.contains(&s));
         }
     }
 }

@@ -670,7 +670,7 @@ async fn operator_actions_log_one_line_each() {
             "operator retry: 1 intent(s)",
             "count=1",
             "from=rejected",
-            "state=\"pending\"",
+            "state=pending",
         ],
     )
     .await;

@@ -12,7 +12,7 @@ use serde_json::json;
 use super::output::{json, opt, table};
 use super::{Failure, Outcome};
 use crate::store::operator::{Filter, Resolution, RetryOptions, RESEND_DELIVERED};
-use crate::store::{Store, STATES};
+use crate::store::{IntentState, Store, STATES};
 
 #[derive(Debug, Args)]
 pub struct RetryArgs {
@@ -49,11 +49,11 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
     };
     if let Some(state) = a.state {
         let filter = Filter {
-            state,
+            state: IntentState::parse(&state).expect("clap checks the state name"),
             kind: a.kind,
         };
         let total = store.count_matching(&filter).await?;
-        let needs_force = filter.state == "delivered" && !a.force;
+        let needs_force = filter.state == IntentState::Delivered && !a.force;
         if a.dry_run {
             if a.json {
                 json(&json!({
@@ -96,7 +96,7 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
             count = done,
             from = %filter.state,
             kind = filter.kind.as_deref().unwrap_or("any"),
-            state = "pending",
+            state = %IntentState::Pending,
             new_effect = a.new_effect,
             force = a.force,
             "operator retry: {done} intent(s)"
@@ -117,8 +117,8 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
         if a.dry_run {
             match store.find(r).await {
                 Ok(i) => {
-                    let needs_force = i.state == "delivered" && !a.force;
-                    let would = i.state != "claimed" && !needs_force;
+                    let needs_force = i.state == IntentState::Delivered && !a.force;
+                    let would = i.state != IntentState::Claimed && !needs_force;
                     results.push(json!({"id": i.id, "key": i.key, "state": i.state,
                                         "would_retry": would, "needs_force": needs_force}));
                 }
@@ -281,7 +281,7 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
                 let n = s
                     .by_state
                     .iter()
-                    .find(|r| r.kind == *k && r.state == *st)
+                    .find(|r| r.kind == *k && r.state.as_sql() == st)
                     .map_or(0, |r| r.count);
                 row.push(n.to_string());
             }

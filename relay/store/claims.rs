@@ -11,6 +11,7 @@ use serde_json::Value;
 use sqlx::Row;
 
 use super::{storable, Store};
+use crate::state::{AttemptOutcome, IntentState};
 
 /// A committed claim on one intent: the relay may now perform its effect.
 #[derive(Debug, Clone)]
@@ -62,8 +63,7 @@ pub struct Completion {
     pub key_generation: i32,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
-    /// delivered | rejected | transient | ambiguous
-    pub outcome: &'static str,
+    pub outcome: AttemptOutcome,
     pub status: Option<i32>,
     pub provider_ref: Option<String>,
     pub error: Option<String>,
@@ -72,7 +72,7 @@ pub struct Completion {
     /// back down and no attempt row is written.
     pub uncounted: bool,
     /// The intent's next state (pending for a retry).
-    pub state: &'static str,
+    pub state: IntentState,
     /// For a retry: when.
     pub run_after: Option<DateTime<Utc>>,
     /// For a rejection: the provider's answer.
@@ -428,7 +428,7 @@ impl Store {
             .bind(col!(|c| c.key_generation))
             .bind(col!(|c| c.started_at))
             .bind(col!(|c| c.finished_at))
-            .bind(col!(|c| c.outcome))
+            .bind(col!(|c| c.outcome.as_sql()))
             .bind(col!(|c| c.status))
             .bind(col!(|c| c
                 .provider_ref
@@ -439,7 +439,7 @@ impl Store {
                 .as_deref()
                 .map(|e| storable::text(e, storable::MAX_ERROR_CHARS))))
             .bind(col!(|c| c.replayed))
-            .bind(col!(|c| c.state))
+            .bind(col!(|c| c.state.as_sql()))
             .bind(col!(|c| c.run_after))
             .bind(col!(|c| c.response.as_ref().map(storable::json)))
             .bind(owner)

@@ -22,16 +22,7 @@ pub use enqueue::{enqueue, EnqueueError, Enqueued, NewIntent};
 /// The migrations in `schema/`, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./schema");
 
-/// The state names of the contract.
-pub const STATES: &[&str] = &[
-    "pending",
-    "claimed",
-    "delivered",
-    "rejected",
-    "dead",
-    "ambiguous",
-    "cancelled",
-];
+pub use crate::state::{AttemptOutcome, IntentState, STATES};
 
 /// Failures the CLI and the engine branch on.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +34,7 @@ pub enum StoreError {
     #[error("intent {id} is {state}: {why}")]
     InvalidState {
         id: i64,
-        state: String,
+        state: IntentState,
         why: &'static str,
     },
     #[error(transparent)]

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use sqlx::FromRow;
 
 use super::{Store, StoreError};
+use crate::state::{sql_names, IntentState};
 
 /// An intent as operators see it.
 #[derive(Debug, Clone, Serialize, FromRow)]
@@ -21,7 +22,8 @@ pub struct Intent {
     /// number beyond a double); `list` and `show` still show it.
     #[sqlx(try_from = "String")]
     pub payload: StoredPayload,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: IntentState,
     pub attempts: i32,
     pub run_after: DateTime<Utc>,
     pub ordering_key: Option<String>,
@@ -93,7 +95,8 @@ pub enum Resolution {
 #[derive(Debug, Clone, Serialize, FromRow)]
 pub struct StatsRow {
     pub kind: String,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: IntentState,
     pub count: i64,
 }
 
@@ -130,7 +133,8 @@ pub struct LedgerEntry {
     pub intent_id: i64,
     pub kind: String,
     pub destination: Option<String>,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: IntentState,
     pub provider_ref: Option<String>,
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -149,7 +153,7 @@ pub enum Known {
 /// Which intents a bulk retry touches.
 #[derive(Debug, Clone)]
 pub struct Filter {
-    pub state: String,
+    pub state: IntentState,
     pub kind: Option<String>,
 }
 
@@ -188,51 +192,43 @@ const INTENT_COLUMNS: &str =
                    WHERE d.intent_id = intents.id)::int AS duplicates, \
     source, created_at, updated_at, delivered_at";
 
+use IntentState::{Ambiguous, Cancelled, Claimed, Dead, Delivered, Pending, Rejected};
+
 /// The states a purge removes.
-fn purgeable(include_dead: bool) -> &'static [&'static str] {
+fn purgeable(include_dead: bool) -> Vec<&'static str> {
     if include_dead {
-        &["delivered", "rejected", "cancelled", "dead"]
+        sql_names(&[Delivered, Rejected, Cancelled, Dead])
     } else {
-        &["delivered", "rejected", "cancelled"]
+        sql_names(&[Delivered, Rejected, Cancelled])
     }
 }
 
 /// States an operator retry applies to (anything but a live claim; a
 /// delivered intent only when forced).
-const RETRYABLE: &[&str] = &[
-    "pending",
-    "delivered",
-    "rejected",
-    "dead",
-    "ambiguous",
-    "cancelled",
-];
-/// [`RETRYABLE`] without `delivered`.
-const RETRYABLE_UNFORCED: &[&str] = &["pending", "rejected", "dead", "ambiguous", "cancelled"];
-
-fn retryable(how: RetryOptions) -> &'static [&'static str] {
+fn retryable(how: RetryOptions) -> Vec<&'static str> {
     if how.force {
-        RETRYABLE
+        sql_names(&[Pending, Delivered, Rejected, Dead, Ambiguous, Cancelled])
     } else {
-        RETRYABLE_UNFORCED
+        sql_names(&[Pending, Rejected, Dead, Ambiguous, Cancelled])
     }
 }
 
 /// Why `intent` cannot be retried `how`, if it cannot.
 fn retry_refusal(intent: &Intent, how: RetryOptions) -> Option<StoreError> {
-    let why = match intent.state.as_str() {
-        "delivered" if !how.force => RESEND_DELIVERED,
-        s if retryable(how).contains(&s) => return None,
+    let why = match intent.state {
+        Delivered if !how.force => RESEND_DELIVERED,
+        s if retryable(how).contains(&s.as_sql()) => return None,
         _ => "a delivery is in flight; wait for it, or cancel it first",
     };
     Some(StoreError::InvalidState {
         id: intent.id,
-        state: intent.state.clone(),
+        state: intent.state,
         why,
     })
 }
+
 /// States a cancel applies to.
-const CANCELLABLE: &[&str] = &["pending", "claimed", "ambiguous", "dead"];
+const CANCELLABLE: [IntentState; 4] = [Pending, Claimed, Ambiguous, Dead];
 
 impl Store {
     /// Find an intent by key, or by id when the reference is a number and no
@@ -378,7 +374,7 @@ impl Store {
         batch: i64,
         mut progress: impl FnMut(u64),
     ) -> Result<u64, StoreError> {
-        if !retryable(how).contains(&filter.state.as_str()) {
+        if !retryable(how).contains(&filter.state.as_sql()) {
             return Ok(0);
         }
         let mut done = 0u64;
@@ -389,7 +385,7 @@ impl Store {
                   WHERE state = $1 AND ($2::text IS NULL OR kind = $2) AND id > $3
                   ORDER BY id LIMIT $4",
             )
-            .bind(&filter.state)
+            .bind(filter.state.as_sql())
             .bind(&filter.kind)
             .bind(after)
             .bind(batch)
@@ -408,7 +404,7 @@ impl Store {
         Ok(sqlx::query_scalar(
             "SELECT count(*) FROM outbox.intents WHERE state = $1 AND ($2::text IS NULL OR kind = $2)",
         )
-        .bind(&filter.state)
+        .bind(filter.state.as_sql())
         .bind(&filter.kind)
         .fetch_one(&self.pool)
         .await?)
@@ -450,7 +446,7 @@ impl Store {
         let changed = self
             .transition(
                 intent.id,
-                CANCELLABLE,
+                &CANCELLABLE,
                 "state = 'cancelled', last_error = coalesce(last_error, 'cancelled by an operator')",
                 "cancel",
                 json!({"from": intent.state}),
@@ -474,7 +470,7 @@ impl Store {
         let (set, detail) = match how {
             Resolution::Delivered { reference } => (
                 "state = 'delivered', delivered_at = now(), provider_ref = coalesce($5, provider_ref)",
-                json!({"as": "delivered", "ref": reference}),
+                json!({"as": Delivered, "ref": reference}),
             ),
             Resolution::Redeliver => (
                 "state = 'pending', run_after = now(), attempts_base = attempts",
@@ -482,7 +478,7 @@ impl Store {
             ),
             Resolution::Reject { reason } => (
                 "state = 'rejected', last_error = $5",
-                json!({"as": "rejected", "reason": reason}),
+                json!({"as": Rejected, "reason": reason}),
             ),
         };
         let arg = match how {
@@ -491,14 +487,7 @@ impl Store {
             Resolution::Redeliver => None,
         };
         let changed = self
-            .transition(
-                intent.id,
-                &["ambiguous", "dead"],
-                set,
-                "resolve",
-                detail,
-                arg,
-            )
+            .transition(intent.id, &[Ambiguous, Dead], set, "resolve", detail, arg)
             .await?;
         if !changed {
             return Err(StoreError::InvalidState {
@@ -513,7 +502,7 @@ impl Store {
     async fn transition(
         &self,
         id: i64,
-        from: &[&str],
+        from: &[IntentState],
         set: &str,
         action: &str,
         detail: Value,
@@ -530,7 +519,7 @@ impl Store {
         );
         Ok(sqlx::query(&sql)
             .bind(id)
-            .bind(from)
+            .bind(sql_names(from))
             .bind(action)
             .bind(detail)
             .bind(arg)
@@ -679,7 +668,7 @@ impl Store {
                      ON CONFLICT (key) DO NOTHING)
                  SELECT count(*) FROM gone",
             )
-            .bind(states)
+            .bind(&states)
             .bind(ms)
             .bind(batch)
             .fetch_one(&self.pool)
