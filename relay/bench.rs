@@ -329,7 +329,7 @@ async fn measure(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let engine = Engine::new(
         store.clone(),
-        cfg.providers()?,
+        crate::engine::providers(&cfg)?,
         EngineConfig::from_config(&cfg),
     );
     let batches = engine.batch_counts();

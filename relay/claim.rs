@@ -6,104 +6,135 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify};
 
-use crate::dispatch;
-use crate::engine::Ctx;
+use crate::budget::ClaimBudget;
+use crate::complete::BatchCounts;
+use crate::dispatch::Deliverer;
+use crate::store::{ClaimQuery, Claimed, Store};
 
 /// The NOTIFY channel `outbox.enqueue` signals on.
 pub const CHANNEL: &str = "outbox_intents";
 
-/// Wait for one free slot (or `None` on stop), then take up to `max` without waiting.
-pub async fn take_permits(
-    sem: &Arc<Semaphore>,
-    max: usize,
-    stop: &mut watch::Receiver<bool>,
-) -> Option<Vec<OwnedSemaphorePermit>> {
-    if *stop.borrow() {
-        return None;
-    }
-    let first = tokio::select! {
-        p = sem.clone().acquire_owned() => p.ok()?,
-        _ = stop.wait_for(|s| *s) => return None,
-    };
-    let mut permits = vec![first];
-    permits.extend(try_take(sem, max.saturating_sub(1)));
-    Some(permits)
+/// How the claim loop ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The daemon: claim until the stop signal, sleeping when caught up.
+    Serve,
+    /// `run --once`: claim until nothing is due and every claim is done,
+    /// then return (a retry due immediately after a failure is claimed
+    /// too; one scheduled for later is left pending).
+    Drain,
 }
 
-/// Up to `max` free slots, without waiting.
-pub fn try_take(sem: &Arc<Semaphore>, max: usize) -> Vec<OwnedSemaphorePermit> {
-    let mut permits = Vec::new();
-    while permits.len() < max {
-        match sem.clone().try_acquire_owned() {
-            Ok(p) => permits.push(p),
-            Err(_) => break,
-        }
-    }
-    permits
+/// The claim loop: owns its statement and what it is handed.
+pub struct Claimer {
+    pub store: Store,
+    /// Built once: a claim takes at most `batch_size`.
+    pub query: ClaimQuery,
+    /// Written on every claim.
+    pub owner: String,
+    pub lease: Duration,
+    pub poll_interval: Duration,
+    /// Known kinds this relay has no provider for (for the next-due query).
+    pub unserved: Vec<String>,
+    pub budget: Arc<ClaimBudget>,
+    pub deliverer: Arc<Deliverer>,
+    pub batches: Arc<BatchCounts>,
 }
 
-/// Claim and dispatch until `stop` turns true.
-pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
-    let mut backoff = Duration::from_millis(100);
-    while let Some(mut permits) = take_permits(&ctx.claims, ctx.cfg.batch_size, &mut stop).await {
-        // A claim of many rows costs the database far less per row than a
-        // claim of few. While a round of claimed work is queued for the
-        // delivery slots, let freed permits gather; claim them all at once
-        // when the queue runs low.
-        while permits.len() < ctx.cfg.batch_size && ctx.queue_full() {
-            tokio::select! {
-                p = ctx.claims.clone().acquire_owned() => {
-                    permits.extend(p.ok());
-                    permits.extend(try_take(&ctx.claims, ctx.cfg.batch_size - permits.len()));
-                }
-                _ = ctx.queue_low.notified() => {}
-                _ = stop.wait_for(|s| *s) => break,
+impl Claimer {
+    async fn claim(&self, n: usize) -> Result<Vec<Claimed>, sqlx::Error> {
+        let lease_ms = self.lease.as_millis() as i64;
+        let claims = self
+            .store
+            .claim_with(&self.query, &self.owner, n as i64, lease_ms)
+            .await?;
+        self.batches.claimed(claims.len());
+        Ok(claims)
+    }
+
+    /// How long to sleep when caught up: the poll interval, or less when a
+    /// scheduled retry is due sooner.
+    async fn idle_wait(&self) -> Duration {
+        let poll = self.poll_interval;
+        match self.store.next_due_in(&self.unserved).await {
+            Ok(Some(secs)) if secs.is_finite() => {
+                Duration::from_secs_f64(secs.max(0.0)).clamp(Duration::from_millis(5), poll)
             }
+            _ => poll,
         }
-        if *stop.borrow() {
-            break;
-        }
-        let wanted = permits.len();
-        match ctx.claim(wanted).await {
-            Ok(claims) => {
-                backoff = Duration::from_millis(100);
-                let got = claims.len();
-                if *stop.borrow() {
-                    ctx.release(&claims).await;
-                    break;
+    }
+
+    /// Claim and dispatch as claim permits free up. In [`Mode::Serve`] until
+    /// `stop` turns true (claim errors are retried with backoff); in
+    /// [`Mode::Drain`] until nothing is claimable and no claim is held (a
+    /// claim error ends it).
+    pub async fn run(
+        &self,
+        wake: Arc<Notify>,
+        mut stop: watch::Receiver<bool>,
+        mode: Mode,
+    ) -> Result<(), sqlx::Error> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let idle_before = self.budget.idle();
+            let Some(mut permits) = self.budget.take(self.budget.batch_size(), &mut stop).await
+            else {
+                return Ok(());
+            };
+            self.budget.gather(&mut permits, &mut stop).await;
+            if *stop.borrow() {
+                return Ok(());
+            }
+            let wanted = permits.len();
+            let claims = match self.claim(wanted).await {
+                Ok(claims) => claims,
+                Err(err) if mode == Mode::Drain => return Err(err),
+                Err(err) => {
+                    drop(permits);
+                    tracing::warn!(error = %err, retry_in = ?backoff, "claim failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.wait_for(|s| *s) => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    continue;
                 }
-                for claim in claims {
-                    let permit = permits.pop().expect("one permit per claim");
-                    dispatch::spawn(&ctx, claim, permit);
-                }
-                drop(permits);
-                if got < wanted {
+            };
+            backoff = Duration::from_millis(100);
+            let got = claims.len();
+            if *stop.borrow() {
+                self.deliverer.release(&claims).await;
+                return Ok(());
+            }
+            for claim in claims {
+                let permit = permits.pop().expect("one permit per claim");
+                self.deliverer.spawn(claim, permit);
+            }
+            drop(permits);
+            match mode {
+                Mode::Drain if got == 0 && idle_before => return Ok(()),
+                // a delivery finishing may make a retry due at once
+                Mode::Drain if got == 0 => self.budget.task_done().await,
+                Mode::Drain => {}
+                Mode::Serve if got < wanted => {
                     // Caught up: sleep until an enqueue NOTIFY, the next poll
                     // or, when nothing at all was due, the next scheduled
                     // retry, whichever comes first. (Asking for the next due
                     // time only when idle keeps that query off the busy path.)
                     let wait = if got == 0 {
-                        ctx.idle_wait().await
+                        self.idle_wait().await
                     } else {
-                        ctx.cfg.poll_interval
+                        self.poll_interval
                     };
                     tokio::select! {
                         _ = wake.notified() => {}
                         _ = tokio::time::sleep(wait) => {}
-                        _ = stop.wait_for(|s| *s) => break,
+                        _ = stop.wait_for(|s| *s) => return Ok(()),
                     }
                 }
-            }
-            Err(err) => {
-                drop(permits);
-                tracing::warn!(error = %err, retry_in = ?backoff, "claim failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = stop.wait_for(|s| *s) => break,
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                Mode::Serve => {}
             }
         }
     }
@@ -118,9 +149,15 @@ pub async fn run(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<boo
 /// through but never delivers notifications), it says so, drops the
 /// connection and checks again every minute; meanwhile the claim loop's
 /// poll interval does the waking.
-pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
-    let poll = ctx.cfg.poll_interval;
-    if !ctx.cfg.listen {
+pub async fn listen(
+    store: Store,
+    owner: String,
+    enabled: bool,
+    poll: Duration,
+    wake: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
+    if !enabled {
         tracing::info!(poll_interval = ?poll, "relay.listen is false: delivering by polling");
         metrics::gauge!("outbox_listen_active").set(0.0);
         // a supervised task runs until the stop
@@ -131,7 +168,7 @@ pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<
     let mut probed = false;
     let mut polling_said = false;
     'connect: loop {
-        let mut listener = match sqlx::postgres::PgListener::connect_with(ctx.store.pool()).await {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(store.pool()).await {
             Ok(l) => l,
             Err(err) => {
                 tracing::warn!(error = %err, "LISTEN connection failed; polling meanwhile");
@@ -149,7 +186,7 @@ pub async fn listen(ctx: Arc<Ctx>, wake: Arc<Notify>, mut stop: watch::Receiver<
             }
         }
         if !probed {
-            match probe(&ctx, &mut listener, &wake).await {
+            match probe(&store, &owner, &mut listener, &wake).await {
                 Ok(true) => {
                     probed = true;
                     metrics::gauge!("outbox_listen_active").set(1.0);
@@ -222,12 +259,13 @@ const REPROBE: Duration = Duration::from_secs(60);
 /// the LISTEN connection. Other notifications seen meanwhile still wake the
 /// claim loop.
 async fn probe(
-    ctx: &Ctx,
+    store: &Store,
+    owner: &str,
     listener: &mut sqlx::postgres::PgListener,
     wake: &Notify,
 ) -> Result<bool, String> {
-    let token = format!("probe:{}:{:016x}", ctx.cfg.owner, fastrand::u64(..));
-    ctx.store
+    let token = format!("probe:{owner}:{:016x}", fastrand::u64(..));
+    store
         .notify(CHANNEL, &token)
         .await
         .map_err(|e| e.to_string())?;

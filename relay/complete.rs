@@ -27,13 +27,124 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::BatchCounts;
 use crate::metrics::kind_label;
 use crate::state::IntentState;
 use crate::store::{sqlstate, Completion, Store, Written};
 
 /// A completion and the channel that tells its task whether it was accepted.
 pub type Pending = (Completion, oneshot::Sender<bool>);
+
+/// Where delivery tasks hand their completions: the completer's inbox.
+#[derive(Debug, Clone)]
+pub struct Sink {
+    tx: mpsc::UnboundedSender<Pending>,
+}
+
+impl Sink {
+    /// Hand `completion` to the completer and wait until it is written.
+    /// True when the database accepted it (its fence still held).
+    pub async fn write(&self, completion: Completion) -> bool {
+        let (ack, written) = oneshot::channel();
+        if self.tx.send((completion, ack)).is_err() {
+            return false;
+        }
+        written.await.unwrap_or(false)
+    }
+}
+
+/// What the completer shares with the rest of the engine: its statement in
+/// progress (for the supervisor), its tally (for the summary line) and its
+/// statement counts.
+#[derive(Debug, Default, Clone)]
+pub struct Gauges {
+    pub progress: Arc<Progress>,
+    pub tally: Arc<Tally>,
+    pub batches: Arc<BatchCounts>,
+}
+
+/// Start the completer: it writes batches of up to `max_batch` and ends
+/// when every [`Sink`] clone is dropped.
+pub fn start(
+    store: Store,
+    owner: String,
+    max_batch: usize,
+    gauges: Gauges,
+) -> (Sink, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(run(
+        store,
+        owner,
+        rx,
+        max_batch,
+        gauges.batches,
+        gauges.progress,
+        gauges.tally,
+    ));
+    (Sink { tx }, task)
+}
+/// How many statements the engine's claims and completions took and how
+/// many intents they carried: intents per statement is what the database's
+/// cost per intent depends on most (the README's ceiling by batch size).
+/// Also exported as the histograms `outbox_claim_batch_size` and
+/// `outbox_completion_batch_size`.
+#[derive(Debug, Default)]
+pub struct BatchCounts {
+    claims: AtomicU64,
+    claimed: AtomicU64,
+    writes: AtomicU64,
+    written: AtomicU64,
+}
+
+/// A reading of [`BatchCounts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Batches {
+    /// Claim statements that claimed at least one intent, and those intents.
+    pub claims: u64,
+    pub claimed: u64,
+    /// Completion statements, and the completions they wrote.
+    pub writes: u64,
+    pub written: u64,
+}
+
+impl Batches {
+    /// Mean intents per claim statement (0 when none claimed anything).
+    pub fn per_claim(&self) -> f64 {
+        self.claimed as f64 / self.claims.max(1) as f64
+    }
+
+    /// Mean completions per completion statement (0 when none was written).
+    pub fn per_write(&self) -> f64 {
+        self.written as f64 / self.writes.max(1) as f64
+    }
+}
+
+impl BatchCounts {
+    /// A claim statement returned `n` intents (an empty claim is not counted).
+    pub fn claimed(&self, n: usize) {
+        if n > 0 {
+            self.claims.fetch_add(1, Ordering::Relaxed);
+            self.claimed.fetch_add(n as u64, Ordering::Relaxed);
+            metrics::histogram!("outbox_claim_batch_size").record(n as f64);
+        }
+    }
+
+    /// A completion statement wrote `n` completions.
+    pub fn written(&self, n: usize) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.written.fetch_add(n as u64, Ordering::Relaxed);
+        metrics::histogram!("outbox_completion_batch_size").record(n as f64);
+    }
+
+    /// The counts so far.
+    pub fn read(&self) -> Batches {
+        Batches {
+            claims: self.claims.load(Ordering::Relaxed),
+            claimed: self.claimed.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            written: self.written.load(Ordering::Relaxed),
+        }
+    }
+}
 
 /// What the supervisor reads to tell a completer that is stuck from one that
 /// waits for the database: the start of the statement in progress, in
@@ -126,7 +237,7 @@ fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-pub async fn run(
+async fn run(
     store: Store,
     owner: String,
     mut rx: mpsc::UnboundedReceiver<Pending>,

@@ -9,14 +9,13 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use outbox_providers::charge::{ChargeConfig, ChargeProvider};
-use outbox_providers::email::{EmailConfig, EmailProvider, SmtpTarget};
-use outbox_providers::webhook::{WebhookConfig, WebhookProvider};
-use outbox_providers::{guard, AmbiguityPolicy, ProviderSet, Secret};
+use outbox_providers::charge::ChargeConfig;
+use outbox_providers::email::{EmailConfig, SmtpTarget};
+use outbox_providers::webhook::WebhookConfig;
+use outbox_providers::{guard, AmbiguityPolicy, Secret};
 use serde::Deserialize;
 
 use crate::transition::RetryPolicy;
@@ -421,23 +420,6 @@ impl ChargeSection {
 impl Config {
     /// The providers this configuration enables: webhook always; email when
     /// `email.smtp_url` is set; charge when an API key is set.
-    pub fn providers(&self) -> anyhow::Result<ProviderSet> {
-        let webhook =
-            WebhookProvider::new(self.webhook.provider_config()?).map_err(anyhow::Error::msg)?;
-        let mut set = ProviderSet::new().with(Arc::new(webhook));
-        if let Some(email) = self.email.provider_config()? {
-            set = set.with(Arc::new(
-                EmailProvider::new(email).map_err(anyhow::Error::msg)?,
-            ));
-        }
-        if let Some(charge) = self.charge.provider_config()? {
-            set = set.with(Arc::new(
-                ChargeProvider::new(charge).map_err(anyhow::Error::msg)?,
-            ));
-        }
-        Ok(set)
-    }
-
     /// The configured schedules, parsed.
     pub fn schedules(&self) -> anyhow::Result<Vec<crate::schedule::Schedule>> {
         let mut seen = std::collections::HashSet::new();
@@ -669,8 +651,16 @@ impl Config {
                 bail!("{name} must be at least 100ms, not {:?}", d.0);
             }
         }
-        // building the providers checks secrets, URLs and addresses
-        self.providers()?;
+        // what the providers would refuse: secrets, URLs, addresses
+        // (`engine::providers` builds them)
+        self.webhook
+            .provider_config()?
+            .check()
+            .map_err(anyhow::Error::msg)?;
+        if let Some(email) = self.email.provider_config()? {
+            email.check().map_err(anyhow::Error::msg)?;
+        }
+        self.charge.provider_config()?;
         self.schedules()?;
         self.check_schedule_payloads()?;
         let ret = &self.retention;
@@ -1259,9 +1249,12 @@ mod tests {
         assert_eq!(c.webhook.allowed_networks, ["127.0.0.1/32"]);
         let c = load_str("", &[("STRIPE_API_KEY", "sk_test_123")]).unwrap();
         assert_eq!(c.charge.api_key.as_ref().unwrap().expose(), "sk_test_123");
-        assert!(c.providers().unwrap().get("charge").is_some());
+        assert!(crate::engine::providers(&c)
+            .unwrap()
+            .get("charge")
+            .is_some());
         assert!(
-            c.providers().unwrap().get("email").is_none(),
+            crate::engine::providers(&c).unwrap().get("email").is_none(),
             "email needs smtp_url"
         );
         let err = load_str("", &[("OUTBOX_RELAY__RELAY__TYPO", "1")]).unwrap_err();

@@ -6,48 +6,132 @@
 //! unreachable, completions wait, claim permits run out and the relay stops
 //! claiming by itself.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
-use outbox_providers::{AmbiguityPolicy, Delivery, Outcome};
-use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use outbox_providers::{AmbiguityPolicy, Delivery, Outcome, ProviderSet};
+use tokio::sync::{watch, Semaphore};
 use tracing::Instrument;
 
-use crate::engine::Ctx;
+use crate::budget::{ClaimBudget, Permit};
+use crate::complete::Sink;
 use crate::metrics::kind_label;
 use crate::reconcile::{self, Recovery};
 use crate::state::{AttemptOutcome, IntentState};
-use crate::store::{Claimed, Completion};
+use crate::store::{Claimed, Completion, Store};
 use crate::transition::{self, Next, RetryPolicy};
 
-/// Start delivering a claim: it waits for a delivery slot (counted in
-/// `queued` meanwhile), then runs [`run_one`].
-pub fn spawn(ctx: &Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit) {
-    ctx.queued.fetch_add(1, Ordering::SeqCst);
-    tokio::spawn(run_one(ctx.clone(), claim, permit));
+/// What delivering needs to know about time and retries.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a claim is held: an attempt must fit in what is left.
+    pub lease: Duration,
+    /// The longest any attempt may take; with less lease left a claim is
+    /// handed back rather than started.
+    pub max_attempt_time: Duration,
+    /// Each kind's attempt budget (its provider timeout; reconcile searches
+    /// run within it).
+    pub attempt_times: HashMap<String, Duration>,
+    /// Retry policies by kind, and the one for other kinds.
+    pub policies: HashMap<String, RetryPolicy>,
+    pub default_policy: RetryPolicy,
+}
+
+impl Settings {
+    /// The budget one attempt of `kind` is held to.
+    pub fn attempt_budget(&self, kind: &str) -> Duration {
+        self.attempt_times.get(kind).copied().unwrap_or(self.lease)
+    }
+
+    /// The time an attempt of `kind` needs from the lease.
+    pub fn attempt_time(&self, kind: &str) -> Duration {
+        self.attempt_budget(kind).min(self.max_attempt_time)
+    }
+
+    pub fn retry_policy(&self, kind: &str) -> &RetryPolicy {
+        self.policies.get(kind).unwrap_or(&self.default_policy)
+    }
+}
+
+/// Performs claimed intents: the providers, the delivery slots, the
+/// settings, where completions go and the budget their permits come from.
+pub struct Deliverer {
+    providers: ProviderSet,
+    settings: Settings,
+    /// One permit per effect in progress (`relay.concurrency`).
+    slots: Arc<Semaphore>,
+    budget: Arc<ClaimBudget>,
+    sink: Sink,
+    /// Hands back claims that will not be attempted.
+    store: Store,
+    /// Turns true when shutdown begins: claims not yet started are handed back.
+    stopping: watch::Receiver<bool>,
+}
+
+impl Deliverer {
+    pub fn new(
+        providers: ProviderSet,
+        settings: Settings,
+        concurrency: usize,
+        budget: Arc<ClaimBudget>,
+        sink: Sink,
+        store: Store,
+        stopping: watch::Receiver<bool>,
+    ) -> Deliverer {
+        Deliverer {
+            providers,
+            settings,
+            slots: Arc::new(Semaphore::new(concurrency)),
+            budget,
+            sink,
+            store,
+            stopping,
+        }
+    }
+
+    /// The kinds this relay delivers.
+    pub fn kinds(&self) -> Vec<&'static str> {
+        self.providers.kinds()
+    }
+
+    /// Start delivering a claim: it waits for a delivery slot (counted as
+    /// queued meanwhile), then runs [`run_one`].
+    pub fn spawn(self: &Arc<Self>, claim: Claimed, permit: Permit) {
+        self.budget.queue();
+        tokio::spawn(run_one(self.clone(), claim, permit));
+    }
+
+    /// Hand back claims that will not be worked on (shutdown, or too little
+    /// lease left): pending again, the attempt not counted.
+    pub async fn release(&self, claims: &[Claimed]) {
+        let ids: Vec<(i64, i64)> = claims.iter().map(|c| (c.id, c.fence)).collect();
+        match self.store.release(&ids).await {
+            Ok(n) => tracing::info!(n, "handed back claims not yet started"),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not hand back claims; their leases will expire")
+            }
+        }
+    }
 }
 
 /// Wait for a delivery slot, deliver one claim, hand the completion to the
 /// completer and wait until it is written; the claim permit is released only
 /// then. A claim that cannot start in time — shutdown began, or too little of
 /// its lease is left for a whole attempt — is handed back without an attempt.
-pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit) {
-    let mut stopping = ctx.stopping.clone();
+async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
+    let mut stopping = d.stopping.clone();
     let slot = tokio::select! {
         biased;
         _ = stopping.wait_for(|s| *s) => None,
-        slot = ctx.in_flight.clone().acquire_owned() => slot.ok(),
+        slot = d.slots.clone().acquire_owned() => slot.ok(),
     };
-    if ctx.queued.fetch_sub(1, Ordering::SeqCst) <= ctx.cfg.concurrency {
-        ctx.queue_low.notify_one();
-    }
-    let lease_left = ctx.cfg.lease.saturating_sub(claim.claimed_at.elapsed());
-    let enough =
-        lease_left > ctx.cfg.attempt_time(&claim.kind) + std::time::Duration::from_millis(500);
+    d.budget.dequeue();
+    let lease_left = d.settings.lease.saturating_sub(claim.claimed_at.elapsed());
+    let enough = lease_left > d.settings.attempt_time(&claim.kind) + Duration::from_millis(500);
     if !enough && slot.is_some() {
         tracing::warn!(
             intent = claim.id,
@@ -56,9 +140,9 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
         );
     }
     let Some(slot) = slot.filter(|_| enough) else {
-        ctx.release(std::slice::from_ref(&claim)).await;
+        d.release(std::slice::from_ref(&claim)).await;
         drop(permit);
-        ctx.task_done.notify_one();
+        d.budget.task_finished();
         return;
     };
     let span = tracing::info_span!(
@@ -79,9 +163,9 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
         // The attempt and the settling of its outcome run inside one guard:
         // an outcome that cannot be settled (a provider's absurd Retry-After)
         // is as unknown as a provider that panicked.
-        let policy = ctx.retry_policy(&claim.kind);
+        let policy = d.settings.retry_policy(&claim.kind);
         let guarded = AssertUnwindSafe(async {
-            let (outcome, on_ambiguous) = attempt(&ctx, &claim).await;
+            let (outcome, on_ambiguous) = attempt(&d, &claim).await;
             let completion = settle(
                 &claim,
                 &outcome,
@@ -127,12 +211,9 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
             .record(elapsed.as_secs_f64());
         tracing::Span::current().record("outcome", outcome.class());
         log_outcome(&claim, &outcome, &completion, elapsed);
-        let (ack, written) = oneshot::channel();
-        if ctx.completions.send((completion, ack)).is_ok() {
-            let _ = written.await;
-        }
+        d.sink.write(completion).await;
         drop(permit);
-        ctx.task_done.notify_one();
+        d.budget.task_finished();
     }
     .instrument(span)
     .await
@@ -140,16 +221,16 @@ pub async fn run_one(ctx: Arc<Ctx>, claim: Claimed, permit: OwnedSemaphorePermit
 
 /// The attempt itself: reconcile first when the claim was recovered from an
 /// expired lease, then deliver under the intent's derived key.
-async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
+async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
     if let Some(reason) = &claim.payload_error {
         // nothing can have been sent for it: no attempt ever had a payload
         return (Outcome::invalid(reason.clone()), AmbiguityPolicy::Park);
     }
-    let Some(provider) = ctx.providers.get(&claim.kind) else {
+    let Some(provider) = d.providers.get(&claim.kind) else {
         let outcome = Outcome::invalid(format!(
             "unknown kind {:?}: no live relay knows it (this one delivers {})",
             claim.kind,
-            ctx.providers.kinds().join(", ")
+            d.providers.kinds().join(", ")
         ));
         return (outcome, AmbiguityPolicy::Park);
     };
@@ -166,7 +247,7 @@ async fn attempt(ctx: &Ctx, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
     let policy = provider.on_ambiguous();
     // Every provider call of this attempt (reconcile searches included)
     // runs within one budget, the one the lease was sized for.
-    let budget = ctx.cfg.attempt_budget(&claim.kind);
+    let budget = d.settings.attempt_budget(&claim.kind);
     let deadline = tokio::time::Instant::now() + budget;
     if let Some(previous) = &claim.recovered_from {
         let recovered = tokio::time::timeout_at(
@@ -278,11 +359,11 @@ pub fn settle(
 }
 
 /// The longest a retry is put off, whatever a provider asks for.
-pub const MAX_RETRY_DELAY: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// `from + delay`, with the delay capped at [`MAX_RETRY_DELAY`]: checked
 /// arithmetic, so no answer can overflow the clock.
-pub fn retry_at(from: DateTime<Utc>, delay: std::time::Duration) -> DateTime<Utc> {
+pub fn retry_at(from: DateTime<Utc>, delay: Duration) -> DateTime<Utc> {
     let delay = delay.min(MAX_RETRY_DELAY);
     chrono::Duration::from_std(delay)
         .ok()

@@ -9,7 +9,9 @@
 //! - [`config`]: TOML + environment configuration, validated once.
 //! - [`store`]: every SQL statement: claims, fenced completions, operator
 //!   reads and changes, the Rust enqueue helper.
-//! - [`claim`]: the claim loop and the LISTEN/NOTIFY wake-up.
+//! - [`budget`]: the claim budget: permits, the queue for delivery slots, idle.
+//! - [`claim`]: the claim loop (serve, or drain for `run --once`) and the
+//!   LISTEN/NOTIFY wake-up.
 //! - [`dispatch`]: performing one claimed intent's effect, settling its
 //!   next state.
 //! - [`state`]: `IntentState` and `AttemptOutcome`, with their SQL spelling.
@@ -33,6 +35,7 @@
 //! touches Postgres; this crate never builds an HTTP request.
 
 pub mod bench;
+pub mod budget;
 pub mod claim;
 pub mod cli;
 pub mod complete;

@@ -40,11 +40,14 @@ async fn a_late_completion_after_the_lease_moved_on_changes_nothing_and_is_count
     engine_a.max_attempt_time = Duration::ZERO;
     let (stop_a, stopped_a) = tokio::sync::oneshot::channel::<()>();
     let a = tokio::spawn(
-        outbox_relay::Engine::new(db.store.clone(), cfg_a.providers().unwrap(), engine_a).run(
-            async {
-                let _ = stopped_a.await;
-            },
-        ),
+        outbox_relay::Engine::new(
+            db.store.clone(),
+            outbox_relay::engine::providers(&cfg_a).unwrap(),
+            engine_a,
+        )
+        .run(async {
+            let _ = stopped_a.await;
+        }),
     );
     assert!(
         wait_for(Duration::from_secs(10), || async {

@@ -15,9 +15,8 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
     // `migrate` does nothing when the schema is current, so a relay role
     // without DDL rights runs against a schema its owner migrated.
     store.migrate().await?;
-    let providers = config
-        .providers()
-        .map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let providers =
+        crate::engine::providers(config).map_err(|e| Failure::usage(format!("{e:#}")))?;
     if once {
         let engine = Engine::new(store, providers, EngineConfig::from_config(config));
         engine.run_once().await?;

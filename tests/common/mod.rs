@@ -149,7 +149,7 @@ pub fn config() -> Config {
 pub fn engine(store: Store, config: &Config) -> Engine {
     Engine::new(
         store,
-        config.providers().expect("providers"),
+        outbox_relay::engine::providers(config).expect("providers"),
         EngineConfig::from_config(config),
     )
 }

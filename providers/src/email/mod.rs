@@ -40,6 +40,13 @@ pub struct EmailConfig {
 }
 
 impl EmailConfig {
+    /// Check what the provider would refuse, without building it.
+    pub fn check(&self) -> Result<(), String> {
+        smtp::credentials(self).map(|_| ())
+    }
+}
+
+impl EmailConfig {
     pub fn new(target: SmtpTarget) -> Self {
         EmailConfig {
             target,

@@ -103,21 +103,28 @@ pub struct Client {
     idle: Mutex<Vec<AsyncSmtpConnection>>,
 }
 
+/// The SMTP credentials `config` names, refused when incomplete or when
+/// they would cross the network in the clear.
+pub fn credentials(config: &EmailConfig) -> Result<Option<Credentials>, String> {
+    let username = config.target.username.clone().or(config.username.clone());
+    let password = config.target.password.clone().or(config.password.clone());
+    let credentials = match (username, password) {
+        (Some(u), Some(p)) => Some(Credentials::new(u, p.expose().to_string())),
+        (None, None) => None,
+        _ => return Err("email: a username needs a password and a password a username".into()),
+    };
+    if credentials.is_some()
+        && config.target.security == Security::Plain
+        && !is_loopback(&config.target.host)
+    {
+        return Err("email: refusing to send SMTP credentials without TLS to a non-local server; use smtp+starttls:// or smtps://".into());
+    }
+    Ok(credentials)
+}
+
 impl Client {
     pub fn new(config: &EmailConfig) -> Result<Client, String> {
-        let username = config.target.username.clone().or(config.username.clone());
-        let password = config.target.password.clone().or(config.password.clone());
-        let credentials = match (username, password) {
-            (Some(u), Some(p)) => Some(Credentials::new(u, p.expose().to_string())),
-            (None, None) => None,
-            _ => return Err("email: a username needs a password and a password a username".into()),
-        };
-        if credentials.is_some()
-            && config.target.security == Security::Plain
-            && !is_loopback(&config.target.host)
-        {
-            return Err("email: refusing to send SMTP credentials without TLS to a non-local server; use smtp+starttls:// or smtps://".into());
-        }
+        let credentials = credentials(config)?;
         let hello = match &config.hello_name {
             Some(name) => ClientId::Domain(name.clone()),
             None => ClientId::Domain(

@@ -68,14 +68,25 @@ pub struct WebhookProvider {
     config: WebhookConfig,
 }
 
-impl WebhookProvider {
-    pub fn new(config: WebhookConfig) -> Result<Self, String> {
-        let keys = config
-            .signing_secrets
+impl WebhookConfig {
+    /// Check what the provider would refuse, without building it: every
+    /// signing secret parses.
+    pub fn check(&self) -> Result<(), String> {
+        self.keys().map(|_| ())
+    }
+
+    fn keys(&self) -> Result<Vec<SigningKey>, String> {
+        self.signing_secrets
             .iter()
             .map(SigningKey::parse)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("webhook.signing_secrets: {e}"))?;
+            .map_err(|e| format!("webhook.signing_secrets: {e}"))
+    }
+}
+
+impl WebhookProvider {
+    pub fn new(config: WebhookConfig) -> Result<Self, String> {
+        let keys = config.keys()?;
         let client = reqwest::Client::builder()
             // Only the addresses the guard approved are ever connected to.
             .dns_resolver(Arc::new(resolve::GuardedResolver::new(
