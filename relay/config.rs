@@ -653,12 +653,9 @@ impl Config {
         }
         // what the providers would refuse: secrets, URLs, addresses
         // (`engine::providers` builds them)
-        self.webhook
-            .provider_config()?
-            .check()
-            .map_err(anyhow::Error::msg)?;
+        self.webhook.provider_config()?.check()?;
         if let Some(email) = self.email.provider_config()? {
-            email.check().map_err(anyhow::Error::msg)?;
+            email.check()?;
         }
         self.charge.provider_config()?;
         self.schedules()?;

@@ -33,20 +33,17 @@ pub use crate::complete::{BatchCounts, Batches};
 
 /// The providers `config` enables: webhook always; email when
 /// `email.smtp_url` is set; charge when an API key is. Built here, where
-/// the engine is wired; the configuration only describes and validates them.
+/// the engine is wired; the configuration only describes and validates
+/// them. An [`outbox_providers::Error::Config`] in the error chain means the
+/// configuration is at fault.
 pub fn providers(config: &Config) -> anyhow::Result<ProviderSet> {
-    let webhook =
-        WebhookProvider::new(config.webhook.provider_config()?).map_err(anyhow::Error::msg)?;
+    let webhook = WebhookProvider::new(config.webhook.provider_config()?)?;
     let mut set = ProviderSet::new().with(Arc::new(webhook));
     if let Some(email) = config.email.provider_config()? {
-        set = set.with(Arc::new(
-            EmailProvider::new(email).map_err(anyhow::Error::msg)?,
-        ));
+        set = set.with(Arc::new(EmailProvider::new(email)?));
     }
     if let Some(charge) = config.charge.provider_config()? {
-        set = set.with(Arc::new(
-            ChargeProvider::new(charge).map_err(anyhow::Error::msg)?,
-        ));
+        set = set.with(Arc::new(ChargeProvider::new(charge)?));
     }
     Ok(set)
 }

@@ -71,6 +71,19 @@ impl IntentState {
     }
 }
 
+use IntentState::{Ambiguous, Cancelled, Claimed, Dead, Delivered, Pending, Rejected};
+
+/// States an operator can cancel (a claim in flight is fenced off).
+pub const CANCELLABLE: [IntentState; 4] = [Pending, Claimed, Ambiguous, Dead];
+/// States an operator retry applies to: anything but a live claim
+/// (`delivered` only with `--force`).
+pub const RETRYABLE: [IntentState; 6] = [Pending, Delivered, Rejected, Dead, Ambiguous, Cancelled];
+/// States an operator can resolve by hand.
+pub const RESOLVABLE: [IntentState; 2] = [Ambiguous, Dead];
+/// Terminal states retention purges into the ledger (`dead` only with
+/// `include_dead`).
+pub const PURGEABLE: [IntentState; 4] = [Delivered, Rejected, Cancelled, Dead];
+
 /// The state names in lifecycle order, for argument parsers and tables.
 pub const STATES: [&str; 7] = [
     IntentState::Pending.as_sql(),

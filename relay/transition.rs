@@ -224,6 +224,91 @@ mod tests {
         }
     }
 
+    /// The Mermaid block of docs/state-machine.md, as (from, to) pairs.
+    fn drawn_edges() -> std::collections::BTreeSet<(String, String)> {
+        let doc = include_str!("../docs/state-machine.md");
+        let block = doc
+            .split("```mermaid")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("a mermaid block");
+        block
+            .lines()
+            .filter_map(|l| l.split(':').next())
+            .filter_map(|l| l.split_once("-->"))
+            .map(|(a, b)| (a.trim().to_string(), b.trim().to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_state_machine_document_matches_the_code() {
+        use crate::state::{CANCELLABLE, PURGEABLE, RESOLVABLE, RETRYABLE};
+        use IntentState::*;
+        let edge = |a: &str, b: IntentState| (a.to_string(), b.as_sql().to_string());
+        let mut code = std::collections::BTreeSet::new();
+        code.insert(edge("[*]", Pending));
+        code.insert(edge("pending", Claimed));
+        // every case of the transition function, inside and past the budget
+        let p = RetryPolicy {
+            max_attempts: 3,
+            schedule: vec![secs(1)],
+            jitter: 0.0,
+        };
+        let outcomes = [
+            Outcome::Delivered {
+                reference: None,
+                replayed: false,
+                status: None,
+            },
+            Outcome::invalid("no"),
+            transient(None),
+            Outcome::Ambiguous {
+                reason: "?".into(),
+                status: None,
+            },
+            Outcome::Misconfigured {
+                reason: "401".into(),
+                status: Some(401),
+            },
+            Outcome::Deferred {
+                reason: "busy".into(),
+                retry_after: secs(1),
+            },
+        ];
+        for o in &outcomes {
+            for attempt in [1, 3] {
+                for policy in [AmbiguityPolicy::Park, AmbiguityPolicy::Redeliver] {
+                    code.insert(edge("claimed", next(o, attempt, &p, policy, 0.0).state()));
+                }
+            }
+        }
+        // the sweeper's reclaim and a claim handed back unattempted
+        code.insert(edge("claimed", Claimed));
+        code.insert(edge("claimed", Pending));
+        // operators
+        for s in CANCELLABLE {
+            code.insert(edge(s.as_sql(), Cancelled));
+        }
+        for s in RETRYABLE {
+            code.insert(edge(s.as_sql(), Pending));
+        }
+        for s in RESOLVABLE {
+            for to in [Delivered, Pending, Rejected] {
+                code.insert(edge(s.as_sql(), to));
+            }
+        }
+        for s in PURGEABLE {
+            code.insert((s.as_sql().to_string(), "[*]".to_string()));
+        }
+        let drawn = drawn_edges();
+        let missing: Vec<_> = code.difference(&drawn).collect();
+        let extra: Vec<_> = drawn.difference(&code).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "docs/state-machine.md is out of step with the code:\n  not drawn: {missing:?}\n  drawn, not made: {extra:?}"
+        );
+    }
+
     #[test]
     fn state_names_are_the_contract() {
         assert_eq!(Next::Retry(secs(1)).state(), IntentState::Pending);

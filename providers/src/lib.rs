@@ -23,6 +23,21 @@ pub mod webhook;
 use std::sync::Arc;
 
 pub use outcome::{AmbiguityPolicy, Outcome, Reconciled};
+
+/// Why a provider could not be set up. The relay branches on it: a
+/// configuration error is the operator's to fix (exit 2, invalid
+/// configuration); a setup error is the machine's (exit 1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The configuration is wrong (a secret that does not parse,
+    /// credentials that would cross the network in the clear).
+    #[error("{0}")]
+    Config(String),
+    /// The configuration is fine but the provider's client cannot be built
+    /// here (a TLS backend that will not start).
+    #[error("{0}")]
+    Setup(String),
+}
 pub use secret::Secret;
 
 /// Everything a provider may know about one delivery attempt.

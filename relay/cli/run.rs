@@ -15,8 +15,14 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
     // `migrate` does nothing when the schema is current, so a relay role
     // without DDL rights runs against a schema its owner migrated.
     store.migrate().await?;
-    let providers =
-        crate::engine::providers(config).map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let providers = crate::engine::providers(config).map_err(|e| {
+        // the operator's configuration (exit 2), or this machine (exit 1)
+        let setup = matches!(
+            e.downcast_ref::<outbox_providers::Error>(),
+            Some(outbox_providers::Error::Setup(_))
+        );
+        Failure::new(if setup { 1 } else { 2 }, format!("{e:#}"))
+    })?;
     if once {
         let engine = Engine::new(store, providers, EngineConfig::from_config(config));
         engine.run_once().await?;

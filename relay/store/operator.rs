@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use sqlx::FromRow;
 
 use super::{Store, StoreError};
-use crate::state::{sql_names, IntentState};
+use crate::state::{sql_names, IntentState, CANCELLABLE, PURGEABLE, RESOLVABLE, RETRYABLE};
 
 /// An intent as operators see it.
 #[derive(Debug, Clone, Serialize, FromRow)]
@@ -192,25 +192,24 @@ const INTENT_COLUMNS: &str =
                    WHERE d.intent_id = intents.id)::int AS duplicates, \
     source, created_at, updated_at, delivered_at";
 
-use IntentState::{Ambiguous, Cancelled, Claimed, Dead, Delivered, Pending, Rejected};
+use IntentState::{Dead, Delivered, Rejected};
 
 /// The states a purge removes.
 fn purgeable(include_dead: bool) -> Vec<&'static str> {
-    if include_dead {
-        sql_names(&[Delivered, Rejected, Cancelled, Dead])
-    } else {
-        sql_names(&[Delivered, Rejected, Cancelled])
-    }
+    let states: Vec<IntentState> = PURGEABLE
+        .into_iter()
+        .filter(|s| include_dead || *s != Dead)
+        .collect();
+    sql_names(&states)
 }
 
-/// States an operator retry applies to (anything but a live claim; a
-/// delivered intent only when forced).
+/// States an operator retry applies to (a delivered intent only when forced).
 fn retryable(how: RetryOptions) -> Vec<&'static str> {
-    if how.force {
-        sql_names(&[Pending, Delivered, Rejected, Dead, Ambiguous, Cancelled])
-    } else {
-        sql_names(&[Pending, Rejected, Dead, Ambiguous, Cancelled])
-    }
+    let states: Vec<IntentState> = RETRYABLE
+        .into_iter()
+        .filter(|s| how.force || *s != Delivered)
+        .collect();
+    sql_names(&states)
 }
 
 /// Why `intent` cannot be retried `how`, if it cannot.
@@ -226,9 +225,6 @@ fn retry_refusal(intent: &Intent, how: RetryOptions) -> Option<StoreError> {
         why,
     })
 }
-
-/// States a cancel applies to.
-const CANCELLABLE: [IntentState; 4] = [Pending, Claimed, Ambiguous, Dead];
 
 impl Store {
     /// Find an intent by key, or by id when the reference is a number and no
@@ -487,7 +483,7 @@ impl Store {
             Resolution::Redeliver => None,
         };
         let changed = self
-            .transition(intent.id, &[Ambiguous, Dead], set, "resolve", detail, arg)
+            .transition(intent.id, &RESOLVABLE, set, "resolve", detail, arg)
             .await?;
         if !changed {
             return Err(StoreError::InvalidState {

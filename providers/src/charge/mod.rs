@@ -48,14 +48,14 @@ pub struct ChargeProvider {
 }
 
 impl ChargeProvider {
-    pub fn new(config: ChargeConfig) -> Result<Self, String> {
+    pub fn new(config: ChargeConfig) -> Result<Self, crate::Error> {
         let client = reqwest::Client::builder()
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(config.connect_timeout)
             .timeout(config.timeout)
             .build()
-            .map_err(|e| format!("charge HTTP client: {e}"))?;
+            .map_err(|e| crate::Error::Setup(format!("charge HTTP client: {e}")))?;
         Ok(ChargeProvider { client, config })
     }
 

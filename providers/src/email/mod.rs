@@ -41,8 +41,10 @@ pub struct EmailConfig {
 
 impl EmailConfig {
     /// Check what the provider would refuse, without building it.
-    pub fn check(&self) -> Result<(), String> {
-        smtp::credentials(self).map(|_| ())
+    pub fn check(&self) -> Result<(), crate::Error> {
+        smtp::credentials(self)
+            .map(|_| ())
+            .map_err(crate::Error::Config)
     }
 }
 
@@ -68,9 +70,9 @@ pub struct EmailProvider {
 }
 
 impl EmailProvider {
-    pub fn new(config: EmailConfig) -> Result<Self, String> {
+    pub fn new(config: EmailConfig) -> Result<Self, crate::Error> {
         Ok(EmailProvider {
-            smtp: smtp::Client::new(&config)?,
+            smtp: smtp::Client::new(&config).map_err(crate::Error::Config)?,
             config,
         })
     }

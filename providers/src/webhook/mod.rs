@@ -71,21 +71,21 @@ pub struct WebhookProvider {
 impl WebhookConfig {
     /// Check what the provider would refuse, without building it: every
     /// signing secret parses.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), crate::Error> {
         self.keys().map(|_| ())
     }
 
-    fn keys(&self) -> Result<Vec<SigningKey>, String> {
+    fn keys(&self) -> Result<Vec<SigningKey>, crate::Error> {
         self.signing_secrets
             .iter()
             .map(SigningKey::parse)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("webhook.signing_secrets: {e}"))
+            .map_err(|e| crate::Error::Config(format!("webhook.signing_secrets: {e}")))
     }
 }
 
 impl WebhookProvider {
-    pub fn new(config: WebhookConfig) -> Result<Self, String> {
+    pub fn new(config: WebhookConfig) -> Result<Self, crate::Error> {
         let keys = config.keys()?;
         let client = reqwest::Client::builder()
             // Only the addresses the guard approved are ever connected to.
@@ -100,7 +100,7 @@ impl WebhookProvider {
             .pool_max_idle_per_host(256)
             .tcp_nodelay(true)
             .build()
-            .map_err(|e| format!("webhook HTTP client: {e}"))?;
+            .map_err(|e| crate::Error::Setup(format!("webhook HTTP client: {e}")))?;
         Ok(WebhookProvider {
             client,
             keys,
