@@ -124,16 +124,15 @@ pub struct RelaySection {
     /// Deliveries in flight per relay.
     pub concurrency: u32,
     /// Intents claimed per round trip (at most). A claim + complete round
-    /// costs the database about a millisecond beyond its rows, so under load
-    /// larger batches cost less per intent: on a 2-core machine a drain to a
-    /// fast endpoint ran at 18.2–18.7k/s with 100 and 20.2–20.9k/s with 200.
-    /// But claimed intents wait for a delivery slot with their lease
+    /// has a fixed cost beyond its rows, so under load larger batches cost
+    /// less per intent (docs/performance.md has the figures). But claimed intents wait for a delivery slot with their lease
     /// running: up to `concurrency + batch_size` of them queue, so when every
     /// endpoint answers at its timeout the last waits about
     /// `(concurrency + batch_size) / concurrency × timeout`, which must stay
     /// below `lease − timeout` or the claim is handed back unattempted. The
     /// default keeps that for webhooks with the default lease and timeout
-    /// (64 in flight, 15 s: about 38 s against 44.5 s). A relay holds at most
+    /// (64 in flight, a 15 s timeout: the last of 164 waits about 38 s,
+    /// within the 44.5 s a 60 s lease leaves). A relay holds at most
     /// `concurrency + 3 × batch_size` claims.
     pub batch_size: u32,
     /// How long a claim is held before the sweeper may act on it.

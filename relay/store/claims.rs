@@ -140,8 +140,8 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
 /// that Postgres can plan the statement once per connection and reuse the
 /// plan.
 ///
-/// Bound, they cost a fresh plan on every call (for a claim of 16 rows,
-/// planning took about a third of the statement's time): a generic plan
+/// Bound, they cost a fresh plan on every call (for a small claim, a large
+/// share of the statement's time): a generic plan
 /// that knows neither guesses that `kind <> ALL($n)` keeps almost no row and
 /// that `LIMIT $n` keeps a tenth of the pending rows, and prices a bitmap
 /// scan and sort of every pending row below the index scan in claim order,
@@ -275,8 +275,7 @@ static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
 /// `intents_state_kind` and match them against the batch, since the
 /// statistics, taken while few rows happened to be claimed, say there is
 /// about one: that costs in proportion to all the claims every relay holds
-/// (27 completions beside 1,000 claims: 8 ms against 1.4 ms). A test
-/// checks the plan.
+/// (docs/performance.md has the measurement). A test checks the plan.
 pub const COMPLETE_SQL: &str = "WITH u AS (
                  SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::int[],
                                       $5::timestamptz[], $6::timestamptz[], $7::text[], $8::int[],
