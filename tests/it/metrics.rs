@@ -1,12 +1,11 @@
 //! /metrics, /healthz and /readyz of a running relay, scraped over HTTP.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::proxy::Proxy;
-use common::{relay_bin, wait_for, Receiver, Reply, TestDb};
+use crate::common;
+use crate::common::proxy::Proxy;
+use crate::common::{relay_bin, wait_for, Receiver, Reply, TestDb};
 use serde_json::json;
 
 /// Prometheus text → "name{labels}" → value.

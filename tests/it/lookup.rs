@@ -1,11 +1,10 @@
 //! `GET /v1/intents/{key}` of a running relay: by key only, behind the
 //! bearer token when one is set, off with `relay.lookup = false`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{terminate, TestDb};
+use crate::common;
+use crate::common::{terminate, TestDb};
 use serde_json::json;
 
 const TOKEN: &str = "lookup-token-0123456789abcdef";

@@ -1,8 +1,6 @@
 //! The SQL API: outbox.enqueue and outbox.derive_key, through real Postgres.
 
-mod common;
-
-use common::TestDb;
+use crate::common::TestDb;
 use outbox_relay::store::claims::COMPLETE_SQL;
 use outbox_relay::store::{enqueue, ClaimQuery, EnqueueError, NewIntent};
 use serde_json::json;
@@ -18,7 +16,7 @@ async fn call(db: &TestDb, key: &str, payload: &str) -> Result<(i64, bool), sqlx
 /// The README's first SQL example runs as copied, on a migrated database.
 #[tokio::test]
 async fn the_readme_enqueue_example_runs_as_copied() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
     let start = readme.find("```sql\n").expect("a SQL example") + "```sql\n".len();
     let example = &readme[start..start + readme[start..].find("```").unwrap()];
     assert!(example.contains("outbox.enqueue("), "{example}");
@@ -195,7 +193,7 @@ async fn enqueue_refuses_bad_input_with_clear_errors() {
         assert!(e.to_string().contains(needle), "{e}");
     }
     // the size limit has its own SQLSTATE (OB413) and error; the message
-    // names the key, the size and the limit (more in tests/bad_input.rs)
+    // names the key, the size and the limit (more in tests/it/bad_input.rs)
     let e = enqueue(
         db.pool(),
         &NewIntent::new("k", "webhook", json!({"big": "x".repeat(2 << 20)})),

@@ -1,11 +1,10 @@
 //! Charges against a fake that implements Stripe's idempotency semantics.
 
-mod common;
-
 use std::time::Duration;
 
-use common::stripe::{FakeStripe, Running, API_KEY};
-use common::{config, engine, TestDb};
+use crate::common;
+use crate::common::stripe::{FakeStripe, Running, API_KEY};
+use crate::common::{config, engine, TestDb};
 use outbox_providers::charge::request::idempotency_key;
 use outbox_providers::Secret;
 use outbox_relay::config::Config;

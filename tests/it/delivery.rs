@@ -1,10 +1,9 @@
 //! Webhook delivery end to end: SQL API in, a real HTTP receiver, state read back.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{config, engine, run_until, Receiver, Reply, TestDb};
+use crate::common;
+use crate::common::{config, engine, run_until, Receiver, Reply, TestDb};
 use outbox_providers::webhook::sign::SigningKey;
 use outbox_providers::Secret;
 use serde_json::json;

@@ -1,10 +1,9 @@
 //! Leases, fencing, crashes, shutdown and several relays on one database.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common;
+use crate::common::{
     config, engine, run_until, spawn_relay, terminate, wait_for, Receiver, Reply, TestDb,
 };
 use outbox_providers::AmbiguityPolicy;

@@ -1,11 +1,10 @@
 //! Email against a real SMTP server (aiosmtpd), through the SQL API and the engine.
 
-mod common;
-
 use std::time::Duration;
 
-use common::smtp::SmtpPeer;
-use common::{config, engine, run_until, TestDb};
+use crate::common;
+use crate::common::smtp::SmtpPeer;
+use crate::common::{config, engine, run_until, TestDb};
 use outbox_providers::{AmbiguityPolicy, Secret};
 use outbox_relay::config::{Config, Dur};
 use serde_json::json;

@@ -1,8 +1,7 @@
 //! Every CLI verb against a real database, through the real binary.
 
-mod common;
-
-use common::{relay_bin, Receiver, TestDb};
+use crate::common;
+use crate::common::{relay_bin, Receiver, TestDb};
 use serde_json::{json, Value};
 
 struct Out {

@@ -23,14 +23,13 @@
 //!   and whole strings `{{repeat N S}}`, `{{nest N}}` (N nested arrays),
 //!   `{{addresses N}}` (a list of N addresses).
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use common::smtp::SmtpPeer;
-use common::stripe::{FakeStripe, API_KEY};
-use common::{config, engine, Receiver, TestDb};
+use crate::common;
+use crate::common::smtp::SmtpPeer;
+use crate::common::stripe::{FakeStripe, API_KEY};
+use crate::common::{config, engine, Receiver, TestDb};
 use outbox_providers::Secret;
 use outbox_relay::config::Dur;
 use outbox_relay::store::{enqueue, EnqueueError, NewIntent};

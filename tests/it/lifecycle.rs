@@ -1,11 +1,10 @@
 //! Schedules, retention with the ledger, "did it happen?" lookups, per-key ordering.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{
+use crate::common;
+use crate::common::{
     config, engine, relay_bin, run_until, spawn_relay, terminate, wait_for, Receiver, Reply, TestDb,
 };
 use outbox_relay::store::{enqueue, EnqueueError, NewIntent};

@@ -1,13 +1,12 @@
 //! The faults adversarial testing found (issue 14), one test each, against
 //! real Postgres, real receivers on loopback and the SMTP peer.
 
-mod common;
-
 use std::time::Duration;
 
-use common::smtp::SmtpPeer;
-use common::stripe::{FakeStripe, API_KEY};
-use common::{config, engine, wait_for, Receiver, Reply, TestDb};
+use crate::common;
+use crate::common::smtp::SmtpPeer;
+use crate::common::stripe::{FakeStripe, API_KEY};
+use crate::common::{config, engine, wait_for, Receiver, Reply, TestDb};
 use outbox_providers::Secret;
 use serde_json::json;
 
