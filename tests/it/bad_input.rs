@@ -498,7 +498,6 @@ async fn every_bad_input_is_refused_with_its_reason_and_nothing_is_lost_or_sent(
         cases.len(),
         failures.join("\n")
     );
-    db.drop_db().await;
 }
 
 /// A provider that panics on every delivery.
@@ -542,5 +541,4 @@ async fn a_provider_that_panics_parks_the_intent_instead_of_looping_or_hanging()
         err.contains("the webhook provider panicked (cannot handle boom)"),
         "{err}"
     );
-    db.drop_db().await;
 }

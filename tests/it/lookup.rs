@@ -120,7 +120,6 @@ async fn an_intent_is_found_by_its_key_never_by_its_id() {
     let (status, _) = get(port, &format!("/v1/intents/{other}"), None).await;
     assert_eq!(status, 404);
     stop(child).await;
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,7 +161,6 @@ async fn with_a_token_only_the_right_bearer_is_answered() {
         "{logs}"
     );
     assert!(!logs.contains(TOKEN), "the token never reaches the logs");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,5 +183,4 @@ async fn lookup_false_turns_the_endpoint_off() {
     assert_eq!(get(port, "/metrics", None).await.0, 200);
     let logs = stop(child).await;
     assert!(logs.contains("GET /v1/intents/{key} is off"), "{logs}");
-    db.drop_db().await;
 }

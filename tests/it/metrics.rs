@@ -186,7 +186,6 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
         "queue gauges are refreshed"
     );
     common::terminate(&mut relay).await;
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,5 +284,4 @@ async fn readyz_follows_the_database_and_healthz_the_process() {
         "{out:?}"
     );
     proxy.down();
-    db.drop_db().await;
 }

@@ -111,5 +111,4 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read()
 
     app.pool().close().await;
     operator.pool().close().await;
-    db.drop_db().await;
 }

@@ -117,5 +117,4 @@ async fn a_debug_run_leaks_no_secret_and_no_payload_body() {
         !logs.contains(BODY_MARKER),
         "a payload body reached the logs"
     );
-    db.drop_db().await;
 }
