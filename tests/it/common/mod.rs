@@ -43,6 +43,7 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> TestDb {
+        sweep_leftovers_once();
         let admin: PgConnectOptions = admin_url().parse().expect("DATABASE_URL");
         let name = format!(
             "outbox_test_{}_{:08x}",
@@ -164,6 +165,56 @@ where
     .join()
     .ok()
     .flatten()
+}
+
+/// Once per test process, before its first database: drop the test databases
+/// (`outbox_test_<pid>_<random>`) whose creating process no longer runs, left
+/// by a run that was killed (a test that hit its timeout, an interrupted
+/// run). A database whose process is alive is never touched, and the drop
+/// is not forced: one that still has connections (a concurrent run on
+/// another host, an orphaned relay) refuses it and stays. tests/run.sh
+/// sweeps too; this makes a plain `cargo nextest run` clean up as well.
+fn sweep_leftovers_once() {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(|| {
+        // without /proc the creator's liveness is unknown: sweep nothing
+        if !std::path::Path::new("/proc/self").exists() {
+            return;
+        }
+        let swept = on_own_runtime(async {
+            let admin: PgConnectOptions = admin_url().parse()?;
+            let mut conn = admin.connect().await?;
+            let names: Vec<String> = sqlx::query_scalar(
+                r"SELECT datname FROM pg_database WHERE datname LIKE 'outbox\_test\_%'",
+            )
+            .fetch_all(&mut conn)
+            .await?;
+            let mut dropped = 0;
+            for name in names.iter().filter(|n| creator_is_gone(n)) {
+                let statement = format!("DROP DATABASE IF EXISTS \"{name}\"");
+                if sqlx::query(&statement).execute(&mut conn).await.is_ok() {
+                    dropped += 1;
+                }
+            }
+            conn.close().await.ok();
+            Ok::<_, sqlx::Error>(dropped)
+        });
+        if let Some(Ok(n @ 1..)) = swept {
+            eprintln!("dropped {n} leftover test database(s)");
+        }
+    });
+}
+
+/// Whether `name` is `outbox_test_<pid>_<random>` and no process `pid` runs.
+fn creator_is_gone(name: &str) -> bool {
+    let Some(pid) = name
+        .strip_prefix("outbox_test_")
+        .and_then(|rest| rest.split_once('_'))
+        .and_then(|(pid, _)| pid.parse::<u32>().ok())
+    else {
+        return false;
+    };
+    pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// A test configuration: loopback allowed, fast polling, short retries.
