@@ -7,6 +7,8 @@
 # scratch PostgreSQL cluster on 127.0.0.1 (installing the server binaries with
 # apt-get when run as root) and removes it on exit. Makes sure the SMTP test
 # peer (python3 + aiosmtpd) is available, then runs the whole workspace suite.
+# The integration tests are one binary (tests/it); nextest's test groups and
+# timeouts are in .config/nextest.toml.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

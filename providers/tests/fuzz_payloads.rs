@@ -262,7 +262,7 @@ fn load(file: &str) -> Vec<Case> {
         .collect()
 }
 
-/// The corpus placeholders (see tests/bad_input.rs).
+/// The corpus placeholders (see tests/it/bad_input.rs).
 fn expand(v: &Value) -> Value {
     match v {
         Value::String(s) => {

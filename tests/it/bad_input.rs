@@ -23,14 +23,13 @@
 //!   and whole strings `{{repeat N S}}`, `{{nest N}}` (N nested arrays),
 //!   `{{addresses N}}` (a list of N addresses).
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use common::smtp::SmtpPeer;
-use common::stripe::{FakeStripe, API_KEY};
-use common::{config, engine, Receiver, TestDb};
+use crate::common;
+use crate::common::smtp::SmtpPeer;
+use crate::common::stripe::{FakeStripe, API_KEY};
+use crate::common::{config, engine, Receiver, TestDb};
 use outbox_providers::Secret;
 use outbox_relay::config::Dur;
 use outbox_relay::store::{enqueue, EnqueueError, NewIntent};
@@ -499,7 +498,6 @@ async fn every_bad_input_is_refused_with_its_reason_and_nothing_is_lost_or_sent(
         cases.len(),
         failures.join("\n")
     );
-    db.drop_db().await;
 }
 
 /// A provider that panics on every delivery.
@@ -543,5 +541,4 @@ async fn a_provider_that_panics_parks_the_intent_instead_of_looping_or_hanging()
         err.contains("the webhook provider panicked (cannot handle boom)"),
         "{err}"
     );
-    db.drop_db().await;
 }

@@ -5,10 +5,9 @@
 //! Runs against a private cluster (tests/peers/pg-cluster.sh) that has TLS
 //! with a self-signed certificate for localhost and 127.0.0.1.
 
-mod common;
-
-use common::cluster::Cluster;
-use common::Receiver;
+use crate::common;
+use crate::common::cluster::Cluster;
+use crate::common::Receiver;
 use outbox_relay::store::Store;
 use serde_json::json;
 

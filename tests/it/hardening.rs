@@ -1,13 +1,12 @@
 //! The faults adversarial testing found (issue 14), one test each, against
 //! real Postgres, real receivers on loopback and the SMTP peer.
 
-mod common;
-
 use std::time::Duration;
 
-use common::smtp::SmtpPeer;
-use common::stripe::{FakeStripe, API_KEY};
-use common::{config, engine, wait_for, Receiver, Reply, TestDb};
+use crate::common;
+use crate::common::smtp::SmtpPeer;
+use crate::common::stripe::{FakeStripe, API_KEY};
+use crate::common::{config, engine, wait_for, Receiver, Reply, TestDb};
 use outbox_providers::Secret;
 use serde_json::json;
 
@@ -43,7 +42,6 @@ async fn a_nul_in_a_refusal_body_is_stored_escaped_and_wedges_nothing() {
     let body = nul.response.unwrap()["body"].as_str().unwrap().to_string();
     assert_eq!(body, "bad\\u0000byte \\u0001 here");
     assert_eq!(db.count("state = 'delivered'").await, 5);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,7 +65,6 @@ async fn a_nul_in_a_charge_decline_is_stored_escaped() {
         reason.contains("declined.\\u0000\\u0000 (after a NUL)"),
         "{reason}"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,7 +93,6 @@ async fn an_absurd_charge_retry_after_is_capped_and_run_once_returns() {
         1,
         "asked once, not once a lease"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,7 +155,6 @@ async fn a_completion_for_an_intent_purged_in_flight_is_dropped_and_counted() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,7 +185,6 @@ async fn an_smtp_550_is_a_rejection_not_an_invariant_violation() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    db.drop_db().await;
 }
 
 /// Enqueue `key` inside `tx` and report what happened: Ok(duplicate) or the
@@ -287,7 +281,6 @@ async fn under_snapshot_isolation_a_purged_key_is_never_a_new_intent() {
             .await
             .unwrap();
     assert_eq!(probes, 0);
-    db.drop_db().await;
 }
 
 async fn enqueue_ordered(db: &TestDb, key: &str, ordering_key: &str) -> i64 {
@@ -332,7 +325,6 @@ async fn an_operator_retry_of_an_older_intent_waits_while_a_later_one_is_claimed
         .unwrap();
     let third = db.store.claim("r2", 10, 60_000, &[]).await.unwrap();
     assert!(third.is_empty(), "two of one key in flight: {third:?}");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,7 +345,6 @@ async fn an_older_intent_committed_late_waits_while_a_younger_one_is_claimed() {
     slow.commit().await.unwrap();
     let again = db.store.claim("r2", 10, 60_000, &[]).await.unwrap();
     assert!(again.is_empty(), "two of one key in flight: {again:?}");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,7 +374,6 @@ async fn relays_claiming_at_once_take_one_intent_per_key() {
     }
     assert_eq!(per_key.len(), 50, "every key's head claimed");
     assert!(per_key.values().all(|n| *n == 1), "{per_key:?}");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -432,7 +422,6 @@ async fn a_blocked_key_keeps_its_backlog_out_of_the_claim() {
     let mut keys: Vec<_> = next.iter().map(|c| c.key.as_str()).collect();
     keys.sort();
     assert_eq!(keys, ["behind-1", "free"]);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,7 +441,6 @@ async fn a_head_left_waiting_by_a_race_is_promoted_by_the_sweeper() {
         .is_empty());
     assert_eq!(db.store.promote_stranded_heads(1000).await.unwrap(), 1);
     assert_eq!(db.store.claim("r", 10, 60_000, &[]).await.unwrap().len(), 1);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -486,7 +474,6 @@ async fn a_webhook_body_arrives_as_the_stored_json_text_digit_for_digit() {
         stored.contains("0.1000000000000000055511151231257827"),
         "{stored}"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -570,7 +557,6 @@ async fn a_stuck_completer_makes_the_relay_unready_and_exit_non_zero() {
         .await
         .unwrap();
     assert!(stopped);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -604,7 +590,6 @@ async fn a_kind_this_relay_does_not_know_waits_while_a_live_relay_knows_it() {
     let i = db.store.find("text-1").await.unwrap();
     assert_eq!(i.state, "rejected");
     assert!(i.last_error.unwrap().contains("no live relay knows it"));
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -660,7 +645,6 @@ async fn relays_lists_the_fleet_and_stats_says_why_a_kind_waits() {
         text.contains("waiting: 1 pending charge intent(s): known to a:1 but no live relay is configured for it"),
         "{text}"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -723,7 +707,6 @@ async fn the_daemon_logs_a_summary_line_at_the_default_level() {
         stderr.contains("SIGTERM received") && stderr.contains("stopped"),
         "{stderr}"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -759,5 +742,4 @@ async fn reconcile_searches_run_within_the_attempt_budget_the_lease_covers() {
         "the attempt took {took:?}, beyond its {budget:?} budget: {attempts:?}"
     );
     assert_ne!(i.state, "delivered", "{i:?}");
-    db.drop_db().await;
 }

@@ -1,10 +1,9 @@
 //! Webhook delivery end to end: SQL API in, a real HTTP receiver, state read back.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{config, engine, run_until, Receiver, Reply, TestDb};
+use crate::common;
+use crate::common::{config, engine, run_until, Receiver, Reply, TestDb};
 use outbox_providers::webhook::sign::SigningKey;
 use outbox_providers::Secret;
 use serde_json::json;
@@ -73,7 +72,6 @@ async fn delivers_with_stable_standard_webhooks_headers() {
         ),
         ("delivered", Some(200), true)
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,7 +139,6 @@ async fn a_503_twice_then_200_is_delivered_on_the_third_attempt_under_one_id() {
         attempts[0].error.as_deref(),
         Some("receiver answered HTTP 503")
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +170,6 @@ async fn a_deliberate_refusal_is_terminal_and_keeps_the_answer() {
     );
     assert_eq!(db.state("bad").await, "rejected");
     assert_eq!(rx.requests().len(), 2, "a refusal is not retried");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,7 +204,6 @@ async fn transient_failures_end_dead_only_when_the_budget_is_spent() {
     .await
     .unwrap();
     assert_eq!(terminal_5xx, 0);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,7 +265,6 @@ async fn bad_input_ends_rejected_with_a_reason_and_the_relay_keeps_going() {
     assert_eq!(db.state("good").await, "delivered");
     let paths: Vec<_> = rx.requests().iter().map(|r| r.path.clone()).collect();
     assert_eq!(paths, ["/ok"], "nothing refused reached the receiver");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,7 +282,6 @@ async fn known_kinds_without_a_provider_wait_for_a_relay_that_has_one() {
         .unwrap();
     let i = db.store.find("mail").await.unwrap();
     assert_eq!((i.state.as_str(), i.attempts), ("pending", 0));
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,7 +317,6 @@ async fn the_guard_checks_resolved_names_before_connecting() {
         .unwrap()
         .contains("127.0.0.1 is loopback"));
     assert!(rx.requests().is_empty(), "no connection was made");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,7 +385,6 @@ async fn one_slow_receiver_cannot_take_every_delivery_slot() {
             .unwrap();
     assert_eq!(extra, 0, "deferrals are not attempts");
     assert_eq!(db.count("attempts = 1").await, 12);
-    db.drop_db().await;
 }
 
 /// `run_once` with a backlog many times `concurrency + batch_size`: it claims
@@ -425,5 +416,4 @@ async fn run_once_delivers_a_backlog_larger_than_its_claims() {
     assert_eq!(db.count("attempts = 1").await, 60);
     assert_eq!(rx.requests().len(), 60);
     assert!(rx.max_in_flight() <= 2, "{}", rx.max_in_flight());
-    db.drop_db().await;
 }

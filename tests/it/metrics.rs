@@ -1,12 +1,11 @@
 //! /metrics, /healthz and /readyz of a running relay, scraped over HTTP.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::proxy::Proxy;
-use common::{relay_bin, wait_for, Receiver, Reply, TestDb};
+use crate::common;
+use crate::common::proxy::Proxy;
+use crate::common::{relay_bin, wait_for, Receiver, Reply, TestDb};
 use serde_json::json;
 
 /// Prometheus text → "name{labels}" → value.
@@ -187,7 +186,6 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
         "queue gauges are refreshed"
     );
     common::terminate(&mut relay).await;
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,5 +284,4 @@ async fn readyz_follows_the_database_and_healthz_the_process() {
         "{out:?}"
     );
     proxy.down();
-    db.drop_db().await;
 }

@@ -1,11 +1,10 @@
 //! Email against a real SMTP server (aiosmtpd), through the SQL API and the engine.
 
-mod common;
-
 use std::time::Duration;
 
-use common::smtp::SmtpPeer;
-use common::{config, engine, run_until, TestDb};
+use crate::common;
+use crate::common::smtp::SmtpPeer;
+use crate::common::{config, engine, run_until, TestDb};
 use outbox_providers::{AmbiguityPolicy, Secret};
 use outbox_relay::config::{Config, Dur};
 use serde_json::json;
@@ -76,7 +75,6 @@ async fn a_message_arrives_with_its_derived_message_id_and_queue_reference() {
         intent.provider_ref.as_deref(),
         Some(format!("{queue_id} {expected_id}").as_str())
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,7 +126,6 @@ async fn a_550_is_rejected_with_the_reply_and_a_451_is_retried() {
         1,
         "only the greylisted message was accepted"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +174,6 @@ async fn a_connection_dropped_after_data_is_parked_then_resolved_by_an_operator(
         intent.provider_ref.as_deref(),
         Some("checked-in-mail-log-77")
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,7 +216,6 @@ async fn redelivery_after_a_lost_lease_reuses_the_message_id() {
         .collect();
     assert_eq!(ids.len(), 2);
     assert_eq!(ids[0], ids[1], "one Message-ID across attempts and relays");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -272,5 +267,4 @@ async fn invalid_addresses_and_injection_attempts_never_reach_the_server() {
     assert_eq!(msgs.len(), 1);
     assert_eq!(msgs[0]["rcpt_tos"], json!(["dave@example.com"]));
     assert!(!msgs[0]["data"].as_str().unwrap().contains("\nBcc:"));
-    db.drop_db().await;
 }

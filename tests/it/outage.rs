@@ -3,12 +3,11 @@
 //! records every effect that happened meanwhile once the database is back:
 //! nothing lost, nothing delivered twice.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::proxy::Proxy;
-use common::{terminate, wait_for, Receiver, Reply, TestDb};
+use crate::common;
+use crate::common::proxy::Proxy;
+use crate::common::{terminate, wait_for, Receiver, Reply, TestDb};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_30s_database_outage_during_delivery_loses_nothing() {
@@ -128,5 +127,4 @@ async fn a_30s_database_outage_during_delivery_loses_nothing() {
         counts.len()
     );
     proxy.down();
-    db.drop_db().await;
 }

@@ -1,8 +1,7 @@
 //! Every CLI verb against a real database, through the real binary.
 
-mod common;
-
-use common::{relay_bin, Receiver, TestDb};
+use crate::common;
+use crate::common::{relay_bin, Receiver, TestDb};
 use serde_json::{json, Value};
 
 struct Out {
@@ -224,7 +223,6 @@ async fn migrate_enqueue_list_show() {
     let missing = cli(&db, &["show", "no-such-key"]).await;
     assert_eq!(missing.code, 3);
     assert!(missing.stderr.contains("no-such-key"));
-    db.drop_db().await;
 }
 
 /// `list` cuts a long last error from the middle: the end of a reason is
@@ -255,7 +253,6 @@ async fn list_keeps_the_end_of_a_long_error() {
         "{row}"
     );
     assert_eq!(shown.chars().count(), 80, "{row}");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -361,7 +358,6 @@ async fn run_once_retry_and_new_effect() {
     assert_eq!(busy.code, 4, "{}", busy.stderr);
     assert!(busy.stderr.contains("in flight"));
     assert_eq!(cli(&db, &["retry", "nope"]).await.code, 3);
-    db.drop_db().await;
 }
 
 /// A change reads back the intent it changed, also when another intent's
@@ -383,7 +379,6 @@ async fn a_change_reports_the_intent_it_changed() {
         (retried[0]["key"].clone(), retried[0]["state"].clone()),
         (json!("by-key"), json!("pending"))
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -461,7 +456,6 @@ async fn bulk_retry_by_state_with_dry_run() {
     assert!(out.stdout.contains("retried 5 intent(s)"), "{}", out.stdout);
     assert_eq!(db.count("state = 'pending'").await, 5);
     assert_eq!(rx.requests().len(), 5);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -571,7 +565,6 @@ async fn cancel_resolve_stats_purge() {
     assert_eq!(db.count("true").await, 1, "only the pending intent is left");
     ok(&db, &["purge", "--older-than", "30d"]).await;
     assert_eq!(cli(&db, &["purge", "--older-than", "soon"]).await.code, 2);
-    db.drop_db().await;
 }
 
 /// `--help` names the environment variables without a dangling `=` (and
@@ -687,7 +680,6 @@ async fn operator_actions_log_one_line_each() {
     )
     .await;
     assert!(!dry.stderr.contains("operator"), "{}", dry.stderr);
-    db.drop_db().await;
 }
 
 /// Logs written to a pipe (or a file) carry no colour codes; NO_COLOR is
@@ -704,7 +696,6 @@ async fn logs_to_a_pipe_are_plain_text() {
         assert!(out.stderr.contains("DEBUG"), "{}", out.stderr);
         assert!(!out.stderr.contains('\x1b'), "{:?}", out.stderr);
     }
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -825,7 +816,6 @@ async fn errors_name_the_problem_and_exit_codes_mean_something() {
         "{}",
         unmigrated.stderr
     );
-    db.drop_db().await;
 }
 
 /// `bench --peers`: the harness runs a peer through its run-peer.sh with

@@ -1,11 +1,10 @@
 //! `GET /v1/intents/{key}` of a running relay: by key only, behind the
 //! bearer token when one is set, off with `relay.lookup = false`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{terminate, TestDb};
+use crate::common;
+use crate::common::{terminate, TestDb};
 use serde_json::json;
 
 const TOKEN: &str = "lookup-token-0123456789abcdef";
@@ -121,7 +120,6 @@ async fn an_intent_is_found_by_its_key_never_by_its_id() {
     let (status, _) = get(port, &format!("/v1/intents/{other}"), None).await;
     assert_eq!(status, 404);
     stop(child).await;
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,7 +161,6 @@ async fn with_a_token_only_the_right_bearer_is_answered() {
         "{logs}"
     );
     assert!(!logs.contains(TOKEN), "the token never reaches the logs");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,5 +183,4 @@ async fn lookup_false_turns_the_endpoint_off() {
     assert_eq!(get(port, "/metrics", None).await.0, 200);
     let logs = stop(child).await;
     assert!(logs.contains("GET /v1/intents/{key} is off"), "{logs}");
-    db.drop_db().await;
 }

@@ -1,11 +1,10 @@
 //! Schedules, retention with the ledger, "did it happen?" lookups, per-key ordering.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{
+use crate::common;
+use crate::common::{
     config, engine, relay_bin, run_until, spawn_relay, terminate, wait_for, Receiver, Reply, TestDb,
 };
 use outbox_relay::store::{enqueue, EnqueueError, NewIntent};
@@ -87,7 +86,6 @@ async fn two_relays_running_an_every_second_schedule_make_one_intent_per_tick() 
     assert_eq!(listed[0]["next"].as_array().unwrap().len(), 2);
     assert!(listed[0]["last_tick"].is_string());
     std::fs::remove_file(cfg).ok();
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,7 +187,6 @@ async fn a_purged_key_is_still_known_to_enqueue_show_and_the_lookup_endpoint() {
         .await
         .unwrap();
     assert!(!fresh.duplicate);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,7 +247,6 @@ async fn purging_100k_delivered_rows_in_batches_while_deliveries_continue() {
         .await
         .unwrap();
     assert_eq!(ledger, 100_000);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,7 +319,6 @@ async fn four_relays_deliver_50_keys_x_20_intents_in_order_despite_transient_fai
         "the receiver did fail some requests ({failures})"
     );
     std::fs::remove_file(cfg).ok();
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,5 +373,4 @@ async fn a_dead_head_blocks_only_its_key_until_an_operator_releases_it() {
         "cancelling the head released the key"
     );
     assert_eq!(db.store.stats().await.unwrap().blocked_ordering_keys, 0);
-    db.drop_db().await;
 }

@@ -3,13 +3,12 @@
 //! delivers by polling. With notifications it says they work, and with
 //! `relay.listen = false` it polls without checking.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::proxy::Proxy;
-use common::{terminate, wait_for, Receiver, TestDb};
+use crate::common;
+use crate::common::proxy::Proxy;
+use crate::common::{terminate, wait_for, Receiver, TestDb};
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 

@@ -1,10 +1,9 @@
 //! Leases, fencing, crashes, shutdown and several relays on one database.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common;
+use crate::common::{
     config, engine, run_until, spawn_relay, terminate, wait_for, Receiver, Reply, TestDb,
 };
 use outbox_providers::AmbiguityPolicy;
@@ -114,7 +113,6 @@ async fn a_late_completion_after_the_lease_moved_on_changes_nothing_and_is_count
         ("relay-b", "delivered", true)
     );
     assert!(winner.fence > late.fence);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +177,6 @@ async fn kill_9_mid_delivery_then_the_sweeper_redelivers_under_the_same_key() {
         "nothing left claimed"
     );
     std::fs::remove_file(cfg_file).ok();
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +201,6 @@ async fn with_the_park_policy_an_expired_lease_becomes_ambiguous_not_a_redeliver
         "{reason}"
     );
     assert!(rx.requests().is_empty(), "parking never re-executes");
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,7 +230,6 @@ async fn sigterm_lets_the_delivery_in_flight_finish() {
     );
     assert_eq!(intent.attempts, 1);
     std::fs::remove_file(cfg_file).ok();
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,7 +269,6 @@ async fn claims_handed_back_at_shutdown_do_not_count_an_attempt() {
     );
     assert_eq!(db.state("handback").await, "claimed");
     assert!(again[0].fence > claims[0].fence);
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,7 +326,6 @@ async fn four_relays_drain_5000_intents_and_each_webhook_arrives_once() {
     );
     assert!(owners.len() >= 2, "the work was shared: {owners:?}");
     std::fs::remove_file(cfg_file).ok();
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,5 +377,4 @@ async fn a_dead_relays_leases_are_recovered_during_a_backlog_not_after_it() {
         "the orphans waited for the backlog: recovered after {:?} with {backlog_left} of the backlog left",
         started.elapsed()
     );
-    db.drop_db().await;
 }

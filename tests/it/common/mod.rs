@@ -30,15 +30,20 @@ pub fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
-/// A freshly created, migrated database, dropped by [`TestDb::drop_db`].
+/// A freshly created, migrated database of its own for one test, dropped
+/// when the value goes out of scope: at the end of the test, and also when
+/// the test panics.
 pub struct TestDb {
     pub name: String,
     pub url: String,
     pub store: Store,
+    /// Declared last, so it drops after `store`: the database goes with it.
+    _dropped_with: DropDatabase,
 }
 
 impl TestDb {
     pub async fn new() -> TestDb {
+        sweep_leftovers_once();
         let admin: PgConnectOptions = admin_url().parse().expect("DATABASE_URL");
         let name = format!(
             "outbox_test_{}_{:08x}",
@@ -54,12 +59,19 @@ impl TestDb {
             .await
             .expect("create test database");
         conn.close().await.ok();
+        // from here on a panic (a failed migration) drops it too
+        let guard = DropDatabase(name.clone());
         let url = db_url(&name);
         let store = Store::connect(&url, 8)
             .await
             .expect("connect to test database");
         store.migrate().await.expect("migrate");
-        TestDb { name, url, store }
+        TestDb {
+            name,
+            url,
+            store,
+            _dropped_with: guard,
+        }
     }
 
     /// A second, independent pool on the same database (another "relay").
@@ -69,19 +81,6 @@ impl TestDb {
 
     pub fn pool(&self) -> &sqlx::PgPool {
         self.store.pool()
-    }
-
-    pub async fn drop_db(self) {
-        self.store.pool().close().await;
-        let admin: PgConnectOptions = admin_url().parse().unwrap();
-        if let Ok(mut conn) = admin.connect().await {
-            let _ = sqlx::query(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .execute(&mut conn)
-            .await;
-        }
     }
 
     pub async fn state(&self, key: &str) -> String {
@@ -117,6 +116,105 @@ fn db_url(name: &str) -> String {
     let mut url = reqwest::Url::parse(&admin_url()).expect("DATABASE_URL is a URL");
     url.set_path(&format!("/{name}"));
     url.to_string()
+}
+
+/// Drops the named test database on drop (`WITH (FORCE)`: the test's pools
+/// and relay processes may still hold connections). `Drop` cannot await and
+/// may run on the test's own runtime, even a current-thread one, so the
+/// statement runs on a short-lived thread with a runtime of its own, and a
+/// connection of its own; a failure is reported, never a panic (this may run
+/// while a failed test unwinds).
+struct DropDatabase(String);
+
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        let dropped = on_own_runtime(async move {
+            let admin: PgConnectOptions = admin_url().parse()?;
+            let mut conn = admin.connect().await?;
+            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .execute(&mut conn)
+                .await?;
+            conn.close().await.ok();
+            Ok::<_, sqlx::Error>(())
+        });
+        match dropped {
+            Some(Ok(())) => {}
+            Some(Err(e)) => eprintln!("test database {} not dropped: {e}", self.0),
+            None => eprintln!("test database {} not dropped: no answer within 30s", self.0),
+        }
+    }
+}
+
+/// Run `work` to completion on a new thread with its own current-thread
+/// runtime, and wait for it (at most 30 s; `None` past that or if it panics).
+fn on_own_runtime<F>(work: F) -> Option<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(30), work).await })
+            .ok()
+    })
+    .join()
+    .ok()
+    .flatten()
+}
+
+/// Once per test process, before its first database: drop the test databases
+/// (`outbox_test_<pid>_<random>`) whose creating process no longer runs, left
+/// by a run that was killed (a test that hit its timeout, an interrupted
+/// run). A database whose process is alive is never touched, and the drop
+/// is not forced: one that still has connections (a concurrent run on
+/// another host, an orphaned relay) refuses it and stays. tests/run.sh
+/// sweeps too; this makes a plain `cargo nextest run` clean up as well.
+fn sweep_leftovers_once() {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(|| {
+        // without /proc the creator's liveness is unknown: sweep nothing
+        if !std::path::Path::new("/proc/self").exists() {
+            return;
+        }
+        let swept = on_own_runtime(async {
+            let admin: PgConnectOptions = admin_url().parse()?;
+            let mut conn = admin.connect().await?;
+            let names: Vec<String> = sqlx::query_scalar(
+                r"SELECT datname FROM pg_database WHERE datname LIKE 'outbox\_test\_%'",
+            )
+            .fetch_all(&mut conn)
+            .await?;
+            let mut dropped = 0;
+            for name in names.iter().filter(|n| creator_is_gone(n)) {
+                let statement = format!("DROP DATABASE IF EXISTS \"{name}\"");
+                if sqlx::query(&statement).execute(&mut conn).await.is_ok() {
+                    dropped += 1;
+                }
+            }
+            conn.close().await.ok();
+            Ok::<_, sqlx::Error>(dropped)
+        });
+        if let Some(Ok(n @ 1..)) = swept {
+            eprintln!("dropped {n} leftover test database(s)");
+        }
+    });
+}
+
+/// Whether `name` is `outbox_test_<pid>_<random>` and no process `pid` runs.
+fn creator_is_gone(name: &str) -> bool {
+    let Some(pid) = name
+        .strip_prefix("outbox_test_")
+        .and_then(|rest| rest.split_once('_'))
+        .and_then(|(pid, _)| pid.parse::<u32>().ok())
+    else {
+        return false;
+    };
+    pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// A test configuration: loopback allowed, fast polling, short retries.

@@ -1,11 +1,10 @@
 //! Charges against a fake that implements Stripe's idempotency semantics.
 
-mod common;
-
 use std::time::Duration;
 
-use common::stripe::{FakeStripe, Running, API_KEY};
-use common::{config, engine, TestDb};
+use crate::common;
+use crate::common::stripe::{FakeStripe, Running, API_KEY};
+use crate::common::{config, engine, TestDb};
 use outbox_providers::charge::request::idempotency_key;
 use outbox_providers::Secret;
 use outbox_relay::config::Config;
@@ -71,7 +70,6 @@ async fn a_charge_is_created_once_with_the_derived_key_and_its_id_recorded() {
         db.store.find("order:42:charge").await.unwrap().provider_ref,
         intent.provider_ref
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,7 +126,6 @@ async fn a_decline_is_rejected_and_only_new_effect_charges_again() {
             .collect::<Vec<_>>(),
         [0, 0, 1]
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,7 +152,6 @@ async fn a_500_after_the_payment_was_created_is_reconciled_to_exactly_one_paymen
         (attempts[0].outcome.as_str(), attempts[0].status),
         ("delivered", None)
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +188,6 @@ async fn a_500_with_no_payment_is_retried_under_the_same_key_and_never_duplicate
         reason.contains("no such effect") && reason.contains("gave up after 3"),
         "{reason}"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,7 +227,6 @@ async fn a_reused_key_with_other_parameters_is_rejected_not_replayed() {
         1,
         "only the other client's payment"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,7 +265,6 @@ async fn a_409_for_a_key_in_use_is_transient_and_bad_credentials_are_dead() {
     let dead = db.store.find("unauthorized").await.unwrap();
     assert_eq!((dead.state.as_str(), dead.attempts), ("dead", 1));
     assert!(dead.last_error.unwrap().contains("STRIPE_API_KEY"));
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,7 +320,6 @@ async fn after_a_lost_lease_reconcile_finds_the_payment_or_redelivers_with_the_s
         ],
         "the found payment was not charged again; the other was sent once, under its derived key"
     );
-    db.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,5 +349,4 @@ async fn bad_charge_payloads_are_rejected_before_any_call() {
         .unwrap();
     assert_eq!(db.count("state = 'rejected'").await, 4);
     assert!(stripe.fake.requests().is_empty());
-    db.drop_db().await;
 }

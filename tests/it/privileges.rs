@@ -1,8 +1,7 @@
 //! Least privilege: deploy/sql/roles.sql, and each role doing only its job.
 
-mod common;
-
-use common::{Receiver, TestDb};
+use crate::common;
+use crate::common::{Receiver, TestDb};
 use outbox_relay::store::operator::RetryOptions;
 use outbox_relay::store::{enqueue, NewIntent, Store};
 use serde_json::json;
@@ -112,5 +111,4 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read()
 
     app.pool().close().await;
     operator.pool().close().await;
-    db.drop_db().await;
 }

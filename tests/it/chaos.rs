@@ -12,19 +12,18 @@
 //! more than once are counted and bounded by what the faults explain.
 //!
 //! Size: CHAOS_INTENTS (default 900), CHAOS_KILL_EVERY_MS (default 2000).
-//! The full drill: `CHAOS_INTENTS=3000 tests/run.sh --test chaos --no-capture`.
-
-mod common;
+//! The full drill: `CHAOS_INTENTS=3000 tests/run.sh chaos:: --no-capture`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::smtp::SmtpPeer;
-use common::stripe::{FakeStripe, API_KEY};
-use common::{Receiver, Reply};
+use crate::common;
+use crate::common::cluster::Cluster;
+use crate::common::smtp::SmtpPeer;
+use crate::common::stripe::{FakeStripe, API_KEY};
+use crate::common::{Receiver, Reply};
 use outbox_relay::store::Store;
 use serde_json::{json, Value};
 

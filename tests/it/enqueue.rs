@@ -1,8 +1,6 @@
 //! The SQL API: outbox.enqueue and outbox.derive_key, through real Postgres.
 
-mod common;
-
-use common::TestDb;
+use crate::common::TestDb;
 use outbox_relay::store::claims::COMPLETE_SQL;
 use outbox_relay::store::{enqueue, ClaimQuery, EnqueueError, NewIntent};
 use serde_json::json;
@@ -18,7 +16,7 @@ async fn call(db: &TestDb, key: &str, payload: &str) -> Result<(i64, bool), sqlx
 /// The README's first SQL example runs as copied, on a migrated database.
 #[tokio::test]
 async fn the_readme_enqueue_example_runs_as_copied() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
     let start = readme.find("```sql\n").expect("a SQL example") + "```sql\n".len();
     let example = &readme[start..start + readme[start..].find("```").unwrap()];
     assert!(example.contains("outbox.enqueue("), "{example}");
@@ -28,7 +26,6 @@ async fn the_readme_enqueue_example_runs_as_copied() {
         .await
         .unwrap_or_else(|e| panic!("{e}:\n{example}"));
     assert_eq!(db.state("order:42:confirmation").await, "pending");
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -55,7 +52,6 @@ async fn same_key_same_payload_is_a_duplicate_with_the_same_id() {
     assert_eq!(folded, vec![("webhook".to_string(), None, 2)]);
     assert!(db.store.fold_duplicates(100).await.unwrap().is_empty());
     assert_eq!(db.store.find("order:1").await.unwrap().duplicates, 2);
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -97,7 +93,6 @@ async fn same_key_different_payload_raises_ob409_naming_the_key() {
     assert!(matches!(e, EnqueueError::Conflict { .. }), "{e:?}");
     assert!(e.to_string().contains("order:2"));
     assert_eq!(db.count("true").await, 1);
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -126,7 +121,6 @@ async fn key_order_and_whitespace_never_manufacture_a_conflict() {
     // but array order is meaningful
     call(&db, "arr", r#"{"v": [1, 2]}"#).await.unwrap();
     assert!(call(&db, "arr", r#"{"v": [2, 1]}"#).await.is_err());
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -153,7 +147,6 @@ async fn enqueue_in_a_rolled_back_transaction_leaves_nothing() {
     .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(db.count("key = 'rolled-back'").await, 1);
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -178,7 +171,6 @@ async fn concurrent_enqueues_of_one_key_create_one_intent() {
     assert_eq!(results.iter().filter(|r| !r.duplicate).count(), 1);
     assert!(results.iter().all(|r| r.id == results[0].id));
     assert_eq!(db.count("true").await, 1);
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -195,7 +187,7 @@ async fn enqueue_refuses_bad_input_with_clear_errors() {
         assert!(e.to_string().contains(needle), "{e}");
     }
     // the size limit has its own SQLSTATE (OB413) and error; the message
-    // names the key, the size and the limit (more in tests/bad_input.rs)
+    // names the key, the size and the limit (more in tests/it/bad_input.rs)
     let e = enqueue(
         db.pool(),
         &NewIntent::new("k", "webhook", json!({"big": "x".repeat(2 << 20)})),
@@ -229,7 +221,6 @@ async fn enqueue_refuses_bad_input_with_clear_errors() {
         .unwrap_err();
     assert!(e.to_string().contains("limit is 512"), "{e}");
     assert_eq!(db.count("true").await, 0);
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -249,7 +240,6 @@ async fn replacing_enqueue_kept_its_least_privilege_setup() {
     assert!(definer, "SECURITY DEFINER");
     assert_eq!(config, ["search_path=pg_catalog, outbox, pg_temp"]);
     assert!(!public, "PUBLIC cannot execute outbox.enqueue");
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -266,7 +256,6 @@ async fn enqueue_notifies_listeners_on_commit() {
         .unwrap();
     assert_eq!(n.channel(), outbox_relay::claim::CHANNEL);
     drop(listener); // it holds a pooled connection
-    db.drop_db().await;
 }
 
 #[tokio::test]
@@ -293,7 +282,6 @@ async fn derive_key_agrees_between_sql_and_rust() {
             "{parent:?} {step:?}"
         );
     }
-    db.drop_db().await;
 }
 
 /// 20,000 delivered rows of history, 2,000 pending webhooks and a few
@@ -365,7 +353,6 @@ async fn claiming_uses_the_due_index_whatever_the_history() {
             "{mode}: the claim must not sort the pending rows:\n{plan}"
         );
     }
-    db.drop_db().await;
 }
 
 /// The relay claims through one prepared statement; after its first few
@@ -410,7 +397,6 @@ async fn the_claim_plan_is_cached_after_the_first_calls() {
         generic >= 4 && custom <= 6,
         "the claim should run from its cached plan after the first calls: {generic} generic, {custom} custom"
     );
-    db.drop_db().await;
 }
 
 /// Completions find their intents by primary key whatever the statistics
@@ -478,7 +464,6 @@ async fn completing_reads_intents_by_primary_key_whatever_the_statistics() {
             assert!(!plan.contains(other), "{mode}: {other}:\n{plan}");
         }
     }
-    db.drop_db().await;
 }
 
 /// Many intents in one statement (the README's form): one round trip, each
@@ -528,5 +513,4 @@ async fn many_intents_in_one_statement_through_unnest() {
     assert_eq!(dbe.code().as_deref(), Some("OB409"));
     assert!(dbe.message().contains("batch:2"), "{}", dbe.message());
     assert_eq!(db.count("key = 'batch:3'").await, 0);
-    db.drop_db().await;
 }

@@ -1,0 +1,28 @@
+//! The integration suite, one test binary: each module is a feature tested
+//! through the real engine or the real `outbox-relay` binary, against a real
+//! Postgres and real peers (an HTTP receiver, an SMTP server, the Stripe
+//! fake). `common` is the harness: a database per test, dropped with it.
+//!
+//! Run it all with `tests/run.sh`; one module with
+//! `tests/run.sh -E 'test(/^delivery::/)'` (nextest) or
+//! `cargo test --test it delivery::`.
+
+mod common;
+
+mod bad_input;
+mod chaos;
+mod charge;
+mod cli;
+mod delivery;
+mod email;
+mod enqueue;
+mod hardening;
+mod lifecycle;
+mod lookup;
+mod metrics;
+mod outage;
+mod pooler;
+mod privileges;
+mod recovery;
+mod secrets;
+mod tls;
