@@ -136,3 +136,42 @@ where
     .await?;
     Ok(Enqueued { id, duplicate })
 }
+
+/// Enqueue many intents in one statement with `outbox.enqueue_many`: per
+/// intent exactly what [`enqueue`] would answer (duplicate, OB409, the
+/// ledger, the limits), in the order given. `enqueue_many` takes one
+/// `p_source` per call, so intents are sent in runs of equal `source`
+/// (one statement for the usual slice whose intents share it). Any
+/// executor, as for [`enqueue`]; inside a transaction an error leaves none
+/// of the slice written.
+pub async fn enqueue_all(
+    conn: &mut sqlx::PgConnection,
+    intents: &[NewIntent],
+) -> Result<Vec<Enqueued>, EnqueueError> {
+    let mut out = Vec::with_capacity(intents.len());
+    for run in intents.chunk_by(|a, b| a.source == b.source) {
+        macro_rules! col {
+            ($f:expr) => {
+                run.iter().map($f).collect::<Vec<_>>()
+            };
+        }
+        let rows: Vec<(i32, i64, bool)> = sqlx::query_as(
+            "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(col!(|i| i.key.as_str()))
+        .bind(col!(|i| i.kind.as_str()))
+        .bind(col!(|i| &i.payload))
+        .bind(col!(|i| i.destination.as_deref()))
+        .bind(col!(|i| i.run_after))
+        .bind(col!(|i| i.ordering_key.as_deref()))
+        .bind(run[0].source.as_deref())
+        .fetch_all(&mut *conn)
+        .await?;
+        debug_assert!(rows.iter().enumerate().all(|(i, r)| r.0 as usize == i + 1));
+        out.extend(
+            rows.into_iter()
+                .map(|(_, id, duplicate)| Enqueued { id, duplicate }),
+        );
+    }
+    Ok(out)
+}

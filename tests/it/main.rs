@@ -16,6 +16,7 @@ mod cli;
 mod delivery;
 mod email;
 mod enqueue;
+mod enqueue_many;
 mod hardening;
 mod lifecycle;
 mod lookup;

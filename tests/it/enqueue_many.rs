@@ -1,0 +1,317 @@
+//! `outbox.enqueue_many` (one statement, each row as `outbox.enqueue` would
+//! answer it), the Rust `enqueue_all` over it, and the insertable view
+//! `outbox.outbox`.
+
+use std::time::Duration;
+
+use crate::common::TestDb;
+use outbox_relay::store::{enqueue, enqueue_all, EnqueueError, NewIntent};
+use serde_json::{json, Value};
+
+fn p(n: i64) -> Value {
+    json!({"url": "http://127.0.0.1:9/", "body": {"n": n}})
+}
+
+type Row = (i32, i64, bool);
+
+async fn many(db: &TestDb, keys: &[&str], payloads: &[Value]) -> Result<Vec<Row>, sqlx::Error> {
+    let kinds = vec!["webhook"; keys.len()];
+    sqlx::query_as("SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3)")
+        .bind(keys)
+        .bind(&kinds)
+        .bind(payloads)
+        .fetch_all(db.pool())
+        .await
+}
+
+fn sqlstate(err: &sqlx::Error) -> (String, String) {
+    let dbe = err.as_database_error().expect("a database error");
+    (
+        dbe.code().unwrap_or_default().into_owned(),
+        dbe.message().to_string(),
+    )
+}
+
+#[tokio::test]
+async fn new_keys_are_one_statement_and_ord_is_the_input_position() {
+    let db = TestDb::new().await;
+    let keys: Vec<String> = (0..500).map(|i| format!("m:{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let payloads: Vec<Value> = (0..500).map(p).collect();
+    let rows = many(&db, &keys, &payloads).await.unwrap();
+    assert_eq!(rows.len(), 500);
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!((r.0, r.2), (i as i32 + 1, false));
+    }
+    assert!(
+        rows.windows(2).all(|w| w[0].1 < w[1].1),
+        "ids follow the input order"
+    );
+    let stored: Vec<(String, Value)> =
+        sqlx::query_as("SELECT key, payload FROM outbox.intents ORDER BY id")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(stored[7], ("m:7".to_string(), p(7)));
+}
+
+#[tokio::test]
+async fn every_row_is_answered_as_a_single_enqueue_would_answer_it() {
+    let db = TestDb::new().await;
+    // an existing key, a key the ledger remembers, then a batch mixing them
+    // with new keys and a key repeated within the batch
+    enqueue(db.pool(), &NewIntent::new("old", "webhook", p(1)))
+        .await
+        .unwrap();
+    let gone = enqueue(db.pool(), &NewIntent::new("gone", "webhook", p(2)))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox.intents SET state = 'delivered', updated_at = now() - interval '1 hour' WHERE key = 'gone'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    db.store
+        .purge(Duration::from_secs(1), false, false, 100)
+        .await
+        .unwrap();
+    let old_id: i64 = sqlx::query_scalar("SELECT id FROM outbox.intents WHERE key = 'old'")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    let rows = many(
+        &db,
+        &["new-a", "old", "gone", "new-b", "new-a"],
+        &[p(10), p(1), p(2), p(11), p(10)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(rows[0].2, false);
+    assert_eq!(
+        (rows[1].1, rows[1].2),
+        (old_id, true),
+        "existing: its id, duplicate"
+    );
+    assert_eq!(
+        (rows[2].1, rows[2].2),
+        (gone.id, true),
+        "purged: the ledger's id, duplicate"
+    );
+    assert_eq!(rows[3].2, false);
+    assert_eq!(
+        (rows[4].1, rows[4].2),
+        (rows[0].1, true),
+        "repeated: the first row's id"
+    );
+    assert_eq!(db.count("key IN ('new-a', 'new-b')").await, 2);
+    assert_eq!(
+        db.count("key = 'gone'").await,
+        0,
+        "a ledger key never becomes an intent again"
+    );
+    // the duplicates are counted as outbox.enqueue counts them
+    let dups: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.enqueue_duplicates")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(dups, 3);
+}
+
+#[tokio::test]
+async fn a_conflict_names_the_first_such_key_and_refuses_the_whole_statement() {
+    let db = TestDb::new().await;
+    many(&db, &["c:1", "c:2"], &[p(1), p(2)]).await.unwrap();
+    let err = many(&db, &["c:3", "c:2", "c:1"], &[p(3), p(99), p(98)])
+        .await
+        .unwrap_err();
+    let (code, message) = sqlstate(&err);
+    assert_eq!(code, "OB409");
+    assert!(
+        message.contains("c:2") && !message.contains("c:1"),
+        "{message}"
+    );
+    assert_eq!(db.count("key = 'c:3'").await, 0);
+    // a purged key with another payload, and a key repeated with another
+    // payload within the batch
+    let err = many(&db, &["c:4", "c:4"], &[p(4), p(5)]).await.unwrap_err();
+    assert_eq!(sqlstate(&err).0, "OB409");
+    assert_eq!(db.count("key = 'c:4'").await, 0);
+}
+
+#[tokio::test]
+async fn a_row_enqueue_would_refuse_refuses_the_statement_with_its_error() {
+    let db = TestDb::new().await;
+    let cases: Vec<(Vec<&str>, Vec<&str>, Vec<Value>, &str, &str)> = vec![
+        (
+            vec!["ok", ""],
+            vec!["webhook", "webhook"],
+            vec![p(1), p(2)],
+            "22023",
+            "key must not be empty",
+        ),
+        (
+            vec!["ok", "k"],
+            vec!["webhook", "Bad Kind"],
+            vec![p(1), p(2)],
+            "22023",
+            "not a valid kind name",
+        ),
+        (
+            vec!["ok", "big"],
+            vec!["webhook", "webhook"],
+            vec![p(1), json!({"url": "x", "body": "y".repeat(1_100_000)})],
+            "OB413",
+            "payload for key big",
+        ),
+    ];
+    for (keys, kinds, payloads, code, says) in cases {
+        let err = sqlx::query("SELECT * FROM outbox.enqueue_many($1, $2, $3)")
+            .bind(&keys)
+            .bind(&kinds)
+            .bind(&payloads)
+            .execute(db.pool())
+            .await
+            .unwrap_err();
+        let (got, message) = sqlstate(&err);
+        assert_eq!(got, code, "{message}");
+        assert!(message.contains(says), "{message}");
+    }
+    let err = sqlx::query("SELECT * FROM outbox.enqueue_many($1, $2, $3)")
+        .bind(vec!["a", "b"])
+        .bind(vec!["webhook"])
+        .bind(vec![p(1), p(2)])
+        .execute(db.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err).0, "22023");
+    assert_eq!(
+        db.count("true").await,
+        0,
+        "nothing of a refused statement stays"
+    );
+}
+
+#[tokio::test]
+async fn rows_of_one_ordering_key_wait_behind_the_first() {
+    let db = TestDb::new().await;
+    let okeys = vec![Some("cart"), None, Some("cart"), Some("cart")];
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, NULL, NULL, $4)",
+    )
+    .bind(vec!["o1", "free", "o2", "o3"])
+    .bind(vec!["webhook"; 4])
+    .bind(vec![p(1), p(0), p(2), p(3)])
+    .bind(&okeys)
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 4);
+    let waiting: Vec<(String, bool)> =
+        sqlx::query_as("SELECT key, waiting FROM outbox.intents ORDER BY id")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        waiting,
+        [("o1", false), ("free", false), ("o2", true), ("o3", true)]
+            .map(|(k, w)| (k.to_string(), w))
+    );
+    let claimed = db.store.claim("r", 10, 60_000, &[]).await.unwrap();
+    let mut keys: Vec<&str> = claimed.iter().map(|c| c.key.as_str()).collect();
+    keys.sort();
+    assert_eq!(keys, ["free", "o1"]);
+}
+
+#[tokio::test]
+async fn under_repeatable_read_every_row_still_gets_its_answer() {
+    let db = TestDb::new().await;
+    many(&db, &["rr:1"], &[p(1)]).await.unwrap();
+    let mut tx = db.pool().begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let rows: Vec<Row> =
+        sqlx::query_as("SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3)")
+            .bind(vec!["rr:1", "rr:2"])
+            .bind(vec!["webhook"; 2])
+            .bind(vec![p(1), p(2)])
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.2).collect::<Vec<_>>(), [true, false]);
+}
+
+#[tokio::test]
+async fn enqueue_all_sends_a_slice_in_one_statement_per_source() {
+    let db = TestDb::new().await;
+    let mut intents: Vec<NewIntent> = (0..5)
+        .map(|i| NewIntent::new(format!("r:{i}"), "webhook", p(i)))
+        .collect();
+    intents[3].source = Some("billing".into());
+    intents[4].source = Some("billing".into());
+    let mut conn = db.pool().acquire().await.unwrap();
+    let got = enqueue_all(&mut conn, &intents).await.unwrap();
+    assert_eq!(got.len(), 5);
+    assert!(got.iter().all(|e| !e.duplicate));
+    let again = enqueue_all(&mut conn, &intents).await.unwrap();
+    assert_eq!(
+        again.iter().map(|e| e.id).collect::<Vec<_>>(),
+        got.iter().map(|e| e.id).collect::<Vec<_>>()
+    );
+    assert!(again.iter().all(|e| e.duplicate));
+    let sources: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT source FROM outbox.intents ORDER BY id")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(sources[2], None);
+    assert_eq!(sources[3].as_deref(), Some("billing"));
+    intents[1].payload = p(100);
+    match enqueue_all(&mut conn, &intents).await {
+        Err(EnqueueError::Conflict { message, .. }) => {
+            assert!(message.contains("r:1"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_insert_into_the_outbox_view_is_an_enqueue() {
+    let db = TestDb::new().await;
+    let insert = |key: &'static str, payload: Value| {
+        sqlx::query(
+            "INSERT INTO outbox.outbox (key, kind, payload, ordering_key, source)
+             VALUES ($1, 'webhook', $2, NULL, 'orm')",
+        )
+        .bind(key)
+        .bind(payload)
+        .execute(db.pool())
+    };
+    insert("v:1", p(1)).await.unwrap();
+    insert("v:1", p(1)).await.unwrap(); // a duplicate: a no-op
+    let err = insert("v:1", p(2)).await.unwrap_err();
+    assert_eq!(sqlstate(&err).0, "OB409");
+    assert_eq!(db.count("key = 'v:1'").await, 1);
+    let (source, state): (String, String) =
+        sqlx::query_as("SELECT source, state FROM outbox.intents WHERE key = 'v:1'")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!((source.as_str(), state.as_str()), ("orm", "pending"));
+    // a multi-row INSERT works as well, and the view reads nothing
+    sqlx::query(
+        "INSERT INTO outbox.outbox (key, kind, payload)
+         SELECT 'v:' || g, 'webhook', jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', g)
+           FROM generate_series(2, 4) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(db.count("key LIKE 'v:%'").await, 4);
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.outbox")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(seen, 0);
+}
