@@ -29,6 +29,10 @@ GRANT USAGE ON SCHEMA outbox TO outbox_app, outbox_relay, outbox_operator;
 
 GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, text, timestamptz, text, text)
     TO outbox_app, outbox_relay;
+GRANT EXECUTE ON FUNCTION outbox.enqueue_many(text[], text[], jsonb[], text[], timestamptz[], text[], text)
+    TO outbox_app, outbox_relay;
+-- the insertable outbox (0006): INSERT only, for ORMs; it reads nothing
+GRANT INSERT ON outbox.outbox TO outbox_app;
 GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_relay, outbox_operator;
 GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
 -- the claim asks it whose turn it is within an ordering key (0005)

@@ -71,7 +71,25 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read()
         .await
         .unwrap();
     assert_eq!(key.len(), 64);
+    // ... the set form, and an INSERT into the outbox view
+    let mut conn = app.pool().acquire().await.unwrap();
+    let batch = outbox_relay::store::enqueue_all(
+        &mut conn,
+        &[NewIntent::new("priv:2", "webhook", json!({"url": rx.url("/"), "body": 2}))],
+    )
+    .await
+    .unwrap();
+    assert!(!batch[0].duplicate);
+    sqlx::query(
+        "INSERT INTO outbox.outbox (key, kind, payload) VALUES ('priv:3', 'webhook', $1)",
+    )
+    .bind(json!({"url": rx.url("/"), "body": 3}))
+    .execute(app.pool())
+    .await
+    .expect("the application role inserts into outbox.outbox");
     for sql in [
+        "SELECT * FROM outbox.outbox",
+        "UPDATE outbox.outbox SET kind = 'email'",
         "SELECT payload FROM outbox.intents",
         "UPDATE outbox.intents SET state = 'delivered'",
         "DELETE FROM outbox.intents",
@@ -94,12 +112,13 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read()
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(db.state("priv:1").await, "delivered");
+    assert_eq!(db.state("priv:3").await, "delivered");
 
     // the operator role reads, and cannot change anything
     let operator = Store::connect(&url_as(&db, "t_outbox_operator"), 2)
         .await
         .unwrap();
-    assert_eq!(operator.list(None, None, 10).await.unwrap().len(), 1);
+    assert_eq!(operator.list(None, None, 10).await.unwrap().len(), 3);
     assert!(operator.stats().await.is_ok());
     let force = RetryOptions {
         force: true,
