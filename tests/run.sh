@@ -68,6 +68,34 @@ ensure_aiosmtpd() {
 	fi
 }
 
+py_has_orm() { "$1" -c 'import sqlalchemy, psycopg2' >/dev/null 2>&1; }
+
+# Make SQLAlchemy and psycopg2 (the ORM peer of the insertable-outbox test)
+# importable by $OUTBOX_TEST_PYTHON: Debian's packages when that is the
+# system python, else pip. Says what is missing when it cannot.
+ensure_orm_peer() {
+	local py=${OUTBOX_TEST_PYTHON:-}
+	[ -n "$py" ] || return 0
+	py_has_orm "$py" && { say "ORM test peer: SQLAlchemy with $py"; return 0; }
+	if [ "$py" = /usr/bin/python3 ] && can_apt; then
+		say "SQLAlchemy is missing; installing python3-sqlalchemy and python3-psycopg2"
+		apt_install python3-sqlalchemy python3-psycopg2 || true
+	fi
+	if ! py_has_orm "$py"; then
+		say "SQLAlchemy is missing; running: $py -m pip install --quiet sqlalchemy psycopg2-binary"
+		PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --quiet --disable-pip-version-check \
+			sqlalchemy psycopg2-binary >/dev/null 2>&1 ||
+			PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --quiet --disable-pip-version-check \
+				--break-system-packages sqlalchemy psycopg2-binary >/dev/null 2>&1 || true
+	fi
+	if py_has_orm "$py"; then
+		say "ORM test peer: SQLAlchemy with $py"
+	else
+		say "warning: SQLAlchemy or psycopg2 is unavailable for $py; the ORM test will say so."
+		say "warning: install it: apt-get install python3-sqlalchemy python3-psycopg2, or pip install sqlalchemy psycopg2-binary"
+	fi
+}
+
 # Best effort: drop test databases left by runs that were killed. A database
 # still in use (a concurrent run) refuses DROP and is left alone.
 drop_leftover_test_dbs() {
@@ -87,6 +115,7 @@ drop_leftover_test_dbs() {
 have cargo || die "cargo is not on PATH: install Rust (rustup) first"
 
 ensure_aiosmtpd
+ensure_orm_peer
 scratch_pg_setup pg-test
 drop_leftover_test_dbs
 

@@ -315,3 +315,47 @@ async fn an_insert_into_the_outbox_view_is_an_enqueue() {
         .unwrap();
     assert_eq!(seen, 0);
 }
+
+/// An ORM that can only insert rows (SQLAlchemy, a well-kept peer) writes
+/// intents through `outbox.outbox` in its business transaction, and the
+/// relay delivers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orm_writes_intents_through_the_outbox_view() {
+    let db = TestDb::new().await;
+    let rx = crate::common::Receiver::ok().await;
+    let python = std::env::var("OUTBOX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/orm_outbox.py");
+    let out = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(&db.url)
+        .arg(rx.url("/orm"))
+        .output()
+        .await
+        .expect("run python3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the SQLAlchemy peer failed (tests/run.sh installs python3-sqlalchemy and \
+         python3-psycopg2; or pip install sqlalchemy psycopg2-binary): {stderr}"
+    );
+    let said: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(
+        said,
+        json!({"first": "committed", "batch": "committed", "duplicate": "committed", "conflict": "OB409"})
+    );
+    assert_eq!(db.count("key LIKE 'orm:%' AND source = 'orm'").await, 4);
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orm_orders")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        orders, 2,
+        "the conflicting transaction's business row was rolled back"
+    );
+    crate::common::engine(db.store.clone(), &crate::common::config())
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(db.count("state = 'delivered'").await, 4);
+    assert_eq!(rx.requests().len(), 4);
+}

@@ -75,18 +75,20 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read()
     let mut conn = app.pool().acquire().await.unwrap();
     let batch = outbox_relay::store::enqueue_all(
         &mut conn,
-        &[NewIntent::new("priv:2", "webhook", json!({"url": rx.url("/"), "body": 2}))],
+        &[NewIntent::new(
+            "priv:2",
+            "webhook",
+            json!({"url": rx.url("/"), "body": 2}),
+        )],
     )
     .await
     .unwrap();
     assert!(!batch[0].duplicate);
-    sqlx::query(
-        "INSERT INTO outbox.outbox (key, kind, payload) VALUES ('priv:3', 'webhook', $1)",
-    )
-    .bind(json!({"url": rx.url("/"), "body": 3}))
-    .execute(app.pool())
-    .await
-    .expect("the application role inserts into outbox.outbox");
+    sqlx::query("INSERT INTO outbox.outbox (key, kind, payload) VALUES ('priv:3', 'webhook', $1)")
+        .bind(json!({"url": rx.url("/"), "body": 3}))
+        .execute(app.pool())
+        .await
+        .expect("the application role inserts into outbox.outbox");
     for sql in [
         "SELECT * FROM outbox.outbox",
         "UPDATE outbox.outbox SET kind = 'email'",
