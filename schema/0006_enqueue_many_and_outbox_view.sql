@@ -126,11 +126,13 @@ BEGIN
         END IF;
     END IF;
 
-    -- Everything else, in input order, by outbox.enqueue itself.
+    -- Everything else, in input order, by outbox.enqueue itself (an
+    -- anti-join, not `ord <> ALL(...)`: that would be quadratic).
     FOR v_row IN
         SELECT i.* FROM unnest(p_keys, p_kinds, p_payloads, v_dests, v_runs, v_okeys) WITH ORDINALITY
                AS i(key, kind, payload, destination, run_after, ordering_key, ord)
-         WHERE NOT i.ord = ANY(v_ins_ords)
+          LEFT JOIN unnest(v_ins_ords) AS done(ord) ON done.ord = i.ord
+         WHERE done.ord IS NULL AND cardinality(v_ins_ords) < n
          ORDER BY i.ord
     LOOP
         SELECT e.id, e.duplicate INTO v_id, v_dup
