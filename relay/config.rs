@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use outbox_providers::charge::ChargeConfig;
 use outbox_providers::email::{EmailConfig, SmtpTarget};
+use outbox_providers::nats::NatsConfig;
 use outbox_providers::webhook::WebhookConfig;
 use outbox_providers::{guard, AmbiguityPolicy, Secret};
 use serde::Deserialize;
@@ -60,6 +61,7 @@ pub struct Config {
     pub webhook: WebhookSection,
     pub email: EmailSection,
     pub charge: ChargeSection,
+    pub nats: NatsSection,
     pub retention: RetentionSection,
     #[serde(rename = "schedule")]
     pub schedules: Vec<ScheduleEntry>,
@@ -416,9 +418,70 @@ impl ChargeSection {
     }
 }
 
+/// `[nats]`: the `nats` kind (JetStream) is enabled when `url` is set.
+/// Credentials (one of `token`, `user` + `password`, `nkey`,
+/// `credentials_file`) belong in the environment
+/// (`OUTBOX_RELAY__NATS__TOKEN`, or `..._FILE` naming a file).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsSection {
+    pub url: Option<String>,
+    pub token: Option<Secret>,
+    pub user: Option<String>,
+    pub password: Option<Secret>,
+    pub nkey: Option<Secret>,
+    pub credentials_file: Option<std::path::PathBuf>,
+    pub require_tls: bool,
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// How long a publish waits for its PubAck; one attempt (reconcile
+    /// included) runs within it.
+    pub timeout: Dur,
+    /// What to do when a publish stays unconfirmed and JetStream can no
+    /// longer dedupe a republish: park (the default) or redeliver.
+    pub on_ambiguous: AmbiguityPolicy,
+}
+
+impl Default for NatsSection {
+    fn default() -> Self {
+        NatsSection {
+            url: None,
+            token: None,
+            user: None,
+            password: None,
+            nkey: None,
+            credentials_file: None,
+            require_tls: false,
+            tls_ca_file: None,
+            timeout: dur("10s"),
+            on_ambiguous: AmbiguityPolicy::Park,
+        }
+    }
+}
+
+impl NatsSection {
+    /// `None` when no URL is configured.
+    pub fn provider_config(&self) -> anyhow::Result<Option<NatsConfig>> {
+        let Some(url) = &self.url else {
+            return Ok(None);
+        };
+        let config = NatsConfig {
+            url: url.clone(),
+            token: self.token.clone(),
+            user: self.user.clone(),
+            password: self.password.clone(),
+            nkey: self.nkey.clone(),
+            credentials_file: self.credentials_file.clone(),
+            require_tls: self.require_tls,
+            tls_ca_file: self.tls_ca_file.clone(),
+            timeout: self.timeout.0,
+            on_ambiguous: self.on_ambiguous,
+        };
+        config.check()?;
+        Ok(Some(config))
+    }
+}
+
 impl Config {
-    /// The providers this configuration enables: webhook always; email when
-    /// `email.smtp_url` is set; charge when an API key is set.
     /// The configured schedules, parsed.
     pub fn schedules(&self) -> anyhow::Result<Vec<crate::schedule::Schedule>> {
         let mut seen = std::collections::HashSet::new();
@@ -483,6 +546,7 @@ impl Config {
         match kind {
             "email" => self.email.timeout.0,
             "charge" => self.charge.timeout.0,
+            "nats" => self.nats.timeout.0,
             _ => self.webhook.timeout.0,
         }
     }
@@ -495,6 +559,9 @@ impl Config {
         }
         if self.charge.api_key.is_some() {
             longest = longest.max(self.attempt_time("charge"));
+        }
+        if self.nats.url.is_some() {
+            longest = longest.max(self.attempt_time("nats"));
         }
         longest
     }
@@ -657,6 +724,7 @@ impl Config {
             email.check()?;
         }
         self.charge.provider_config()?;
+        self.nats.provider_config()?;
         self.schedules()?;
         self.check_schedule_payloads()?;
         let ret = &self.retention;

@@ -243,6 +243,7 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         payload_text: Some(&claim.payload_text),
         attempt: claim.attempt,
         key_generation: claim.key_generation,
+        previous_attempt_at: claim.previous_attempt_at.map(std::time::SystemTime::from),
     };
     let policy = provider.on_ambiguous();
     // Every provider call of this attempt (reconcile searches included)
@@ -283,6 +284,7 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         };
         return (outcome, policy);
     }
+    let attempted_at = std::time::SystemTime::now();
     let outcome = tokio::time::timeout_at(deadline, provider.deliver(&delivery))
         .await
         .unwrap_or_else(|_| Outcome::Ambiguous {
@@ -293,6 +295,11 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         });
     if let Outcome::Ambiguous { .. } = &outcome {
         let unsettled = outcome.clone();
+        // the attempt that answered ambiguously is the one just made
+        let delivery = Delivery {
+            previous_attempt_at: Some(attempted_at),
+            ..delivery
+        };
         let settled = tokio::time::timeout_at(
             deadline,
             reconcile::settle_ambiguous(provider.as_ref(), &delivery, outcome),
@@ -424,6 +431,7 @@ mod tests {
             delivered_before: false,
             claimed_at: std::time::Instant::now(),
             recovered_from: None,
+            previous_attempt_at: None,
         }
     }
 

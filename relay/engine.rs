@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use outbox_providers::charge::ChargeProvider;
 use outbox_providers::email::EmailProvider;
+use outbox_providers::nats::NatsProvider;
 use outbox_providers::webhook::WebhookProvider;
 use outbox_providers::{ProviderSet, KNOWN_KINDS};
 use tokio::sync::{watch, Notify};
@@ -44,6 +45,9 @@ pub fn providers(config: &Config) -> anyhow::Result<ProviderSet> {
     }
     if let Some(charge) = config.charge.provider_config()? {
         set = set.with(Arc::new(ChargeProvider::new(charge)?));
+    }
+    if let Some(nats) = config.nats.provider_config()? {
+        set = set.with(Arc::new(NatsProvider::new(nats)?));
     }
     Ok(set)
 }

@@ -30,6 +30,8 @@ pub async fn recover(
             status: None,
         }),
         Reconciled::Absent => Recovery::Redeliver { replay: false },
+        // it may have happened; the provider dedupes the redelivery
+        Reconciled::Deduped => Recovery::Redeliver { replay: true },
         Reconciled::Unknown => decide(provider.on_ambiguous(), previous_owner),
     }
 }
@@ -59,6 +61,12 @@ pub async fn settle_ambiguous(
             ),
             status: *status,
             retry_after: None,
+        },
+        // republish now, while the provider still dedupes it; if that is
+        // not confirmed either, the kind's policy decides
+        Reconciled::Deduped => match provider.deliver(delivery).await {
+            Outcome::Ambiguous { .. } => outcome,
+            settled => settled,
         },
         Reconciled::Unknown => outcome,
     }

@@ -96,6 +96,20 @@ ensure_orm_peer() {
 	fi
 }
 
+# nats-server (the JetStream peer of the nats kind's tests; each test starts
+# a private one on its own loopback port and store directory).
+ensure_nats_server() {
+	if ! have nats-server && can_apt; then
+		say "nats-server is missing; installing Debian's nats-server"
+		apt_install nats-server || true
+	fi
+	if have nats-server; then
+		say "NATS test peer: $(nats-server --version 2>&1 | head -n 1)"
+	else
+		say "warning: nats-server is unavailable; the nats tests will say so (apt-get install nats-server)"
+	fi
+}
+
 # Best effort: drop test databases left by runs that were killed. A database
 # still in use (a concurrent run) refuses DROP and is left alone.
 drop_leftover_test_dbs() {
@@ -116,6 +130,7 @@ have cargo || die "cargo is not on PATH: install Rust (rustup) first"
 
 ensure_aiosmtpd
 ensure_orm_peer
+ensure_nats_server
 scratch_pg_setup pg-test
 drop_leftover_test_dbs
 

@@ -16,6 +16,7 @@ pub mod charge;
 pub mod email;
 pub mod guard;
 pub mod keys;
+pub mod nats;
 pub mod outcome;
 pub mod secret;
 pub mod webhook;
@@ -60,6 +61,10 @@ pub struct Delivery<'a> {
     /// Bumped only when an operator explicitly asks for a new effect; part of
     /// every derived key so that a new generation is a new operation.
     pub key_generation: i32,
+    /// When the attempt whose outcome is being reconciled started (the lost
+    /// one of an expired lease, or the one that just answered ambiguously):
+    /// a provider whose dedupe has a window (JetStream) needs to know.
+    pub previous_attempt_at: Option<std::time::SystemTime>,
 }
 
 /// A kind of side effect.
@@ -130,7 +135,7 @@ pub fn refuse_destination(kind: &str, destination: Option<&str>) -> Result<(), S
 
 /// The kinds this product knows about. An intent of another kind is rejected
 /// by the relay with a readable reason.
-pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge"];
+pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge", "nats"];
 
 /// Does this kind's `status` hold an HTTP status? (An email's is an SMTP
 /// reply code, where 5xx is a deliberate refusal, not a server error.)

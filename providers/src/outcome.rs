@@ -139,6 +139,10 @@ pub enum Reconciled {
     Found { reference: String },
     /// The provider can prove the effect does not exist: deliver again.
     Absent,
+    /// The provider cannot find it, but dedupes a redelivery under the same
+    /// key right now (JetStream, inside the stream's duplicate window):
+    /// deliver again at once.
+    Deduped,
     /// The provider cannot tell.
     Unknown,
 }

@@ -47,6 +47,8 @@ pub struct Claimed {
     /// Set when the sweeper reclaimed an expired lease: the previous attempt's
     /// outcome is unknown and must be reconciled, not guessed.
     pub recovered_from: Option<String>,
+    /// With `recovered_from`: when the lost attempt's claim was taken.
+    pub previous_attempt_at: Option<DateTime<Utc>>,
 }
 
 /// The recorded result of one attempt and the intent's next state.
@@ -129,6 +131,11 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
         claimed_at: std::time::Instant::now(),
         recovered_from: if recovered {
             row.try_get("previous_owner")?
+        } else {
+            None
+        },
+        previous_attempt_at: if recovered {
+            row.try_get("previous_at")?
         } else {
             None
         },
@@ -241,7 +248,7 @@ fn text_array_literal(items: &[String]) -> String {
 static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH expired AS (
-             SELECT id, owner AS previous_owner FROM outbox.intents
+             SELECT id, owner AS previous_owner, updated_at AS previous_at FROM outbox.intents
               WHERE state = 'claimed' AND lease_expires_at < now()
                 AND kind <> ALL($4::text[])
               ORDER BY lease_expires_at
@@ -261,7 +268,7 @@ static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
             SET owner = $2, lease_expires_at = now() + $3 * interval '1 millisecond',
                 fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
            FROM expired e WHERE i.id = e.id
-         RETURNING {CLAIMED_COLUMNS}, e.previous_owner"
+         RETURNING {CLAIMED_COLUMNS}, e.previous_owner, e.previous_at"
     )
 });
 

@@ -85,7 +85,7 @@ async fn every_row_is_answered_as_a_single_enqueue_would_answer_it() {
     )
     .await
     .unwrap();
-    assert_eq!(rows[0].2, false);
+    assert!(!rows[0].2);
     assert_eq!(
         (rows[1].1, rows[1].2),
         (old_id, true),
@@ -96,7 +96,7 @@ async fn every_row_is_answered_as_a_single_enqueue_would_answer_it() {
         (gone.id, true),
         "purged: the ledger's id, duplicate"
     );
-    assert_eq!(rows[3].2, false);
+    assert!(!rows[3].2);
     assert_eq!(
         (rows[4].1, rows[4].2),
         (rows[0].1, true),
@@ -140,7 +140,9 @@ async fn a_conflict_names_the_first_such_key_and_refuses_the_whole_statement() {
 #[tokio::test]
 async fn a_row_enqueue_would_refuse_refuses_the_statement_with_its_error() {
     let db = TestDb::new().await;
-    let cases: Vec<(Vec<&str>, Vec<&str>, Vec<Value>, &str, &str)> = vec![
+    /// keys, kinds, payloads, the SQLSTATE, what the message says
+    type Case<'a> = (Vec<&'a str>, Vec<&'a str>, Vec<Value>, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec!["ok", ""],
             vec!["webhook", "webhook"],

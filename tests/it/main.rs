@@ -21,6 +21,7 @@ mod hardening;
 mod lifecycle;
 mod lookup;
 mod metrics;
+mod nats;
 mod outage;
 mod pooler;
 mod privileges;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod nats;
 pub mod proxy;
 pub mod smtp;
 pub mod stripe;

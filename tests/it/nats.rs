@@ -1,0 +1,282 @@
+//! The `nats` kind against a real `nats-server -js`: PubAck, JetStream's
+//! dedupe on the derived `Nats-Msg-Id`, no stream, bad subjects, and
+//! reconcile inside and past the duplicate window.
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream::Config as StreamConfig;
+use outbox_providers::nats::request::message_id;
+use serde_json::json;
+
+use crate::common::nats::NatsServer;
+use crate::common::{config, engine, TestDb};
+use outbox_relay::config::{Config, Dur};
+use outbox_relay::store::operator::RetryOptions;
+
+fn nats_config(server: &NatsServer) -> Config {
+    let mut c = config();
+    c.nats.url = Some(server.url());
+    c.nats.timeout = Dur(Duration::from_secs(2));
+    c
+}
+
+async fn stream(server: &NatsServer, name: &str, subjects: &str, window: Duration) {
+    server
+        .jetstream()
+        .await
+        .create_stream(StreamConfig {
+            name: name.into(),
+            subjects: vec![subjects.into()],
+            duplicate_window: window,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// Every message of `stream`: (subject, Nats-Msg-Id, payload).
+async fn messages(server: &NatsServer, name: &str) -> Vec<(String, String, String)> {
+    let js = server.jetstream().await;
+    let s = js.get_stream(name).await.unwrap();
+    let mut out = Vec::new();
+    let mut seq = 1;
+    loop {
+        match s.get_raw_message(seq).await {
+            Ok(m) => out.push((
+                m.subject.to_string(),
+                m.headers
+                    .get(async_nats::header::NATS_MESSAGE_ID)
+                    .map(|v| v.as_str().to_string())
+                    .unwrap_or_default(),
+                String::from_utf8_lossy(&m.payload).into_owned(),
+            )),
+            Err(_) => break,
+        }
+        seq += 1;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_is_published_once_and_a_retry_is_a_jetstream_replay() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    stream(&server, "ORDERS", "orders.>", Duration::from_secs(120)).await;
+    sqlx::query("SELECT outbox.enqueue('order:1:created', 'nats', $1::text::jsonb)")
+        .bind(
+            r#"{"subject": "orders.created", "body": {"id": 123456789012345678901234567890, "total": 1999},
+                "headers": {"trace-id": "t-1"}}"#,
+        )
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let cfg = nats_config(&server);
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let i = db.store.find("order:1:created").await.unwrap();
+    assert_eq!(i.state, "delivered");
+    assert_eq!(i.provider_ref.as_deref(), Some("ORDERS:1"));
+    let stored: String = sqlx::query_scalar(
+        "SELECT (payload->'body')::text FROM outbox.intents WHERE key = 'order:1:created'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let msgs = messages(&server, "ORDERS").await;
+    assert_eq!(
+        msgs,
+        [(
+            "orders.created".to_string(),
+            message_id("order:1:created", 0),
+            stored
+        )]
+    );
+
+    // an operator retry publishes under the same id: JetStream dedupes it
+    db.store
+        .retry(
+            "order:1:created",
+            RetryOptions {
+                new_effect: false,
+                force: true,
+            },
+        )
+        .await
+        .unwrap();
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| a.replayed).collect::<Vec<_>>(),
+        [false, true]
+    );
+    assert_eq!(
+        messages(&server, "ORDERS").await.len(),
+        1,
+        "no second message"
+    );
+    // a new effect is a new id and a new message
+    db.store
+        .retry(
+            "order:1:created",
+            RetryOptions {
+                new_effect: true,
+                force: true,
+            },
+        )
+        .await
+        .unwrap();
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let msgs = messages(&server, "ORDERS").await;
+    assert_eq!(msgs.len(), 2);
+    assert_eq!(msgs[1].1, message_id("order:1:created", 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_stream_for_the_subject_is_transient_until_the_budget_is_spent() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    db.enqueue(
+        "lost",
+        "nats",
+        json!({"subject": "nowhere.here", "body": 1}),
+    )
+    .await;
+    let mut cfg = nats_config(&server);
+    cfg.retry.max_attempts = 2;
+    // retried at once, so that one run --once sees both attempts
+    cfg.retry.schedule = vec![Dur(Duration::ZERO)];
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let i = db.store.find("lost").await.unwrap();
+    assert_eq!((i.state.as_str(), i.attempts), ("dead", 2), "{i:?}");
+    let reason = i.last_error.unwrap();
+    assert!(
+        reason.contains("\"nowhere.here\"") && reason.contains("no responders"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_subject_or_header_is_rejected_and_nothing_is_published() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    stream(&server, "ALL", "orders.>", Duration::from_secs(120)).await;
+    db.enqueue("wild", "nats", json!({"subject": "orders.*", "body": 1}))
+        .await;
+    db.enqueue(
+        "spaced",
+        "nats",
+        json!({"subject": "orders created", "body": 1}),
+    )
+    .await;
+    db.enqueue(
+        "reserved",
+        "nats",
+        json!({"subject": "orders.x", "body": 1, "headers": {"Nats-Expected-Stream": "X"}}),
+    )
+    .await;
+    engine(db.store.clone(), &nats_config(&server))
+        .run_once()
+        .await
+        .unwrap();
+    for (key, says) in [
+        ("wild", "wildcard"),
+        ("spaced", "whitespace"),
+        ("reserved", "reserved"),
+    ] {
+        let i = db.store.find(key).await.unwrap();
+        assert_eq!(i.state, "rejected", "{key}");
+        assert!(
+            i.last_error.as_deref().unwrap_or_default().contains(says),
+            "{key}: {i:?}"
+        );
+    }
+    assert!(messages(&server, "ALL").await.is_empty());
+}
+
+/// A relay published, then died before recording it; another relay takes
+/// the expired lease over.
+async fn published_then_died(db: &TestDb, server: &NatsServer, key: &str, subject: &str) {
+    let claims = db.store.claim("dead-relay", 10, 100, &[]).await.unwrap();
+    assert_eq!(claims.len(), 1);
+    let js = server.jetstream().await;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        async_nats::header::NATS_MESSAGE_ID,
+        message_id(key, 0).as_str(),
+    );
+    js.publish_with_headers(subject.to_string(), headers, "1".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_lost_lease_the_message_is_found_or_republished_inside_the_window() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    stream(&server, "EV", "ev.>", Duration::from_secs(120)).await;
+    let cfg = nats_config(&server);
+
+    // found: the last message on the subject carries the intent's id
+    db.enqueue("found", "nats", json!({"subject": "ev.found", "body": 1}))
+        .await;
+    published_then_died(&db, &server, "found", "ev.found").await;
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let i = db.store.find("found").await.unwrap();
+    assert_eq!(
+        (i.state.as_str(), i.provider_ref.as_deref()),
+        ("delivered", Some("EV:1"))
+    );
+    assert_eq!(
+        messages(&server, "EV").await.len(),
+        1,
+        "found, not republished"
+    );
+
+    // not the last on its subject any more: inside the window the relay
+    // republishes under the same id and JetStream dedupes it
+    db.enqueue("deduped", "nats", json!({"subject": "ev.busy", "body": 1}))
+        .await;
+    published_then_died(&db, &server, "deduped", "ev.busy").await;
+    let js = server.jetstream().await;
+    js.publish("ev.busy", "someone else".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let i = db.store.find("deduped").await.unwrap();
+    assert_eq!(i.state, "delivered", "{i:?}");
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    assert!(attempts.last().unwrap().replayed, "{attempts:?}");
+    let all = messages(&server, "EV").await;
+    let ours: Vec<_> = all
+        .iter()
+        .filter(|m| m.1 == message_id("deduped", 0))
+        .collect();
+    assert_eq!(ours.len(), 1, "exactly one message for the intent: {all:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_duplicate_window_an_unconfirmed_publish_is_parked_not_republished() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    // a window shorter than the time a republish needs to be safe
+    stream(&server, "SHORT", "short.>", Duration::from_secs(1)).await;
+    db.enqueue("late", "nats", json!({"subject": "short.x", "body": 1}))
+        .await;
+    // the dead relay may or may not have published: here it did not
+    db.store.claim("dead-relay", 10, 100, &[]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    engine(db.store.clone(), &nats_config(&server))
+        .run_once()
+        .await
+        .unwrap();
+    let i = db.store.find("late").await.unwrap();
+    assert_eq!(i.state, "ambiguous", "{i:?}");
+    assert!(
+        messages(&server, "SHORT").await.is_empty(),
+        "never republished blind"
+    );
+}
