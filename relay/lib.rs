@@ -29,12 +29,12 @@
 //!   only, optionally behind a bearer token.
 //! - [`cli`]: the `outbox-relay` command.
 //! - [`telemetry`]: logging setup.
-//! - [`bench`]: the reproducible benchmark (`outbox-relay bench`).
 //!
 //! Effects themselves live in the `outbox-providers` crate, which never
-//! touches Postgres; this crate never builds an HTTP request.
+//! touches Postgres; this crate never builds an HTTP request. The benchmark
+//! is a command of its own, `outbox-relay-bench` (bench/), built on this
+//! crate's public API.
 
-pub mod bench;
 pub mod budget;
 pub mod claim;
 pub mod cli;

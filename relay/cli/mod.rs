@@ -77,8 +77,6 @@ enum Command {
     Relays(JsonFlag),
     /// List the configured schedules with their next fire times.
     Schedules(intents::SchedulesArgs),
-    /// Benchmark the engine in a scratch database on this server.
-    Bench(BenchArgs),
     /// Ask a running relay whether it is ready (for container health checks).
     Health(HealthArgs),
 }
@@ -91,57 +89,6 @@ pub struct HealthArgs {
     /// Liveness (/healthz) instead of readiness (/readyz).
     #[arg(long)]
     live: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// Webhook intents to drain.
-    #[arg(long, default_value_t = 20_000)]
-    intents: usize,
-    /// HTTP requests in flight (relay.concurrency).
-    #[arg(long, default_value_t = 16)]
-    in_flight: usize,
-    /// Offered load for the latency measurement, intents per second.
-    #[arg(long, default_value_t = 1000)]
-    latency_rate: u32,
-    #[arg(long, default_value_t = 5)]
-    latency_seconds: u64,
-    /// Relay process counts for the scale-out drain (separate `outbox-relay
-    /// run` processes on the same database); 0 to skip.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-    relays: Vec<usize>,
-    /// How long the receiver takes to answer during the scale-out drains
-    /// (a real endpoint is not instant; with 0 one relay already saturates
-    /// a small machine).
-    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
-    scale_receiver_delay: std::time::Duration,
-    /// Delivered-history sizes at which to EXPLAIN the claim and measure
-    /// claim + complete, e.g. 10000,100000,1000000,5000000 (slow: the rows
-    /// are inserted); empty to skip.
-    #[arg(long, value_delimiter = ',')]
-    history: Vec<u64>,
-    /// Claim batch sizes at which to measure the ceiling as well, e.g.
-    /// 8,16,32,64,100,200: what one claim + complete round costs beyond its
-    /// rows; empty to skip.
-    #[arg(long, value_delimiter = ',')]
-    ceiling_batches: Vec<u32>,
-    /// Intents to queue behind one dead ordering-key head, to measure what
-    /// a blocked key costs the claim and the gauges; 0 to skip.
-    #[arg(long, default_value_t = 100_000)]
-    blocked_backlog: u64,
-    /// Peer job queues to drain the same workload with, in this run and
-    /// against the same receiver, e.g. graphile-worker (needs Node.js 18+;
-    /// see tests/peers/queue-bench); empty to skip.
-    #[arg(long, value_delimiter = ',')]
-    peers: Vec<String>,
-    /// Where the peer scripts are (run-peer.sh).
-    #[arg(long, default_value = "tests/peers/queue-bench")]
-    peers_dir: std::path::PathBuf,
-    /// Keep the scratch database afterwards.
-    #[arg(long)]
-    keep: bool,
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -171,6 +118,16 @@ impl Failure {
             code: 2,
             message: message.into(),
         }
+    }
+
+    /// The process exit code (see the table above).
+    pub fn code(&self) -> u8 {
+        self.code
+    }
+
+    /// What to print after `error: `.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -297,25 +254,7 @@ async fn execute(cli: Cli) -> Outcome {
     if let Command::Health(args) = &cli.command {
         return health(&config, args).await;
     }
-    if std::env::var_os("DATABASE_URL").is_some() && std::env::var_os("DATABASE_URL_FILE").is_some()
-    {
-        return Err(Failure::usage(
-            "both DATABASE_URL and DATABASE_URL_FILE are set; set one",
-        ));
-    }
-    let url_file = match std::env::var("DATABASE_URL_FILE") {
-        Ok(path) if cli.database_url.is_none() => Some(
-            crate::config::read_secret_file("DATABASE_URL_FILE", &path)
-                .map_err(|e| Failure::usage(format!("{e:#}")))?,
-        ),
-        _ => None,
-    };
-    let url = cli
-        .database_url
-        .clone()
-        .or(url_file)
-        .or_else(|| config.database_url.as_ref().map(|s| s.expose().to_string()))
-        .ok_or_else(|| Failure::usage("no database: pass --database-url, set DATABASE_URL (or DATABASE_URL_FILE), or set database_url in the config file"))?;
+    let url = database_url(cli.database_url.clone(), &config)?;
     let connections = config
         .relay
         .max_connections
@@ -338,41 +277,32 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Relays(flag) => fleet::relays(&store, flag.json).await,
         Command::Purge(args) => operate::purge(&store, args).await,
         Command::Schedules(args) => intents::schedules(&store, &config, args).await,
-        Command::Bench(a) => {
-            let args = crate::bench::BenchArgs {
-                intents: a.intents.max(1),
-                in_flight: a.in_flight.clamp(1, 10_000),
-                latency_rate: a.latency_rate.max(1),
-                latency_seconds: a.latency_seconds.max(1),
-                keep: a.keep,
-                relays: a
-                    .relays
-                    .iter()
-                    .filter(|r| **r > 0)
-                    .map(|r| (*r).min(64))
-                    .collect(),
-                scale_receiver_delay: a.scale_receiver_delay,
-                history: a.history.clone(),
-                blocked_backlog: a.blocked_backlog,
-                ceiling_batches: a
-                    .ceiling_batches
-                    .iter()
-                    .filter(|b| **b > 0)
-                    .map(|b| (*b).min(10_000) as i64)
-                    .collect(),
-                peers: a.peers.iter().filter(|p| !p.is_empty()).cloned().collect(),
-                peers_dir: a.peers_dir.clone(),
-            };
-            let report = crate::bench::run(&url, &config, &args).await?;
-            if a.json {
-                output::json(&report);
-            } else {
-                crate::bench::print(&report);
-            }
-            Ok(())
-        }
         Command::Health(_) => unreachable!("answered before connecting"),
     }
+}
+
+/// The database URL a command uses: `flag` (`--database-url`, or
+/// `DATABASE_URL` through clap), else the file `DATABASE_URL_FILE` names,
+/// else `database_url` from the configuration; both variables set, or
+/// none of the three, is bad usage. Public for `outbox-relay-bench`, which
+/// takes the database the way every verb does.
+pub fn database_url(flag: Option<String>, config: &Config) -> Result<String, Failure> {
+    if std::env::var_os("DATABASE_URL").is_some() && std::env::var_os("DATABASE_URL_FILE").is_some()
+    {
+        return Err(Failure::usage(
+            "both DATABASE_URL and DATABASE_URL_FILE are set; set one",
+        ));
+    }
+    let url_file = match std::env::var("DATABASE_URL_FILE") {
+        Ok(path) if flag.is_none() => Some(
+            crate::config::read_secret_file("DATABASE_URL_FILE", &path)
+                .map_err(|e| Failure::usage(format!("{e:#}")))?,
+        ),
+        _ => None,
+    };
+    flag.or(url_file)
+        .or_else(|| config.database_url.as_ref().map(|s| s.expose().to_string()))
+        .ok_or_else(|| Failure::usage("no database: pass --database-url, set DATABASE_URL (or DATABASE_URL_FILE), or set database_url in the config file"))
 }
 
 /// GET /readyz (or /healthz) from a running relay; exit 0 on 200, 1 otherwise.

@@ -1,4 +1,4 @@
-// The webhook drain of `outbox-relay bench`, done by Graphile Worker.
+// The webhook drain of `outbox-relay-bench`, done by Graphile Worker.
 //
 // Environment: DATABASE_URL (a scratch database), HOOK_URL (the bench's
 // receiver), JOBS, CONCURRENCY. Optional tuning: LOCAL_QUEUE_SIZE (default

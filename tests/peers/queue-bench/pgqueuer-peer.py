@@ -1,4 +1,4 @@
-"""The webhook drain of `outbox-relay bench`, done by PgQueuer.
+"""The webhook drain of `outbox-relay-bench`, done by PgQueuer.
 
 Environment: DATABASE_URL (a scratch database), HOOK_URL (the bench's
 receiver), JOBS, CONCURRENCY. Optional tuning: BATCH_SIZE (jobs per dequeue,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/peers/queue-bench/run-peer.sh [--prepare] PEER: run one peer job
-# queue on the bench's workload (see `outbox-relay bench --peers`). The
+# queue on the bench's workload (see `outbox-relay-bench --peers`). The
 # environment (DATABASE_URL, HOOK_URL, JOBS, CONCURRENCY) comes from the
 # bench. With --prepare it only installs and checks what PEER needs (the
 # bench does this before measuring anything).

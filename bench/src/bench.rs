@@ -1,4 +1,5 @@
-//! `outbox-relay bench`: a reproducible benchmark of the real engine.
+//! What `outbox-relay-bench` measures: a reproducible benchmark of the real
+//! engine.
 //!
 //! In a scratch database on the configured server it measures, in one run:
 //! the enqueue rate through `outbox.enqueue` (one per transaction and in
@@ -20,9 +21,10 @@ use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, Executor};
 
-use crate::config::Config;
-use crate::engine::{Batches, Engine, EngineConfig};
-use crate::store::{enqueue, ClaimQuery, Completion, NewIntent, Store};
+use outbox_relay::config::Config;
+use outbox_relay::engine::{Batches, Engine, EngineConfig};
+use outbox_relay::state::{AttemptOutcome, IntentState};
+use outbox_relay::store::{enqueue, ClaimQuery, Completion, NewIntent, Store};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -635,6 +637,7 @@ async fn scale_out_drain(
     run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
     seen.reset();
+    // this binary, run as `outbox-relay` (see crate::RUN_AS_RELAY)
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
     for r in 0..relays {
@@ -643,6 +646,7 @@ async fn scale_out_drain(
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.arg("run")
             .env_clear()
+            .env(crate::RUN_AS_RELAY, "1")
             .env("DATABASE_URL", db_url)
             .env("OUTBOX_RELAY__RELAY__NAME", format!("\"bench-{r}\""))
             .env(
@@ -883,13 +887,13 @@ async fn claim_complete_rate(store: &Store, batch: i64) -> anyhow::Result<f64> {
                 key_generation: c.key_generation,
                 started_at: now,
                 finished_at: now,
-                outcome: crate::state::AttemptOutcome::Delivered,
+                outcome: AttemptOutcome::Delivered,
                 status: Some(200),
                 provider_ref: Some(format!("msg_{}", c.id)),
                 error: None,
                 replayed: false,
                 uncounted: false,
-                state: crate::state::IntentState::Delivered,
+                state: IntentState::Delivered,
                 run_after: None,
                 response: None,
             })

@@ -1,0 +1,188 @@
+//! `outbox-relay-bench`: the reproducible benchmark of the relay, a command
+//! of its own beside the product (the product's library and binary carry
+//! no benchmark). It drives the real engine through the `outbox-relay`
+//! library's public API, in a scratch database on the configured server;
+//! see [`bench`] for what it measures and docs/performance.md for the
+//! figures.
+//!
+//! The scale-out and peer parts start separate relay processes: this binary
+//! runs itself again as the relay (the environment variable
+//! [`RUN_AS_RELAY`] set), and then is exactly `outbox-relay`: its `main`
+//! is the product's entry point, `outbox_relay::cli::main`. So the bench
+//! needs no other binary next to it.
+//!
+//! Exit codes are the `outbox-relay` command's: 0 success, 1 unexpected
+//! error (a peer that failed or lied included), 2 bad usage or invalid
+//! configuration, 5 the database is unreachable.
+
+mod bench;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use outbox_relay::cli::Failure;
+use outbox_relay::config::Config;
+use outbox_relay::store::Store;
+use outbox_relay::telemetry::LogFormat;
+
+/// Set (to anything) in the environment of the relay processes the bench
+/// starts: the binary then runs as `outbox-relay` with its arguments.
+pub const RUN_AS_RELAY: &str = "OUTBOX_RELAY_BENCH_RUN_AS_RELAY";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-relay-bench",
+    version,
+    about = "Benchmark the engine in a scratch database on this server",
+    long_about = None
+)]
+struct Cli {
+    /// Postgres URL; overrides `database_url` in the config file.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// TOML configuration file.
+    #[arg(long, env = "OUTBOX_RELAY_CONFIG", hide_env_values = true)]
+    config: Option<PathBuf>,
+    /// Log format for the daemon's logs (stderr).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// Webhook intents to drain.
+    #[arg(long, default_value_t = 20_000)]
+    intents: usize,
+    /// HTTP requests in flight (relay.concurrency).
+    #[arg(long, default_value_t = 16)]
+    in_flight: usize,
+    /// Offered load for the latency measurement, intents per second.
+    #[arg(long, default_value_t = 1000)]
+    latency_rate: u32,
+    #[arg(long, default_value_t = 5)]
+    latency_seconds: u64,
+    /// Relay process counts for the scale-out drain (separate `outbox-relay
+    /// run` processes on the same database); 0 to skip.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    relays: Vec<usize>,
+    /// How long the receiver takes to answer during the scale-out drains
+    /// (a real endpoint is not instant; with 0 one relay already saturates
+    /// a small machine).
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    scale_receiver_delay: std::time::Duration,
+    /// Delivered-history sizes at which to EXPLAIN the claim and measure
+    /// claim + complete, e.g. 10000,100000,1000000,5000000 (slow: the rows
+    /// are inserted); empty to skip.
+    #[arg(long, value_delimiter = ',')]
+    history: Vec<u64>,
+    /// Claim batch sizes at which to measure the ceiling as well, e.g.
+    /// 8,16,32,64,100,200: what one claim + complete round costs beyond its
+    /// rows; empty to skip.
+    #[arg(long, value_delimiter = ',')]
+    ceiling_batches: Vec<u32>,
+    /// Intents to queue behind one dead ordering-key head, to measure what
+    /// a blocked key costs the claim and the gauges; 0 to skip.
+    #[arg(long, default_value_t = 100_000)]
+    blocked_backlog: u64,
+    /// Peer job queues to drain the same workload with, in this run and
+    /// against the same receiver, e.g. graphile-worker (needs Node.js 18+;
+    /// see tests/peers/queue-bench); empty to skip.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Where the peer scripts are (run-peer.sh).
+    #[arg(long, default_value = "tests/peers/queue-bench")]
+    peers_dir: std::path::PathBuf,
+    /// Keep the scratch database afterwards.
+    #[arg(long)]
+    keep: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    if std::env::var_os(RUN_AS_RELAY).is_some() {
+        return outbox_relay::cli::main();
+    }
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            let code = match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
+                _ => 2,
+            };
+            return ExitCode::from(code);
+        }
+    };
+    outbox_relay::telemetry::init(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(execute(cli));
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {}", f.message());
+            ExitCode::from(f.code())
+        }
+    }
+}
+
+async fn execute(cli: Cli) -> Result<(), Failure> {
+    let config = Config::load(cli.config.as_deref(), std::env::vars())
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let url = outbox_relay::cli::database_url(cli.database_url.clone(), &config)?;
+    // the server answers (and the URL is one) before anything is measured
+    let connections = config
+        .relay
+        .max_connections
+        .unwrap_or(config.relay.concurrency / 8 + 4);
+    let store = Store::connect(&url, connections).await?;
+    let a = cli.bench;
+    let args = bench::BenchArgs {
+        intents: a.intents.max(1),
+        in_flight: a.in_flight.clamp(1, 10_000),
+        latency_rate: a.latency_rate.max(1),
+        latency_seconds: a.latency_seconds.max(1),
+        keep: a.keep,
+        relays: a
+            .relays
+            .iter()
+            .filter(|r| **r > 0)
+            .map(|r| (*r).min(64))
+            .collect(),
+        scale_receiver_delay: a.scale_receiver_delay,
+        history: a.history.clone(),
+        blocked_backlog: a.blocked_backlog,
+        ceiling_batches: a
+            .ceiling_batches
+            .iter()
+            .filter(|b| **b > 0)
+            .map(|b| (*b).min(10_000) as i64)
+            .collect(),
+        peers: a.peers.iter().filter(|p| !p.is_empty()).cloned().collect(),
+        peers_dir: a.peers_dir.clone(),
+    };
+    let report = bench::run(&url, &config, &args).await?;
+    drop(store);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("serializable")
+        );
+    } else {
+        bench::print(&report);
+    }
+    Ok(())
+}

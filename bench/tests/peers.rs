@@ -1,0 +1,220 @@
+//! `outbox-relay-bench` through its binary, against the test server: the
+//! plumbing and the integrity checks of the instrument, never its figures.
+//! (The product's own suite is tests/it at the repository root; this test
+//! needs the bench binary, which only this package's tests are given.)
+
+use serde_json::Value;
+
+/// The server the bench creates its scratch databases on.
+fn admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+    }
+}
+
+/// Run `outbox-relay-bench ARGS` against `server` with the test environment of the relay's
+/// CLI tests (loopback webhooks allowed, metrics on a free port) and `env`.
+async fn bench_env(server: &str, args: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay-bench"));
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .env(
+            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
+            "[\"127.0.0.0/8\"]",
+        )
+        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
+        .env("RUST_LOG", "warn")
+        .env("DATABASE_URL", server);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("run outbox-relay-bench");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// `--peers`: the harness runs a peer through its run-peer.sh with
+/// the workload in its environment, reads the peer's result line, and
+/// believes it only when the receiver saw every job's request. (Plumbing
+/// and integrity only: the figures are the benchmark's business.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_peers_are_checked_against_the_receiver() {
+    let dir = std::env::temp_dir().join(format!(
+        "outbox-relay-test-peers-{}-{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let python = std::env::var("OUTBOX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    std::fs::write(
+        dir.join("run-peer.sh"),
+        format!(
+            "if [ \"$1\" = --prepare ]; then\n\
+             [ \"$2\" = broken ] && {{ echo 'broken peer: needs a frobnicator' >&2; exit 1; }}\n\
+             exit 0\nfi\nexec '{python}' \"$(dirname \"$0\")/$1-peer.py\"\n"
+        ),
+    )
+    .unwrap();
+    // sends `share` of the jobs, one request each, and reports all done
+    let peer = |share: &str| {
+        format!(
+            r#"import json, os, time, urllib.request
+jobs = int(os.environ["JOBS"])
+assert int(os.environ["CONCURRENCY"]) > 0 and os.environ["DATABASE_URL"].startswith("postgres")
+start = time.time()
+for i in range(int(jobs * {share})):
+    req = urllib.request.Request(os.environ["HOOK_URL"], data=b"{{}}", method="POST",
+                                 headers={{"webhook-id": "job_%d" % i}})
+    urllib.request.urlopen(req).read()
+print("a line before the result")
+print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (time.time() - start + 1e-3)}}))
+"#
+        )
+    };
+    std::fs::write(dir.join("honest-peer.py"), peer("1")).unwrap();
+    std::fs::write(dir.join("liar-peer.py"), peer("0.5")).unwrap();
+    std::fs::write(dir.join("broken-peer.py"), peer("1")).unwrap();
+    let peers_dir = dir.to_str().unwrap();
+    let server = admin_url();
+    let bench = |peers: &'static str| {
+        let server = server.clone();
+        async move {
+            bench_env(
+                &server,
+                &[
+                    "--intents",
+                    "20",
+                    "--relays",
+                    "0",
+                    "--latency-rate",
+                    "20",
+                    "--latency-seconds",
+                    "1",
+                    "--ceiling-batches",
+                    "7,20",
+                    "--blocked-backlog",
+                    "2000",
+                    "--json",
+                    "--peers",
+                    peers,
+                    "--peers-dir",
+                    peers_dir,
+                ],
+                // the purge of the bench's 100k history rows without pauses
+                &[
+                    ("OUTBOX_RELAY__RETENTION__BATCH_PAUSE", "\"0s\""),
+                    ("OUTBOX_RELAY__RETENTION__BATCH_SIZE", "20000"),
+                ],
+            )
+            .await
+        }
+    };
+
+    let out = bench("honest").await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let report = out.json();
+    let peer = &report["peers"][0];
+    assert_eq!(peer["peer"], "honest");
+    assert_eq!(peer["version"], "test");
+    assert_eq!(peer["requests"], 20);
+    assert_eq!(peer["duplicate_requests"], 0);
+    assert!(peer["drain_per_s"].as_f64().unwrap() > 0.0, "{peer}");
+    // the drain's statements: every intent claimed once and completed once
+    let batches = &report["drain_batches"];
+    assert_eq!(batches["claimed"], 20, "{report}");
+    assert_eq!(batches["written"], 20, "{report}");
+    let claims = batches["claims"].as_f64().unwrap();
+    assert!(claims >= 1.0, "{report}");
+    assert_eq!(
+        report["drain_intents_per_claim"].as_f64().unwrap(),
+        20.0 / claims
+    );
+    // the ceiling again at each batch size asked for, every intent claimed and completed
+    let by_batch = report["ceiling_by_batch"].as_array().unwrap();
+    let batches: Vec<i64> = by_batch
+        .iter()
+        .map(|c| c["batch"].as_i64().unwrap())
+        .collect();
+    assert_eq!(batches, [7, 20], "{report}");
+    for c in by_batch {
+        let per_s = c["per_s"].as_f64().unwrap();
+        let expected = c["batch"].as_f64().unwrap() / per_s * 1000.0;
+        assert!(
+            per_s > 0.0 && (c["round_ms"].as_f64().unwrap() - expected).abs() < 1e-9 * expected,
+            "{c}"
+        );
+    }
+    // a key blocked by a dead head: its backlog stays out of the claim
+    let blocked = &report["blocked_backlog"];
+    assert_eq!(blocked["behind"], 2000, "{report}");
+    let alone = blocked["claim_buffers_alone"].as_u64().unwrap();
+    let beside = blocked["claim_buffers_beside"].as_u64().unwrap();
+    assert!(alone > 0 && beside < alone * 3 / 2, "{blocked}");
+    assert!(blocked["ratio"].as_f64().unwrap() > 0.0, "{blocked}");
+    // the relay drains the same workload before and after the peer, seen by the same receiver
+    let relay_runs = report["relay_runs"].as_array().unwrap();
+    assert_eq!(relay_runs.len(), 2, "{report}");
+    for run in relay_runs {
+        assert_eq!(run["requests"], 20);
+        assert_eq!(run["duplicate_requests"], 0);
+    }
+    let relay = (relay_runs[0]["drain_per_s"].as_f64().unwrap()
+        + relay_runs[1]["drain_per_s"].as_f64().unwrap())
+        / 2.0;
+    let speedup = peer["relay_speedup"].as_f64().unwrap();
+    let expected = relay / peer["drain_per_s"].as_f64().unwrap();
+    assert!(
+        (speedup - expected).abs() < 1e-9 * expected,
+        "{speedup} vs {expected}"
+    );
+
+    let out = bench("liar").await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains("receiver saw 10 distinct requests for 20 jobs"),
+        "{}",
+        out.stderr
+    );
+
+    // a peer that cannot run here is refused before anything is measured, saying why
+    let out = bench("broken").await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("broken peer: needs a frobnicator"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("peer broken cannot run here"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("bench: enqueue"), "{}", out.stderr);
+
+    // a peer that does not exist is refused before anything is measured
+    let out = bench("nosuch").await;
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("unknown peer \"nosuch\""),
+        "{}",
+        out.stderr
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
