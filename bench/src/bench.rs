@@ -331,7 +331,7 @@ async fn measure(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let engine = Engine::new(
         store.clone(),
-        crate::engine::providers(&cfg)?,
+        outbox_relay::engine::providers(&cfg)?,
         EngineConfig::from_config(&cfg),
     );
     let batches = engine.batch_counts();
