@@ -16,6 +16,10 @@
 //! configuration, 5 the database is unreachable.
 
 mod bench;
+mod drains;
+mod receiver;
+mod report;
+mod sql;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

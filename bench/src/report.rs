@@ -1,0 +1,324 @@
+//! The figures of one run ([`Report`]), as `--json` prints them, and the
+//! text tables ([`print`]).
+
+use outbox_relay::engine::Batches;
+
+/// Claim + complete cost beside `history_rows` delivered intents.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HistoryPoint {
+    pub history_rows: u64,
+    pub claim_complete_per_s: f64,
+    /// Over the smallest history of this run.
+    pub relative: f64,
+    /// EXPLAIN (ANALYZE, BUFFERS) of one claim of 100.
+    pub claim_plan: Vec<String>,
+}
+
+/// What a key blocked by a dead head costs the claim: the same claim +
+/// complete rounds (batches of 100, no network) with and without
+/// `behind` intents queued behind the dead head, and the blocked-keys
+/// gauge query beside them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BlockedBacklog {
+    pub behind: u64,
+    /// Milliseconds per claim + complete round of 100, empty backlog.
+    pub round_ms_alone: f64,
+    /// The same beside the blocked backlog.
+    pub round_ms_beside: f64,
+    pub ratio: f64,
+    /// Shared buffers one claim of 100 reads with no backlog, and beside
+    /// it (the rows claimed cost the same either way; a claim that walked
+    /// the backlog would read it too).
+    pub claim_buffers_alone: u64,
+    pub claim_buffers_beside: u64,
+    /// The gauge refresh (counts, oldest due, blocked keys) beside it:
+    /// counting the pending backlog is its part that grows with it.
+    pub gauges_ms: f64,
+    /// The blocked-keys query of that refresh alone.
+    pub blocked_keys_ms: f64,
+}
+
+/// One scale-out drain: `relays` processes on one database.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScaleOut {
+    pub relays: usize,
+    pub drain_per_s: f64,
+    /// Over the drain with the fewest relays in this run.
+    pub speedup: f64,
+    pub requests: u64,
+    pub duplicate_requests: u64,
+    pub attempts: i64,
+    /// The largest peak RSS among the relay processes.
+    pub relay_peak_rss_mb: f64,
+}
+
+/// One peer job queue's drain of the same workload, against the same
+/// receiver and Postgres server, in the same run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PeerRun {
+    pub peer: String,
+    pub version: String,
+    pub drain_per_s: f64,
+    /// outbox-relay's drain (one `run` process, the mean of the runs just
+    /// before and just after this peer's) over this peer's.
+    pub relay_speedup: f64,
+    pub requests: u64,
+    pub duplicate_requests: u64,
+    /// Everything the peer script reported (its tuning included).
+    pub reported: serde_json::Value,
+}
+
+/// The ceiling at one claim batch size.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CeilingPoint {
+    pub batch: i64,
+    pub per_s: f64,
+    /// Time per claim + complete round over the rows it carries, from the
+    /// rate: `batch / per_s`.
+    pub round_ms: f64,
+}
+
+/// One `outbox-relay run` process draining the workload the peers drain.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RelayRun {
+    pub drain_per_s: f64,
+    pub requests: u64,
+    pub duplicate_requests: u64,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub intents: usize,
+    pub in_flight: usize,
+    pub enqueue_single_per_s: f64,
+    pub plain_insert_single_per_s: f64,
+    pub enqueue_cost_ratio: f64,
+    pub enqueue_batched_per_s: f64,
+    /// 100 rows per statement: `outbox.enqueue` called once per row of an
+    /// `unnest` of arrays, one round trip and one commit per 100.
+    pub enqueue_statement_per_s: f64,
+    pub ceiling_per_s: f64,
+    /// The claim size of the ceiling: the relay's `batch_size`.
+    pub ceiling_batch: i64,
+    /// The ceiling again at each of `--ceiling-batches`.
+    pub ceiling_by_batch: Vec<CeilingPoint>,
+    pub drain_per_s: f64,
+    pub drain_ceiling_ratio: f64,
+    /// The drain's claim and completion statements and the intents they
+    /// carried.
+    pub drain_batches: Batches,
+    pub drain_intents_per_claim: f64,
+    pub drain_completions_per_write: f64,
+    pub latency_offered_per_s: u32,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    /// Drain rate of the same workload while 100k delivered rows are purged
+    /// in batches at the same time, over a drain of the same workload
+    /// beside that history without purging (measured in this run).
+    pub drain_beside_history_per_s: f64,
+    pub drain_during_purge_per_s: f64,
+    pub purge_impact_ratio: f64,
+    pub purged_rows: u64,
+    pub purge_rows_per_s: f64,
+    pub peak_rss_mb: f64,
+    pub scale_receiver_delay_ms: u64,
+    pub scale_out: Vec<ScaleOut>,
+    pub history: Vec<HistoryPoint>,
+    pub blocked_backlog: Option<BlockedBacklog>,
+    /// One `outbox-relay run` process draining the workload the peers
+    /// drain, receiver answering at once: before the first peer, and after
+    /// each (empty when no peer was asked for).
+    pub relay_runs: Vec<RelayRun>,
+    pub peers: Vec<PeerRun>,
+}
+
+pub fn print(r: &Report) {
+    println!(
+        "outbox-relay bench: {} webhook intents, {} in flight, attempt history on",
+        r.intents, r.in_flight
+    );
+    println!();
+    let rows = [
+        (
+            "enqueue, 1 per transaction",
+            format!("{:.0}/s", r.enqueue_single_per_s),
+        ),
+        (
+            "plain INSERT, 1 per transaction",
+            format!("{:.0}/s", r.plain_insert_single_per_s),
+        ),
+        (
+            "  enqueue cost vs plain INSERT",
+            format!("{:.2}x", r.enqueue_cost_ratio),
+        ),
+        (
+            "enqueue, 100 per transaction",
+            format!("{:.0}/s", r.enqueue_batched_per_s),
+        ),
+        (
+            "enqueue, 100 per statement (unnest)",
+            format!("{:.0}/s", r.enqueue_statement_per_s),
+        ),
+        (
+            "ceiling (claim+complete SQL, no network)",
+            format!("{:.0}/s in claims of {}", r.ceiling_per_s, r.ceiling_batch),
+        ),
+        ("drain, end to end", format!("{:.0}/s", r.drain_per_s)),
+        (
+            "  drain / ceiling",
+            format!("{:.0}%", r.drain_ceiling_ratio * 100.0),
+        ),
+        (
+            "  intents per claim / per completion write",
+            format!(
+                "{:.1} / {:.1} ({} claims, {} writes)",
+                r.drain_intents_per_claim,
+                r.drain_completions_per_write,
+                r.drain_batches.claims,
+                r.drain_batches.writes
+            ),
+        ),
+        (
+            "latency enqueue→delivered",
+            format!(
+                "p50 {:.1} ms, p99 {:.1} ms at {}/s offered",
+                r.latency_p50_ms, r.latency_p99_ms, r.latency_offered_per_s
+            ),
+        ),
+        (
+            "enqueue+drain beside 100k history rows",
+            format!("{:.0}/s", r.drain_beside_history_per_s),
+        ),
+        (
+            "  same, while the paced purge runs",
+            format!("{:.0}/s", r.drain_during_purge_per_s),
+        ),
+        (
+            "  during purge / beside history",
+            format!("{:.2}x", r.purge_impact_ratio),
+        ),
+        (
+            "  purge",
+            format!("{} rows at {:.0}/s", r.purged_rows, r.purge_rows_per_s),
+        ),
+        (
+            "peak RSS (relay and receiver)",
+            format!("{:.0} MB", r.peak_rss_mb),
+        ),
+    ];
+    for (k, v) in rows {
+        println!("{k:<42} {v}");
+    }
+    if !r.ceiling_by_batch.is_empty() {
+        println!();
+        println!("ceiling by claim batch size (claim + complete, no network)");
+        println!("{:<8} {:>12} {:>16}", "batch", "intents/s", "ms per round");
+        for c in &r.ceiling_by_batch {
+            println!("{:<8} {:>12.0} {:>16.2}", c.batch, c.per_s, c.round_ms);
+        }
+    }
+    if !r.history.is_empty() {
+        println!();
+        println!("history: claim + complete (batches of 100, no network) beside delivered history");
+        println!(
+            "{:<14} {:>16} {:>9}",
+            "history rows", "claim+complete/s", "relative"
+        );
+        for h in &r.history {
+            println!(
+                "{:<14} {:>16.0} {:>8.2}x",
+                h.history_rows, h.claim_complete_per_s, h.relative
+            );
+        }
+        for h in [r.history.first(), r.history.last()].into_iter().flatten() {
+            println!();
+            println!("claim plan beside {} history rows:", h.history_rows);
+            for line in &h.claim_plan {
+                println!("  {line}");
+            }
+            if r.history.len() == 1 {
+                break;
+            }
+        }
+    }
+    if let Some(b) = &r.blocked_backlog {
+        println!();
+        println!(
+            "blocked key: claim + complete of 100 (no network) beside {} intents behind one dead head",
+            b.behind
+        );
+        println!(
+            "  {:.2} ms per round alone, {:.2} ms beside ({:.2}x); a claim reads {} buffers alone, {} beside",
+            b.round_ms_alone,
+            b.round_ms_beside,
+            b.ratio,
+            b.claim_buffers_alone,
+            b.claim_buffers_beside,
+        );
+        println!(
+            "  gauge refresh {:.1} ms (counting the backlog), of which the blocked-keys query {:.2} ms",
+            b.gauges_ms, b.blocked_keys_ms
+        );
+    }
+    if !r.scale_out.is_empty() {
+        println!();
+        println!(
+            "scale-out: separate relay processes, {} in flight each, same database, receiver answering in {} ms",
+            r.in_flight, r.scale_receiver_delay_ms
+        );
+        println!(
+            "{:<8} {:>10} {:>9} {:>10} {:>11} {:>9} {:>14}",
+            "relays", "drain/s", "speedup", "requests", "duplicates", "attempts", "relay RSS MB"
+        );
+        for s in &r.scale_out {
+            println!(
+                "{:<8} {:>10.0} {:>8.2}x {:>10} {:>11} {:>9} {:>14.0}",
+                s.relays,
+                s.drain_per_s,
+                s.speedup,
+                s.requests,
+                s.duplicate_requests,
+                s.attempts,
+                s.relay_peak_rss_mb
+            );
+        }
+    }
+    if !r.peers.is_empty() {
+        println!();
+        println!(
+            "peers: the same {} webhooks, {} in flight, same receiver answering at once, same Postgres server",
+            r.intents, r.in_flight
+        );
+        println!(
+            "{:<34} {:>10} {:>10} {:>11} {:>17}",
+            "queue", "drain/s", "requests", "duplicates", "outbox-relay is"
+        );
+        let relay_row = |run: &RelayRun| {
+            println!(
+                "{:<34} {:>10.0} {:>10} {:>11}",
+                "outbox-relay (one `run` process)",
+                run.drain_per_s,
+                run.requests,
+                run.duplicate_requests
+            );
+        };
+        for (i, p) in r.peers.iter().enumerate() {
+            if let Some(run) = r.relay_runs.get(i) {
+                relay_row(run);
+            }
+            println!(
+                "{:<34} {:>10.0} {:>10} {:>11} {:>16.2}x",
+                format!("{} {}", p.peer, p.version),
+                p.drain_per_s,
+                p.requests,
+                p.duplicate_requests,
+                p.relay_speedup
+            );
+        }
+        if let Some(run) = r.relay_runs.last() {
+            relay_row(run);
+        }
+        println!("(each peer against the mean of the relay runs just before and after it)");
+    }
+}

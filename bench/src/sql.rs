@@ -1,0 +1,296 @@
+//! The bench's own SQL beside the engine's: claim + complete rounds with no
+//! network (the ceiling), enqueueing workloads, the blocked-key and history
+//! measurements, and the wait for delivery.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use outbox_relay::state::{AttemptOutcome, IntentState};
+use outbox_relay::store::{enqueue, ClaimQuery, Completion, NewIntent, Store};
+
+use crate::report::{BlockedBacklog, HistoryPoint};
+
+/// Claim + complete rounds of 100 over 5,000 fresh intents, in ms per
+/// round; then the same beside `behind` intents queued behind one dead
+/// ordering-key head (enqueued through `outbox.enqueue`, as an application
+/// would). Before waiting intents were kept out of the claim index, every
+/// claim walked that backlog.
+pub(crate) async fn blocked_backlog(
+    store: &Store,
+    behind: u64,
+    payload: &impl Fn(usize) -> serde_json::Value,
+) -> anyhow::Result<Option<BlockedBacklog>> {
+    if behind == 0 {
+        return Ok(None);
+    }
+    let buffers = |plan: Vec<String>| {
+        plan.iter()
+            .find_map(|l| l.trim().strip_prefix("Buffers: shared hit="))
+            .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    enqueue_batched(store, 5_000, "unblocked", payload).await?;
+    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    let claim_buffers_alone = buffers(store.explain_claim(100).await?);
+    let alone = 100.0 / claim_complete_rate(store, 100).await? * 1000.0;
+    eprintln!("bench: blocked backlog: {behind} intents behind one dead ordering-key head");
+    sqlx::query(
+        "SELECT outbox.enqueue('blocked-head', 'webhook', '{\"url\": \"http://127.0.0.1:9/\", \"body\": 0}',
+                               NULL, now(), 'blocked')",
+    )
+    .execute(store.pool())
+    .await?;
+    run_sql(
+        store,
+        "UPDATE outbox.intents SET state = 'dead' WHERE key = 'blocked-head'",
+    )
+    .await?;
+    let mut queued = 0u64;
+    while queued < behind {
+        let chunk = (behind - queued).min(10_000);
+        sqlx::query(
+            "SELECT outbox.enqueue('blocked-' || g, 'webhook',
+                                   jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', g),
+                                   NULL, now(), 'blocked')
+               FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) g",
+        )
+        .bind(queued as i64)
+        .bind(chunk as i64)
+        .execute(store.pool())
+        .await?;
+        queued += chunk;
+    }
+    enqueue_batched(store, 5_000, "beside", payload).await?;
+    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    let claim_buffers_beside = buffers(store.explain_claim(100).await?);
+    let t = Instant::now();
+    store.stats_for_gauges().await?;
+    let gauges_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let t = Instant::now();
+    store.blocked_ordering_keys().await?;
+    let blocked_keys_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let rate = claim_complete_rate(store, 100).await?;
+    let beside = 100.0 / rate * 1000.0;
+    Ok(Some(BlockedBacklog {
+        behind,
+        round_ms_alone: alone,
+        round_ms_beside: beside,
+        ratio: beside / alone,
+        claim_buffers_alone,
+        claim_buffers_beside,
+        gauges_ms,
+        blocked_keys_ms,
+    }))
+}
+
+/// Grow the delivered history (intents and their attempt rows) to each size
+/// in turn; at each, EXPLAIN one claim and measure claim + complete of
+/// 5,000 fresh intents. Flat figures mean history costs the hot path nothing.
+pub(crate) async fn history_scale(
+    store: &Store,
+    sizes: &[u64],
+    payload: &impl Fn(usize) -> serde_json::Value,
+) -> anyhow::Result<Vec<HistoryPoint>> {
+    let mut points: Vec<HistoryPoint> = Vec::new();
+    if sizes.is_empty() {
+        return Ok(points);
+    }
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    let mut sizes = sizes.to_vec();
+    sizes.sort_unstable();
+    let mut have: u64 = 0;
+    for (round, &size) in sizes.iter().enumerate() {
+        eprintln!("bench: history: growing delivered history to {size} rows");
+        while have < size {
+            let chunk = (size - have).min(250_000);
+            sqlx::query(
+                "WITH h AS (
+                     INSERT INTO outbox.intents (key, kind, payload, state, attempts, fence,
+                                                 provider_ref, delivered_at, updated_at, created_at)
+                     SELECT 'history-' || g, 'webhook',
+                            jsonb_build_object('url', 'http://127.0.0.1:9/hook', 'body',
+                                               jsonb_build_object('order_id', g, 'note', repeat('x', 200))),
+                            'delivered', 1, 1, 'msg_' || g,
+                            now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+                       FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) g
+                     RETURNING id)
+                 INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at,
+                                              finished_at, outcome, status, provider_ref)
+                 SELECT id, 1, 1, 'history', now() - interval '1 day', now() - interval '1 day',
+                        'delivered', 200, 'msg_' || id FROM h",
+            )
+            .bind(have as i64)
+            .bind(chunk as i64)
+            .execute(store.pool())
+            .await?;
+            have += chunk;
+        }
+        run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+        run_sql(store, "VACUUM ANALYZE outbox.attempts").await?;
+        let prefix = format!("fresh{round}");
+        enqueue_batched(store, 5_000, &prefix, payload).await?;
+        let plan = store.explain_claim(100).await?;
+        let rate = claim_complete_rate(store, 100).await?;
+        let relative = points
+            .first()
+            .map_or(1.0, |p| rate / p.claim_complete_per_s);
+        points.push(HistoryPoint {
+            history_rows: size,
+            claim_complete_per_s: rate,
+            relative,
+            claim_plan: plan,
+        });
+        // the fresh intents join the history
+        have += 5_000;
+    }
+    Ok(points)
+}
+
+/// Claim everything due in batches of `batch` and complete each batch as
+/// delivered, as the engine does (its claim statement, one per relay), with
+/// no network call: the rate at which this database runs the engine's own
+/// SQL. Returns intents per second.
+pub(crate) async fn claim_complete_rate(store: &Store, batch: i64) -> anyhow::Result<f64> {
+    let query = ClaimQuery::new(batch, &[]);
+    let t = Instant::now();
+    let mut done = 0;
+    loop {
+        let claims = store
+            .claim_with(&query, "bench-ceiling", batch, 60_000)
+            .await?;
+        if claims.is_empty() {
+            break;
+        }
+        let now = Utc::now();
+        let batch: Vec<Completion> = claims
+            .iter()
+            .map(|c| Completion {
+                id: c.id,
+                kind: c.kind.clone(),
+                delivered_before: false,
+                operator_replay: false,
+                fence: c.fence,
+                attempt: c.attempt,
+                key_generation: c.key_generation,
+                started_at: now,
+                finished_at: now,
+                outcome: AttemptOutcome::Delivered,
+                status: Some(200),
+                provider_ref: Some(format!("msg_{}", c.id)),
+                error: None,
+                replayed: false,
+                uncounted: false,
+                state: IntentState::Delivered,
+                run_after: None,
+                response: None,
+            })
+            .collect();
+        done += store
+            .complete("bench-ceiling", &batch)
+            .await?
+            .accepted
+            .len();
+    }
+    Ok(done as f64 / t.elapsed().as_secs_f64())
+}
+
+pub(crate) async fn enqueue_batched(
+    store: &Store,
+    n: usize,
+    prefix: &str,
+    payload: &impl Fn(usize) -> serde_json::Value,
+) -> anyhow::Result<()> {
+    for rows in hundreds(n) {
+        let mut tx = store.pool().begin().await?;
+        for j in rows {
+            enqueue(
+                &mut *tx,
+                &NewIntent::new(format!("{prefix}-{j}"), "webhook", payload(j)),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// Run one statement that returns nothing (the bench's TRUNCATEs and VACUUMs).
+pub(crate) async fn run_sql(store: &Store, statement: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(statement)
+        .execute(store.pool())
+        .await
+        .map(|_| ())
+}
+
+/// `0..n` in consecutive ranges of 100 (the last may be shorter).
+pub(crate) fn hundreds(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..n).step_by(100).map(move |i| i..(i + 100).min(n))
+}
+
+/// Enqueue `n` intents 100 per statement: the arrays go in one round trip
+/// and `outbox.enqueue` runs once per row (what an application that has many
+/// intents at once should do).
+pub(crate) async fn enqueue_statements(
+    store: &Store,
+    n: usize,
+    prefix: &str,
+    payload: &impl Fn(usize) -> serde_json::Value,
+) -> anyhow::Result<()> {
+    for range in hundreds(n) {
+        let keys: Vec<String> = range.clone().map(|j| format!("{prefix}-{j}")).collect();
+        let payloads: Vec<serde_json::Value> = range.map(payload).collect();
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT e.id FROM unnest($1::text[], $2::jsonb[]) AS u(key, payload)
+                     CROSS JOIN LATERAL outbox.enqueue(u.key, 'webhook', u.payload) e",
+        )
+        .bind(&keys)
+        .bind(&payloads)
+        .fetch_all(store.pool())
+        .await?;
+        anyhow::ensure!(
+            ids.len() == keys.len(),
+            "enqueue returned {} ids for {} keys",
+            ids.len(),
+            keys.len()
+        );
+    }
+    Ok(())
+}
+
+/// Wait until `n` intents whose key starts with `prefix` are delivered.
+/// Polls for open (pending or claimed) intents, which reads only those rows
+/// through the partial indexes, and counts the delivered ones only when
+/// none is open: the watching must not load the database it measures.
+pub(crate) async fn wait_delivered(store: &Store, prefix: &str, n: i64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let open: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox.intents
+                             WHERE state = 'pending' AND key LIKE $1 || '%')
+                 OR EXISTS (SELECT 1 FROM outbox.intents
+                             WHERE state = 'claimed' AND key LIKE $1 || '%')",
+        )
+        .bind(prefix)
+        .fetch_one(store.pool())
+        .await?;
+        if !open {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM outbox.intents WHERE state = 'delivered' AND key LIKE $1 || '%'",
+            )
+            .bind(prefix)
+            .fetch_one(store.pool())
+            .await?;
+            if done >= n {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("only {done} of {n} delivered after 10 minutes");
+            }
+        } else if Instant::now() > deadline {
+            anyhow::bail!("intents still open after 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
