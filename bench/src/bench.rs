@@ -29,8 +29,8 @@ use crate::receiver::{peak_rss_mb, receiver};
 pub use crate::report::print;
 use crate::report::{CeilingPoint, Report, ScaleOut};
 use crate::sql::{
-    blocked_backlog, claim_complete_rate, enqueue_batched, enqueue_statements, history_scale,
-    run_sql, wait_delivered,
+    blocked_backlog, claim_complete_rate, enqueue_batched, enqueue_many_statements,
+    enqueue_statements, history_scale, run_sql, wait_delivered,
 };
 
 /// What to run.
@@ -171,6 +171,12 @@ async fn measure(
         "bench: ceiling: claim + fenced complete + attempt rows in claims of {ceiling_batch}, no network ({n})"
     );
     let ceiling = claim_complete_rate(store, ceiling_batch).await?;
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+
+    eprintln!("bench: enqueue with outbox.enqueue_many, 1000 per statement ({n})");
+    let t = Instant::now();
+    enqueue_many_statements(store, n, 1000, "many", &payload).await?;
+    let enqueue_many_rate = n as f64 / t.elapsed().as_secs_f64();
     run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     let mut ceiling_by_batch = Vec::new();
     for &batch in &args.ceiling_batches {
@@ -335,6 +341,7 @@ async fn measure(
         enqueue_cost_ratio: plain_single / enqueue_single,
         enqueue_batched_per_s: enqueue_batched_rate,
         enqueue_statement_per_s: enqueue_statement_rate,
+        enqueue_many_per_s: enqueue_many_rate,
         ceiling_per_s: ceiling,
         ceiling_batch,
         ceiling_by_batch,

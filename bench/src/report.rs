@@ -98,6 +98,9 @@ pub struct Report {
     /// 100 rows per statement: `outbox.enqueue` called once per row of an
     /// `unnest` of arrays, one round trip and one commit per 100.
     pub enqueue_statement_per_s: f64,
+    /// 1,000 rows per statement through `outbox.enqueue_many` (the bulk
+    /// API), one commit per statement.
+    pub enqueue_many_per_s: f64,
     pub ceiling_per_s: f64,
     /// The claim size of the ceiling: the relay's `batch_size`.
     pub ceiling_batch: i64,
@@ -159,6 +162,10 @@ pub fn print(r: &Report) {
         (
             "enqueue, 100 per statement (unnest)",
             format!("{:.0}/s", r.enqueue_statement_per_s),
+        ),
+        (
+            "enqueue_many, 1000 per statement",
+            format!("{:.0}/s", r.enqueue_many_per_s),
         ),
         (
             "ceiling (claim+complete SQL, no network)",

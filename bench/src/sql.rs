@@ -259,6 +259,39 @@ pub(crate) async fn enqueue_statements(
     Ok(())
 }
 
+/// Enqueue `n` webhook intents with `outbox.enqueue_many`, `per` rows a
+/// statement (each its own commit): the set-based bulk API.
+pub(crate) async fn enqueue_many_statements(
+    store: &Store,
+    n: usize,
+    per: usize,
+    prefix: &str,
+    payload: &impl Fn(usize) -> serde_json::Value,
+) -> anyhow::Result<()> {
+    let mut start = 0;
+    while start < n {
+        let end = (start + per).min(n);
+        let keys: Vec<String> = (start..end).map(|j| format!("{prefix}-{j}")).collect();
+        let kinds = vec!["webhook"; keys.len()];
+        let payloads: Vec<serde_json::Value> = (start..end).map(payload).collect();
+        let rows: Vec<(i32, i64, bool)> =
+            sqlx::query_as("SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3)")
+                .bind(&keys)
+                .bind(&kinds)
+                .bind(&payloads)
+                .fetch_all(store.pool())
+                .await?;
+        anyhow::ensure!(
+            rows.len() == keys.len() && rows.iter().all(|r| !r.2),
+            "enqueue_many answered {} rows for {} new keys",
+            rows.len(),
+            keys.len()
+        );
+        start = end;
+    }
+    Ok(())
+}
+
 /// Wait until `n` intents whose key starts with `prefix` are delivered.
 /// Polls for open (pending or claimed) intents, which reads only those rows
 /// through the partial indexes, and counts the delivered ones only when

@@ -129,6 +129,11 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
     let out = bench("honest").await;
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let report = out.json();
+    // the bulk API measured: every key new, one statement per 1,000
+    assert!(
+        report["enqueue_many_per_s"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
     let peer = &report["peers"][0];
     assert_eq!(peer["peer"], "honest");
     assert_eq!(peer["version"], "test");
