@@ -10,6 +10,14 @@ use crate::common::{config, engine, wait_for, Receiver, Reply, TestDb};
 use outbox_providers::Secret;
 use serde_json::json;
 
+/// The test configuration with charges against the Stripe fake.
+fn charge_config(stripe: &crate::common::stripe::Running) -> outbox_relay::config::Config {
+    let mut cfg = config();
+    cfg.charge.api_key = Some(Secret::new(API_KEY));
+    cfg.charge.api_base = stripe.base.clone();
+    cfg
+}
+
 /// `run --once` must return: a wedged completer never lets it.
 async fn run_once_within(db: &TestDb, cfg: &outbox_relay::config::Config, limit: Duration) {
     tokio::time::timeout(limit, engine(db.store.clone(), cfg).run_once())
@@ -48,9 +56,7 @@ async fn a_nul_in_a_refusal_body_is_stored_escaped_and_wedges_nothing() {
 async fn a_nul_in_a_charge_decline_is_stored_escaped() {
     let db = TestDb::new().await;
     let stripe = FakeStripe::start().await;
-    let mut cfg = config();
-    cfg.charge.api_key = Some(Secret::new(API_KEY));
-    cfg.charge.api_base = stripe.base.clone();
+    let cfg = charge_config(&stripe);
     db.enqueue(
         "declined-nul",
         "charge",
@@ -71,9 +77,7 @@ async fn a_nul_in_a_charge_decline_is_stored_escaped() {
 async fn an_absurd_charge_retry_after_is_capped_and_run_once_returns() {
     let db = TestDb::new().await;
     let stripe = FakeStripe::start().await;
-    let mut cfg = config();
-    cfg.charge.api_key = Some(Secret::new(API_KEY));
-    cfg.charge.api_base = stripe.base.clone();
+    let cfg = charge_config(&stripe);
     db.enqueue(
         "limited",
         "charge",
@@ -713,9 +717,7 @@ async fn the_daemon_logs_a_summary_line_at_the_default_level() {
 async fn reconcile_searches_run_within_the_attempt_budget_the_lease_covers() {
     let db = TestDb::new().await;
     let stripe = FakeStripe::start().await;
-    let mut cfg = config();
-    cfg.charge.api_key = Some(Secret::new(API_KEY));
-    cfg.charge.api_base = stripe.base.clone();
+    let cfg = charge_config(&stripe);
     // the budget: charge.timeout (3 s in the test config)
     let budget = cfg.charge.timeout.0;
     stripe.fake.slow_search(Duration::from_millis(2000));
