@@ -6,6 +6,7 @@
 //! - webhook: `webhook::request::parse`, and `raw_body` (the bytes sent)
 //! - email:   `email::message::prepare`
 //! - charge:  `charge::request::form`
+//! - nats:    `nats::request::parse` (subjects and headers JetStream takes)
 //!
 //! Each must return, never panic, and whatever it accepts must be safe:
 //! webhook URLs are http(s) without credentials and header values carry no
@@ -637,6 +638,49 @@ fn mutated(kind: &'static str) -> BoxedStrategy<Value> {
         .boxed()
 }
 
+/// A nats payload: a subject from near-misses and nasty strings, any body,
+/// headers with nasty names and values, now and then a stray field.
+fn nats_payload() -> BoxedStrategy<Value> {
+    let subject = prop_oneof![
+        2 => prop::sample::select(vec![
+            "orders.created", "orders.*", "orders.>", ">", "a..b", ".a", "a.", "a b",
+            "orders.\u{0}", "ok", "orders.created.eu-1",
+        ])
+        .prop_map(|s| Value::String(s.to_string())),
+        2 => nasty_string().prop_map(Value::String),
+        1 => json(),
+    ];
+    let headers = prop::collection::btree_map(
+        prop_oneof![
+            nasty_string(),
+            Just("Nats-Msg-Id".to_string()),
+            Just("trace".to_string())
+        ],
+        prop_oneof![nasty_string().prop_map(Value::String), json()],
+        0..4,
+    )
+    .prop_map(|m| Value::Object(m.into_iter().collect()));
+    (
+        prop::option::weighted(0.9, subject),
+        prop::option::weighted(0.9, json()),
+        prop::option::weighted(0.4, headers),
+        prop::option::weighted(0.1, (key(), json())),
+    )
+        .prop_map(|(subject, body, headers, stray)| {
+            let mut map = Map::new();
+            for (k, v) in [("subject", subject), ("body", body), ("headers", headers)] {
+                if let Some(v) = v {
+                    map.insert(k.to_string(), v);
+                }
+            }
+            if let Some((k, v)) = stray {
+                map.insert(k, v);
+            }
+            Value::Object(map)
+        })
+        .boxed()
+}
+
 fn destination() -> impl Strategy<Value = Option<String>> {
     prop::option::weighted(0.2, prop_oneof![Just("known".to_string()), nasty_string()])
 }
@@ -666,6 +710,22 @@ proptest! {
             }
             (None, None) => {}
             (raw, body) => prop_assert!(false, "raw {:?} for body {:?}", raw, body),
+        }
+    }
+
+    #[test]
+    fn nats_parsing_never_panics_and_accepts_only_publishable_subjects(payload in nats_payload()) {
+        if let Ok(p) = outbox_providers::nats::request::parse(&payload, None) {
+            prop_assert!(!p.subject.is_empty());
+            prop_assert!(!p.subject.chars().any(|c| c.is_whitespace() || c.is_control()));
+            prop_assert!(p.subject.split('.').all(|t| !t.is_empty() && t != "*" && t != ">"));
+            for (name, value) in &p.headers {
+                prop_assert!(!name.to_ascii_lowercase().starts_with("nats-"), "{}", name);
+                prop_assert!(name.bytes().all(|b| b.is_ascii_graphic() && b != b':'));
+                prop_assert!(!value.contains(['\r', '\n', '\0']));
+            }
+            let body = payload.get("body").map(Value::to_string).unwrap_or_default();
+            prop_assert_eq!(String::from_utf8(p.body).unwrap(), body);
         }
     }
 
