@@ -122,25 +122,7 @@ fn main() -> ExitCode {
         }
     };
     outbox_relay::telemetry::init(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let result = runtime.block_on(execute(cli));
-    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(f) => {
-            eprintln!("error: {}", f.message());
-            ExitCode::from(f.code())
-        }
-    }
+    outbox_relay::cli::run_to_exit(execute(cli))
 }
 
 async fn execute(cli: Cli) -> Result<(), Failure> {

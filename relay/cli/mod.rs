@@ -221,6 +221,13 @@ pub fn main() -> ExitCode {
         }
     };
     crate::telemetry::init(cli.log_format);
+    run_to_exit(execute(cli))
+}
+
+/// Run `work` on a multi-threaded runtime and turn its outcome into the
+/// process's exit code (the table above), printing a failure's message.
+/// Shared with `outbox-relay-bench`.
+pub fn run_to_exit(work: impl std::future::Future<Output = Outcome>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -231,7 +238,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime.block_on(execute(cli));
+    let result = runtime.block_on(work);
     // Whatever is still running now (a pool connection closing, a DNS
     // lookup on a blocking thread) has nothing left to do for anyone: do
     // not let it hold the exit, which the supervisor of the process waits
