@@ -23,6 +23,7 @@ use crate::metrics::kind_label;
 use crate::reconcile::{self, Recovery};
 use crate::state::{AttemptOutcome, IntentState};
 use crate::store::{Claimed, Completion, Store};
+use crate::supervisor::panic_message;
 use crate::transition::{self, Next, RetryPolicy};
 
 /// What delivering needs to know about time and retries.
@@ -180,11 +181,7 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
         let (outcome, completion) = match guarded.catch_unwind().await {
             Ok(done) => done,
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "no message".into());
+                let what = panic_message(&*panic);
                 tracing::error!(panic = %what, "the provider panicked; parking the intent");
                 let outcome = Outcome::Ambiguous {
                     reason: format!(

@@ -77,21 +77,6 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// The budget dispatch holds one attempt of `kind` to (reconcile
-    /// searches included).
-    pub fn attempt_budget(&self, kind: &str) -> Duration {
-        self.attempt_times.get(kind).copied().unwrap_or(self.lease)
-    }
-
-    /// The longest one attempt of `kind` may take.
-    pub fn attempt_time(&self, kind: &str) -> Duration {
-        self.attempt_times
-            .get(kind)
-            .copied()
-            .unwrap_or(self.max_attempt_time)
-            .min(self.max_attempt_time)
-    }
-
     pub fn from_config(config: &Config) -> Self {
         let r = &config.relay;
         EngineConfig {

@@ -49,6 +49,16 @@ impl Service {
 /// A progress check: `Some(problem)` when the task it watches is stuck.
 pub type Check = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
+/// The message a panic carried (`panic!("...")` gives a `&str` or a
+/// `String`), for logs and reasons.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
+}
+
 enum Event {
     Ended(usize, Result<(), tokio::task::JoinError>),
     Tick,
@@ -129,12 +139,7 @@ impl Supervisor {
                     return match result {
                         Ok(()) => format!("task {name} ended unexpectedly"),
                         Err(e) if e.is_panic() => {
-                            let panic = e.into_panic();
-                            let what = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "no message".into());
+                            let what = panic_message(&*e.into_panic());
                             format!("task {name} panicked: {what}")
                         }
                         Err(_) => format!("task {name} was cancelled"),

@@ -85,7 +85,10 @@ impl NatsConfig {
 
 pub struct NatsProvider {
     config: NatsConfig,
-    client: OnceCell<async_nats::Client>,
+    /// The connection and its JetStream context, made once: a context has
+    /// its own acker task and in-flight limit, so it is shared, not built
+    /// per publish.
+    conn: OnceCell<(async_nats::Client, async_nats::jetstream::Context)>,
 }
 
 impl NatsProvider {
@@ -93,14 +96,14 @@ impl NatsProvider {
         config.check()?;
         Ok(NatsProvider {
             config,
-            client: OnceCell::new(),
+            conn: OnceCell::new(),
         })
     }
 
-    /// The connection, made on first use; async-nats reconnects by itself
-    /// (with backoff) after that.
-    async fn client(&self) -> Result<&async_nats::Client, String> {
-        self.client
+    /// The connection and its JetStream context, made on first use;
+    /// async-nats reconnects by itself (with backoff) after that.
+    async fn conn(&self) -> Result<&(async_nats::Client, async_nats::jetstream::Context), String> {
+        self.conn
             .get_or_try_init(|| async {
                 let mut options = match &self.config.credentials_file {
                     Some(path) => async_nats::ConnectOptions::with_credentials_file(path)
@@ -129,19 +132,16 @@ impl NatsProvider {
                     .request_timeout(Some(self.config.timeout))
                     .name("outbox-relay");
                 let servers: Vec<&str> = self.config.url.split(',').map(str::trim).collect();
-                options
+                let client = options
                     .connect(servers)
                     .await
                     // the error names the server, never a credential
-                    .map_err(|e| format!("cannot connect to NATS at {}: {e}", self.config.url))
+                    .map_err(|e| format!("cannot connect to NATS at {}: {e}", self.config.url))?;
+                let mut js = async_nats::jetstream::new(client.clone());
+                js.set_timeout(self.config.timeout);
+                Ok((client, js))
             })
             .await
-    }
-
-    fn jetstream(&self, client: &async_nats::Client) -> async_nats::jetstream::Context {
-        let mut js = async_nats::jetstream::new(client.clone());
-        js.set_timeout(self.config.timeout);
-        js
     }
 }
 
@@ -165,7 +165,7 @@ impl Provider for NatsProvider {
             Ok(p) => p,
             Err(reason) => return Outcome::invalid(reason),
         };
-        let client = match self.client().await {
+        let (client, js) = match self.conn().await {
             Ok(c) => c,
             Err(reason) => {
                 return Outcome::Transient {
@@ -195,7 +195,6 @@ impl Provider for NatsProvider {
                 "the message is about {size} bytes; the NATS server takes at most {max}"
             ));
         }
-        let js = self.jetstream(client);
         let subject = publish.subject.clone();
         let sent = js
             .publish_with_headers(subject.clone(), headers, publish.body.into())
@@ -267,10 +266,9 @@ impl Provider for NatsProvider {
         let Ok(publish) = request::parse(d.payload, None) else {
             return Reconciled::Unknown;
         };
-        let Ok(client) = self.client().await else {
+        let Ok((_, js)) = self.conn().await else {
             return Reconciled::Unknown;
         };
-        let js = self.jetstream(client);
         let Ok(name) = js.stream_by_subject(publish.subject.clone()).await else {
             return Reconciled::Unknown;
         };

@@ -5,9 +5,6 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-/// The header JetStream dedupes on (within the stream's duplicate window).
-pub const MSG_ID: &str = "Nats-Msg-Id";
-
 /// A publish ready to send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Publish {
@@ -18,8 +15,10 @@ pub struct Publish {
     pub headers: BTreeMap<String, String>,
 }
 
-/// The message id of an intent: identical on every attempt, relay, restart
-/// and operator retry, new only with a new key generation.
+/// The message id of an intent, sent as `Nats-Msg-Id` (JetStream dedupes on
+/// it within the stream's duplicate window; the provider sets it through
+/// `async_nats::header::NATS_MESSAGE_ID`): identical on every attempt,
+/// relay, restart and operator retry, new only with a new key generation.
 pub fn message_id(key: &str, generation: i32) -> String {
     crate::keys::effect_key(key, "nats", generation)
 }
