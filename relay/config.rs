@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use outbox_providers::amqp::AmqpConfig;
 use outbox_providers::charge::ChargeConfig;
 use outbox_providers::email::{EmailConfig, SmtpTarget};
 use outbox_providers::nats::NatsConfig;
@@ -62,6 +63,7 @@ pub struct Config {
     pub email: EmailSection,
     pub charge: ChargeSection,
     pub nats: NatsSection,
+    pub amqp: AmqpSection,
     pub retention: RetentionSection,
     #[serde(rename = "schedule")]
     pub schedules: Vec<ScheduleEntry>,
@@ -481,6 +483,60 @@ impl NatsSection {
     }
 }
 
+/// `[amqp]`: the `amqp` kind (RabbitMQ, AMQP 0-9-1) is enabled when `url`
+/// is set. The URL names the user and vhost but no password: that belongs
+/// in the environment (`OUTBOX_RELAY__AMQP__PASSWORD`, or `..._FILE` naming
+/// a file).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AmqpSection {
+    pub url: Option<String>,
+    pub password: Option<Secret>,
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// Send the password over `amqp://` to a broker that is not loopback.
+    pub allow_plaintext: bool,
+    /// How long a publish waits for its confirm; one attempt runs within it.
+    pub timeout: Dur,
+    /// What to do when a confirm is lost: redeliver under the same
+    /// `message_id` (the default; consumers dedupe on it) or park.
+    pub on_ambiguous: AmbiguityPolicy,
+}
+
+impl Default for AmqpSection {
+    fn default() -> Self {
+        AmqpSection {
+            url: None,
+            password: None,
+            tls_ca_file: None,
+            allow_plaintext: false,
+            timeout: dur("10s"),
+            on_ambiguous: AmbiguityPolicy::Redeliver,
+        }
+    }
+}
+
+impl AmqpSection {
+    /// `None` when no URL is configured.
+    pub fn provider_config(&self) -> anyhow::Result<Option<AmqpConfig>> {
+        let Some(url) = &self.url else {
+            if self.password.is_some() {
+                bail!("amqp.password is set but amqp.url is not");
+            }
+            return Ok(None);
+        };
+        let config = AmqpConfig {
+            url: url.clone(),
+            password: self.password.clone(),
+            tls_ca_file: self.tls_ca_file.clone(),
+            allow_plaintext: self.allow_plaintext,
+            timeout: self.timeout.0,
+            on_ambiguous: self.on_ambiguous,
+        };
+        config.check()?;
+        Ok(Some(config))
+    }
+}
+
 impl Config {
     /// The configured schedules, parsed.
     pub fn schedules(&self) -> anyhow::Result<Vec<crate::schedule::Schedule>> {
@@ -503,7 +559,7 @@ impl Config {
     /// `email.from` where email is configured (elsewhere another relay's
     /// `email.from` applies).
     fn check_schedule_payloads(&self) -> anyhow::Result<()> {
-        use outbox_providers::{charge, email, webhook, KNOWN_KINDS};
+        use outbox_providers::{amqp, charge, email, nats, webhook, KNOWN_KINDS};
         for s in &self.schedules {
             let checked = match s.kind.as_str() {
                 "webhook" => webhook::request::parse(
@@ -528,6 +584,12 @@ impl Config {
                         .and_then(|()| charge::request::form(&s.payload, "schedule-check", 0))
                         .map(drop)
                 }
+                "nats" => outbox_providers::refuse_destination("nats", s.destination.as_deref())
+                    .and_then(|()| nats::request::parse(&s.payload, None))
+                    .map(drop),
+                "amqp" => outbox_providers::refuse_destination("amqp", s.destination.as_deref())
+                    .and_then(|()| amqp::request::parse(&s.payload, None))
+                    .map(drop),
                 other => bail!(
                     "schedule {:?}: kind {other:?} is not one this relay delivers ({})",
                     s.name,
@@ -547,6 +609,7 @@ impl Config {
             "email" => self.email.timeout.0,
             "charge" => self.charge.timeout.0,
             "nats" => self.nats.timeout.0,
+            "amqp" => self.amqp.timeout.0,
             _ => self.webhook.timeout.0,
         }
     }
@@ -562,6 +625,9 @@ impl Config {
         }
         if self.nats.url.is_some() {
             longest = longest.max(self.attempt_time("nats"));
+        }
+        if self.amqp.url.is_some() {
+            longest = longest.max(self.attempt_time("amqp"));
         }
         longest
     }
@@ -710,6 +776,8 @@ impl Config {
             ("email.connect_timeout", self.email.connect_timeout),
             ("charge.timeout", self.charge.timeout),
             ("charge.connect_timeout", self.charge.connect_timeout),
+            ("nats.timeout", self.nats.timeout),
+            ("amqp.timeout", self.amqp.timeout),
         ] {
             // "0s" would time out every attempt (an email timed out after
             // its body is ambiguous: every message would be parked)
@@ -725,6 +793,7 @@ impl Config {
         }
         self.charge.provider_config()?;
         self.nats.provider_config()?;
+        self.amqp.provider_config()?;
         self.schedules()?;
         self.check_schedule_payloads()?;
         let ret = &self.retention;

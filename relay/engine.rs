@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_providers::amqp::AmqpProvider;
 use outbox_providers::charge::ChargeProvider;
 use outbox_providers::email::EmailProvider;
 use outbox_providers::nats::NatsProvider;
@@ -33,7 +34,8 @@ use crate::sweeper::Sweeper;
 pub use crate::complete::{BatchCounts, Batches};
 
 /// The providers `config` enables: webhook always; email when
-/// `email.smtp_url` is set; charge when an API key is. Built here, where
+/// `email.smtp_url` is set; charge when an API key is; nats and amqp
+/// when their `url` is. Built here, where
 /// the engine is wired; the configuration only describes and validates
 /// them. An [`outbox_providers::Error::Config`] in the error chain means the
 /// configuration is at fault.
@@ -48,6 +50,9 @@ pub fn providers(config: &Config) -> anyhow::Result<ProviderSet> {
     }
     if let Some(nats) = config.nats.provider_config()? {
         set = set.with(Arc::new(NatsProvider::new(nats)?));
+    }
+    if let Some(amqp) = config.amqp.provider_config()? {
+        set = set.with(Arc::new(AmqpProvider::new(amqp)?));
     }
     Ok(set)
 }

@@ -11,7 +11,11 @@
 //! - [`guard`]: the destination guard's pure decision.
 //! - [`email`]: SMTP with failures placed before or after the body.
 //! - [`charge`]: Stripe-compatible PaymentIntents with reconcile by metadata.
+//! - [`nats`]: NATS JetStream publishes deduped by `Nats-Msg-Id`.
+//! - [`amqp`]: RabbitMQ publishes with confirms, `mandatory` and a stable
+//!   `message_id`.
 
+pub mod amqp;
 pub mod charge;
 pub mod email;
 pub mod guard;
@@ -135,7 +139,7 @@ pub fn refuse_destination(kind: &str, destination: Option<&str>) -> Result<(), S
 
 /// The kinds this product knows about. An intent of another kind is rejected
 /// by the relay with a readable reason.
-pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge", "nats"];
+pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge", "nats", "amqp"];
 
 /// Does this kind's `status` hold an HTTP status? (An email's is an SMTP
 /// reply code, where 5xx is a deliberate refusal, not a server error.)

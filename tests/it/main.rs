@@ -9,6 +9,7 @@
 
 mod common;
 
+mod amqp;
 mod bad_input;
 mod chaos;
 mod charge;

@@ -2,6 +2,7 @@
 //! loopback, relay configurations, and condition waits with deadlines.
 #![allow(dead_code)]
 
+pub mod amqp;
 pub mod cluster;
 pub mod nats;
 pub mod proxy;
