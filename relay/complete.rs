@@ -337,7 +337,7 @@ impl Writer<'_> {
                 Err(err) if is_data_error(&err) => return Err(err),
                 Err(err) => {
                     failures += 1;
-                    if failures == 1 || failures % 20 == 0 {
+                    if failures == 1 || failures.is_multiple_of(20) {
                         tracing::warn!(error = %err, n = completions.len(), failures, "cannot write completions; retrying");
                     }
                     tokio::time::sleep(delay).await;

@@ -35,7 +35,7 @@ pub fn init(format: LogFormat) {
 /// Colour codes belong on a terminal only, and never when `NO_COLOR` is set
 /// to anything but the empty string.
 fn use_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
-    stderr_is_terminal && no_color.map_or(true, |v| v.is_empty())
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 #[cfg(test)]
