@@ -6,7 +6,9 @@
 # Uses $DATABASE_URL when it is set and its server answers; otherwise starts a
 # scratch PostgreSQL cluster on 127.0.0.1 (installing the server binaries with
 # apt-get when run as root) and removes it on exit. Makes sure the SMTP test
-# peer (python3 + aiosmtpd) is available, then runs the whole workspace suite.
+# peer (python3 + aiosmtpd), nats-server and a RabbitMQ broker (a private
+# node, stopped on exit; deploy/lib/scratch-rabbit.sh) are available, then
+# runs the whole workspace suite.
 # The integration tests are one binary (tests/it); nextest's test groups and
 # timeouts are in .config/nextest.toml.
 set -euo pipefail
@@ -16,8 +18,15 @@ cd "$REPO_ROOT"
 LOG_PREFIX=run.sh
 # shellcheck source=deploy/lib/scratch-pg.sh
 . "$REPO_ROOT/deploy/lib/scratch-pg.sh"
+# shellcheck source=deploy/lib/scratch-rabbit.sh
+. "$REPO_ROOT/deploy/lib/scratch-rabbit.sh"
 
-trap scratch_pg_stop EXIT
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+	scratch_rabbit_stop
+	scratch_pg_stop
+}
+trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
@@ -131,6 +140,7 @@ have cargo || die "cargo is not on PATH: install Rust (rustup) first"
 ensure_aiosmtpd
 ensure_orm_peer
 ensure_nats_server
+scratch_rabbit_setup
 scratch_pg_setup pg-test
 drop_leftover_test_dbs
 
