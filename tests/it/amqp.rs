@@ -9,7 +9,7 @@ use outbox_providers::amqp::request::message_id;
 use outbox_providers::AmbiguityPolicy;
 use serde_json::json;
 
-use crate::common::amqp::{drain, message_ids, HoldingProxy, Rabbit, RabbitNode};
+use crate::common::amqp::{declare_durable, drain, message_ids, HoldingProxy, Rabbit, RabbitNode};
 use crate::common::{config, engine, run_until_state, TestDb};
 use outbox_providers::Secret;
 use outbox_relay::config::{Config, Dur};
@@ -353,39 +353,4 @@ async fn a_broker_that_goes_away_is_transient_and_the_relay_reconnects_when_it_i
             .all(|r| r.contains("AMQP") && !r.contains("guest:")),
         "transient reasons name the broker, never the password: {reasons:?}"
     );
-}
-
-async fn declare_durable(ch: &lapin::Channel, exchange: &str, queue: &str) {
-    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-    use lapin::types::FieldTable;
-    ch.exchange_declare(
-        exchange.into(),
-        lapin::ExchangeKind::Direct,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        queue.into(),
-        exchange.into(),
-        "e".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
 }

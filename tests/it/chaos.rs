@@ -1,15 +1,20 @@
 //! Chaos drill: three relay processes deliver a mixed workload (webhook,
-//! email, charge) against real peers while a driver SIGKILLs a random relay
-//! every few seconds and restarts it, the webhook receiver answers 500 to
-//! ~20% of requests and stalls past the timeout on ~2%, the SMTP server drops
-//! ~1% of connections after DATA, one charge in ten takes 1.5 s at Stripe,
-//! and Postgres itself (a private cluster) is restarted once mid-run.
+//! email, charge, nats, amqp) against real peers while a driver SIGKILLs a
+//! random relay every few seconds and restarts it, the webhook receiver
+//! answers 500 to ~20% of requests and stalls past the timeout on ~2%, the
+//! SMTP server drops ~1% of connections after DATA, one charge in six takes
+//! 1.5 s at Stripe, and Postgres itself (a private cluster), the NATS server
+//! and the RabbitMQ node are each SIGKILLed and restarted once mid-run.
 //!
 //! At the end: the intent count is unchanged; every intent is terminal (or
 //! ambiguous with its reason); no transient failure ended terminal; every
 //! delivered intent took effect at its peer, under one key across all its
 //! attempts; no payment was created twice; and the effects that happened
-//! more than once are counted and bounded by what the faults explain.
+//! more than once are counted and bounded by what the faults explain. The
+//! JetStream stream holds exactly one message per nats intent (kills during
+//! a publish included: the redelivery is deduped by `Nats-Msg-Id`); the
+//! RabbitMQ queue holds every delivered amqp intent's message (a confirm
+//! means it was stored), repeated only where a confirm was lost.
 //!
 //! Size: CHAOS_INTENTS (default 900), CHAOS_KILL_EVERY_MS (default 2000).
 //! The full drill: `CHAOS_INTENTS=3000 tests/run.sh chaos:: --no-capture`.
@@ -20,7 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common;
+use crate::common::amqp::{declare_durable, drain, RabbitNode};
 use crate::common::cluster::Cluster;
+use crate::common::nats::NatsServer;
 use crate::common::smtp::SmtpPeer;
 use crate::common::stripe::{FakeStripe, API_KEY};
 use crate::common::{Receiver, Reply};
@@ -55,6 +62,7 @@ fn spawn_relay(
     name: &str,
 ) -> tokio::process::Child {
     common::relay_command(db_url)
+        .env("OUTBOX_RELAY__AMQP__PASSWORD", "guest")
         .arg("run")
         .env("OUTBOX_RELAY_CONFIG", config)
         .env("OUTBOX_RELAY__RELAY__NAME", format!("\"{name}\""))
@@ -69,7 +77,7 @@ fn spawn_relay(
 }
 
 fn intent_of(i: usize) -> (String, &'static str) {
-    let kind = ["webhook", "email", "charge"][i % 3];
+    let kind = ["webhook", "email", "charge", "nats", "amqp"][i % 5];
     (format!("chaos-{kind}-{i}"), kind)
 }
 
@@ -131,6 +139,25 @@ async fn chaos_drill() {
     .await;
     let smtp = SmtpPeer::start_with(&["--drop-rate", "0.01"]).await;
     let stripe = FakeStripe::start().await;
+    let mut nats = NatsServer::start().await;
+    nats.jetstream()
+        .await
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "CHAOS".into(),
+            subjects: vec!["chaos.>".into()],
+            // the default window (2 minutes) spans the drill
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let rabbit_node = RabbitNode::start().await;
+    let rabbit = rabbit_node.rabbit();
+    {
+        let conn = rabbit.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        declare_durable(&ch, "chaos", "chaos-q").await;
+        let _ = conn.close(200, "declared".into()).await;
+    }
 
     let config = common::config_file(&format!(
         r#"
@@ -164,8 +191,19 @@ on_ambiguous = "redeliver"
 timeout = "2s"
 connect_timeout = "500ms"
 on_ambiguous = "park"
+
+[nats]
+url = "{nats_url}"
+timeout = "2s"
+on_ambiguous = "redeliver"
+
+[amqp]
+url = "{amqp_url}"
+timeout = "2s"
 "#,
-        smtp_url = smtp.url()
+        smtp_url = smtp.url(),
+        nats_url = nats.url(),
+        amqp_url = rabbit.url(),
     ));
 
     // three relays
@@ -195,8 +233,11 @@ on_ambiguous = "park"
                             "webhook" => json!({"url": hook, "body": {"k": key}}),
                             "email" => json!({"to": [format!("user{j}@example.com")],
                                               "subject": key, "text": "chaos"}),
+                            "nats" => json!({"subject": "chaos.events", "body": {"k": key}}),
+                            "amqp" => json!({"exchange": "chaos", "routing_key": "e",
+                                             "body": {"k": key}}),
                             _ => json!({"amount": 100 + j, "currency": "usd",
-                                        // one charge in ten takes 1.5 s at Stripe, so
+                                        // one charge in six takes 1.5 s at Stripe, so
                                         // kills catch some mid-request and reconcile
                                         // must find out what happened
                                         "payment_method": if j % 30 == 2 { "pm_slow" } else { "pm_card_visa" },
@@ -257,10 +298,21 @@ on_ambiguous = "park"
         })
     };
 
-    // Postgres restarts once, half way through the enqueueing
-    tokio::time::sleep(enqueue_for / 2).await;
+    // the brokers and Postgres are each killed and restarted once while
+    // the enqueueing goes on: NATS at a quarter, Postgres half way, RabbitMQ
+    // at three quarters (its node takes seconds to start: amqp intents wait)
+    tokio::time::sleep(enqueue_for / 4).await;
+    let nats_restart_took = nats.restart().await;
+    eprintln!("chaos: nats-server restarted in {nats_restart_took:?}");
+    tokio::time::sleep(enqueue_for / 4).await;
     let restart_took = tokio::task::block_in_place(|| cluster.restart());
     eprintln!("chaos: Postgres restarted in {restart_took:?}");
+    tokio::time::sleep(enqueue_for / 4).await;
+    let rabbit_began = Instant::now();
+    rabbit_node.kill().await;
+    rabbit_node.up().await;
+    let rabbit_restart_took = rabbit_began.elapsed();
+    eprintln!("chaos: RabbitMQ restarted in {rabbit_restart_took:?}");
 
     enqueuer.await.unwrap();
     killer.await.unwrap();
@@ -301,6 +353,20 @@ on_ambiguous = "park"
             .fetch_all(&pool)
             .await
             .unwrap();
+    // per kind: the leases lost to kills and the attempts that ended
+    // ambiguous (a confirm that never came)
+    let explained: HashMap<String, (i64, i64)> = sqlx::query_as::<_, (String, i64, i64)>(
+        "SELECT i.kind, count(*) FILTER (WHERE a.outcome = 'lost'),
+                count(*) FILTER (WHERE a.outcome = 'ambiguous')
+           FROM outbox.attempts a JOIN outbox.intents i ON i.id = a.intent_id
+          GROUP BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(k, l, a)| (k, (l, a)))
+    .collect();
     let (attempts, stale, lost, replayed): (i64, i64, i64, i64) = sqlx::query_as(
         "SELECT count(*),
                 count(*) FILTER (WHERE NOT accepted),
@@ -371,10 +437,53 @@ on_ambiguous = "park"
     let stripe_replays = stripe_requests.iter().filter(|r| r.1).count();
     let stripe_keys: HashSet<&str> = stripe_requests.iter().map(|r| r.0.as_str()).collect();
 
+    // the brokers: what the stream and the queue hold, by intent key
+    let key_of = |body: &[u8]| {
+        serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|b| b["k"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    let stream = nats.messages("CHAOS").await;
+    let mut nats_effects: HashMap<String, usize> = HashMap::new();
+    for (_, id, body) in &stream {
+        let key = key_of(body.as_bytes());
+        assert_eq!(
+            id,
+            &outbox_providers::nats::request::message_id(&key, 0),
+            "{key}: the message carries its intent's id"
+        );
+        *nats_effects.entry(key).or_default() += 1;
+    }
+    let amqp_messages = {
+        let conn = rabbit.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        drain(&ch, "chaos-q").await
+    };
+    let mut amqp_effects: HashMap<String, usize> = HashMap::new();
+    for m in &amqp_messages {
+        let key = key_of(&m.delivery.data);
+        let id = m
+            .delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.to_string());
+        assert_eq!(
+            id,
+            Some(outbox_providers::amqp::request::message_id(&key, 0)),
+            "{key}: the message carries its intent's message_id"
+        );
+        *amqp_effects.entry(key).or_default() += 1;
+    }
+    let amqp_dups: usize = amqp_effects.values().map(|c| c - 1).sum();
+    let (amqp_lost, amqp_ambiguous) = explained.get("amqp").copied().unwrap_or_default();
+
     let kills = kills.load(Ordering::Relaxed);
     eprintln!("\n=== chaos drill: {n} intents, {RELAYS} relays, {elapsed:.1?} ===");
     eprintln!(
         "faults: {kills} relay kills (SIGKILL), 1 Postgres restart ({restart_took:?}), \
+         nats-server restart ({nats_restart_took:?}), RabbitMQ restart ({rabbit_restart_took:?}), \
          {webhook_500} webhook 500s, {stalls} webhook stalls past the timeout, \
          {smtp_drops} SMTP connections dropped after DATA, {} enqueue retries",
         enqueue_errors.load(Ordering::Relaxed)
@@ -403,6 +512,17 @@ on_ambiguous = "park"
         stripe_requests.len(),
         payments.len(),
         payments_per_intent.len()
+    );
+    eprintln!(
+        "nats:    {} messages in the stream for {} intents",
+        stream.len(),
+        nats_effects.len()
+    );
+    eprintln!(
+        "amqp:    {} messages in the queue for {} intents, {amqp_dups} repeated \
+         ({amqp_lost} lost leases, {amqp_ambiguous} lost confirms)",
+        amqp_messages.len(),
+        amqp_effects.len()
     );
     eprintln!(
         "repeated effects explained by the faults: at most {lost} lost leases + {stalls} stalls \
@@ -441,6 +561,9 @@ on_ambiguous = "park"
                 assert!(email_effects.contains_key(key), "{key} never took effect");
                 assert_eq!(email_ids[key].len(), 1, "{key}: one Message-ID");
             }
+            "nats" => assert!(nats_effects.contains_key(key), "{key} is not in the stream"),
+            // a confirm means the broker stored it, across its restart
+            "amqp" => assert!(amqp_effects.contains_key(key), "{key} is not in the queue"),
             _ => assert_eq!(
                 payments_per_intent.get(key),
                 Some(&1),
@@ -451,6 +574,28 @@ on_ambiguous = "park"
     assert!(
         payments_per_intent.values().all(|&c| c == 1),
         "no payment was created twice"
+    );
+    // JetStream deduped every redelivery (kills mid-publish, the server's
+    // restart): one message per intent, none for an intent that is not one
+    assert!(
+        nats_effects.values().all(|&c| c == 1),
+        "a nats intent was published twice: {:?}",
+        nats_effects
+            .iter()
+            .filter(|(_, &c)| c > 1)
+            .collect::<Vec<_>>()
+    );
+    let nats_keys: HashSet<&str> = intents
+        .iter()
+        .filter(|i| i.1 == "nats")
+        .map(|i| i.0.as_str())
+        .collect();
+    assert!(nats_effects.keys().all(|k| nats_keys.contains(k.as_str())));
+    // RabbitMQ does not dedupe: a repeat needs a lease lost to a kill or a
+    // confirm lost with the broker
+    assert!(
+        amqp_dups <= (amqp_lost + amqp_ambiguous) as usize,
+        "more repeated amqp messages ({amqp_dups}) than lost leases and confirms explain"
     );
     // each charge reached Stripe under one idempotency key: every key sent
     // is the one its intent's payment carries, one payment per intent

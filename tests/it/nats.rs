@@ -34,27 +34,8 @@ async fn stream(server: &NatsServer, name: &str, subjects: &str, window: Duratio
         .unwrap();
 }
 
-/// Every message of `stream`: (subject, Nats-Msg-Id, payload).
 async fn messages(server: &NatsServer, name: &str) -> Vec<(String, String, String)> {
-    let js = server.jetstream().await;
-    let s = js.get_stream(name).await.unwrap();
-    let mut out = Vec::new();
-    let mut seq = 1;
-    loop {
-        match s.get_raw_message(seq).await {
-            Ok(m) => out.push((
-                m.subject.to_string(),
-                m.headers
-                    .get(async_nats::header::NATS_MESSAGE_ID)
-                    .map(|v| v.as_str().to_string())
-                    .unwrap_or_default(),
-                String::from_utf8_lossy(&m.payload).into_owned(),
-            )),
-            Err(_) => break,
-        }
-        seq += 1;
-    }
-    out
+    server.messages(name).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,6 +118,41 @@ impl Rabbit {
     }
 }
 
+/// A durable direct exchange and a durable queue bound to it with routing
+/// key `e`: a topology that outlives a broker restart.
+pub async fn declare_durable(ch: &lapin::Channel, exchange: &str, queue: &str) {
+    ch.exchange_declare(
+        exchange.into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        queue.into(),
+        exchange.into(),
+        "e".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+}
+
 /// Every message waiting in `queue`, taken off it.
 pub async fn drain(ch: &Channel, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
     let mut out = Vec::new();

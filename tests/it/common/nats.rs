@@ -6,7 +6,7 @@ use std::time::Duration;
 pub struct NatsServer {
     pub port: u16,
     store: std::path::PathBuf,
-    _child: tokio::process::Child,
+    child: Option<tokio::process::Child>,
 }
 
 impl NatsServer {
@@ -19,9 +19,21 @@ impl NatsServer {
             std::process::id(),
             fastrand::u32(..)
         ));
+        let mut server = NatsServer {
+            port,
+            store,
+            child: None,
+        };
+        server.up().await;
+        server
+    }
+
+    /// Start the server (again, on the same port and store) and wait until
+    /// JetStream answers.
+    async fn up(&mut self) {
         let child = tokio::process::Command::new("nats-server")
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&store)
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
+            .arg(&self.store)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
@@ -29,14 +41,10 @@ impl NatsServer {
             .unwrap_or_else(|e| {
                 panic!("cannot start nats-server ({e}); run the suite with tests/run.sh, which installs it (apt-get install nats-server)")
             });
-        let server = NatsServer {
-            port,
-            store,
-            _child: child,
-        };
+        self.child = Some(child);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
-            let why = match async_nats::connect(server.url()).await {
+            let why = match async_nats::connect(self.url()).await {
                 // JetStream is up once its API answers
                 Ok(client) => match client.request("$JS.API.INFO", "".into()).await {
                     Ok(_) => break,
@@ -50,7 +58,39 @@ impl NatsServer {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        server
+    }
+
+    /// SIGKILL the server and start it again on its store; returns how long
+    /// it was away.
+    pub async fn restart(&mut self) -> Duration {
+        let began = std::time::Instant::now();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+        self.up().await;
+        began.elapsed()
+    }
+
+    /// Every message of stream `name`: (subject, Nats-Msg-Id, payload).
+    pub async fn messages(&self, name: &str) -> Vec<(String, String, String)> {
+        let js = self.jetstream().await;
+        let s = js.get_stream(name).await.unwrap();
+        let mut out = Vec::new();
+        let last = s.cached_info().state.last_sequence;
+        for seq in 1..=last {
+            if let Ok(m) = s.get_raw_message(seq).await {
+                out.push((
+                    m.subject.to_string(),
+                    m.headers
+                        .get(async_nats::header::NATS_MESSAGE_ID)
+                        .map(|v| v.as_str().to_string())
+                        .unwrap_or_default(),
+                    String::from_utf8_lossy(&m.payload).into_owned(),
+                ));
+            }
+        }
+        out
     }
 
     pub fn url(&self) -> String {
