@@ -7,6 +7,8 @@
 //! - email:   `email::message::prepare`
 //! - charge:  `charge::request::form`
 //! - nats:    `nats::request::parse` (subjects and headers JetStream takes)
+//! - amqp:    `amqp::request::parse` (exchange names, short strings, typed
+//!   headers)
 //!
 //! Each must return, never panic, and whatever it accepts must be safe:
 //! webhook URLs are http(s) without credentials and header values carry no
@@ -66,8 +68,65 @@ fn check(kind: &str, payload: &Value, destination: Option<&str>) -> Result<(), S
         "webhook" => check_webhook(payload, destination),
         "email" => check_email(payload),
         "charge" => check_charge(payload),
+        "nats" => check_nats(payload),
+        "amqp" => check_amqp(payload),
         other => panic!("no parser for kind {other:?}"),
     }
+}
+
+/// What a nats publish accepted carries: a concrete subject, headers that
+/// cannot forge JetStream's or break the header block, the body as given.
+fn check_nats(payload: &Value) -> Result<(), String> {
+    let p = outbox_providers::nats::request::parse(payload, None)?;
+    assert!(!p.subject.is_empty());
+    assert!(!p
+        .subject
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control()));
+    assert!(p
+        .subject
+        .split('.')
+        .all(|t| !t.is_empty() && t != "*" && t != ">"));
+    for (name, value) in &p.headers {
+        assert!(!name.to_ascii_lowercase().starts_with("nats-"), "{name}");
+        assert!(name.bytes().all(|b| b.is_ascii_graphic() && b != b':'));
+        assert!(!value.contains(['\r', '\n', '\0']));
+    }
+    let body = payload
+        .get("body")
+        .map(Value::to_string)
+        .unwrap_or_default();
+    assert_eq!(String::from_utf8(p.body).unwrap(), body);
+    Ok(())
+}
+
+/// What an amqp publish accepted carries: an exchange name AMQP allows,
+/// short strings within 255 bytes, typed headers, the body as given.
+fn check_amqp(payload: &Value) -> Result<(), String> {
+    use outbox_providers::amqp::request::Header;
+    let p = outbox_providers::amqp::request::parse(payload, None)?;
+    assert!(p.exchange.len() <= 255 && p.routing_key.len() <= 255);
+    assert!(p
+        .exchange
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)));
+    assert!(!p.routing_key.chars().any(char::is_control));
+    for (name, value) in &p.headers {
+        assert!(!name.is_empty() && name.len() <= 255);
+        assert!(!name.chars().any(|c| c.is_control() || c.is_whitespace()));
+        let given = &payload["headers"][name.as_str()];
+        match value {
+            Header::Text(t) => assert_eq!(given.as_str(), Some(t.as_str())),
+            Header::Integer(i) => assert_eq!(given.as_i64(), Some(*i)),
+            Header::Boolean(b) => assert_eq!(given.as_bool(), Some(*b)),
+        }
+    }
+    let body = payload
+        .get("body")
+        .map(Value::to_string)
+        .unwrap_or_default();
+    assert_eq!(String::from_utf8(p.body).unwrap(), body);
+    Ok(())
 }
 
 fn check_webhook(payload: &Value, destination: Option<&str>) -> Result<(), String> {
@@ -681,6 +740,59 @@ fn nats_payload() -> BoxedStrategy<Value> {
         .boxed()
 }
 
+/// An amqp payload: exchange and routing key from near-misses and nasty
+/// strings, any body, headers of every JSON type, now and then a stray
+/// field.
+fn amqp_payload() -> BoxedStrategy<Value> {
+    let name = || {
+        prop_oneof![
+            2 => prop::sample::select(vec![
+                "", "orders", "amq.topic", "a b", "a/b", "orders.eu-1:x", "caf\u{e9}",
+                "created", "a\nb", "#", "*.created",
+            ])
+            .prop_map(|s| Value::String(s.to_string())),
+            2 => nasty_string().prop_map(Value::String),
+            1 => "[a-z]{250,260}".prop_map(Value::String),
+            1 => json(),
+        ]
+    };
+    let headers = prop::collection::btree_map(
+        prop_oneof![
+            nasty_string(),
+            Just("trace".to_string()),
+            Just("x-delay".to_string())
+        ],
+        json(),
+        0..4,
+    )
+    .prop_map(|m| Value::Object(m.into_iter().collect()));
+    (
+        prop::option::weighted(0.9, name()),
+        prop::option::weighted(0.9, name()),
+        prop::option::weighted(0.9, json()),
+        prop::option::weighted(0.4, headers),
+        prop::option::weighted(0.1, (key(), json())),
+    )
+        .prop_map(|(exchange, routing_key, body, headers, stray)| {
+            let mut map = Map::new();
+            for (k, v) in [
+                ("exchange", exchange),
+                ("routing_key", routing_key),
+                ("body", body),
+                ("headers", headers),
+            ] {
+                if let Some(v) = v {
+                    map.insert(k.to_string(), v);
+                }
+            }
+            if let Some((k, v)) = stray {
+                map.insert(k, v);
+            }
+            Value::Object(map)
+        })
+        .boxed()
+}
+
 fn destination() -> impl Strategy<Value = Option<String>> {
     prop::option::weighted(0.2, prop_oneof![Just("known".to_string()), nasty_string()])
 }
@@ -715,18 +827,12 @@ proptest! {
 
     #[test]
     fn nats_parsing_never_panics_and_accepts_only_publishable_subjects(payload in nats_payload()) {
-        if let Ok(p) = outbox_providers::nats::request::parse(&payload, None) {
-            prop_assert!(!p.subject.is_empty());
-            prop_assert!(!p.subject.chars().any(|c| c.is_whitespace() || c.is_control()));
-            prop_assert!(p.subject.split('.').all(|t| !t.is_empty() && t != "*" && t != ">"));
-            for (name, value) in &p.headers {
-                prop_assert!(!name.to_ascii_lowercase().starts_with("nats-"), "{}", name);
-                prop_assert!(name.bytes().all(|b| b.is_ascii_graphic() && b != b':'));
-                prop_assert!(!value.contains(['\r', '\n', '\0']));
-            }
-            let body = payload.get("body").map(Value::to_string).unwrap_or_default();
-            prop_assert_eq!(String::from_utf8(p.body).unwrap(), body);
-        }
+        let _ = check_nats(&payload);
+    }
+
+    #[test]
+    fn amqp_parsing_never_panics_and_accepts_only_publishable_messages(payload in amqp_payload()) {
+        let _ = check_amqp(&payload);
     }
 
     #[test]
