@@ -10,7 +10,7 @@ use outbox_providers::AmbiguityPolicy;
 use serde_json::json;
 
 use crate::common::amqp::{declare_durable, drain, message_ids, HoldingProxy, Rabbit, RabbitNode};
-use crate::common::{config, engine, run_until_state, TestDb};
+use crate::common::{config, engine, run_until, run_until_state, TestDb};
 use outbox_providers::Secret;
 use outbox_relay::config::{Config, Dur};
 use outbox_relay::store::operator::RetryOptions;
@@ -353,4 +353,38 @@ async fn a_broker_that_goes_away_is_transient_and_the_relay_reconnects_when_it_i
             .all(|r| r.contains("AMQP") && !r.contains("guest:")),
         "transient reasons name the broker, never the password: {reasons:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_ordering_holds_for_amqp_publishes() {
+    let db = TestDb::new().await;
+    let rabbit = Rabbit::shared();
+    let (_conn, ch, exchange, queue) = rabbit.topology("e").await;
+    // two keys interleaved; with 16 in flight only ordering keeps each in turn
+    for n in 0..30 {
+        let key = ["order:a", "order:b"][n % 2];
+        sqlx::query("SELECT outbox.enqueue($1, 'amqp', $2, NULL, now(), $3)")
+            .bind(format!("ev:{n}"))
+            .bind(json!({"exchange": exchange, "routing_key": "e", "body": {"key": key, "n": n}}))
+            .bind(key)
+            .execute(db.pool())
+            .await
+            .unwrap();
+    }
+    let cfg = amqp_config(&rabbit);
+    run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(30),
+        || async { db.count("state = 'delivered'").await == 30 },
+    )
+    .await;
+    let mut seen: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    for m in drain(&ch, &queue).await {
+        let body: serde_json::Value = serde_json::from_slice(&m.delivery.data).unwrap();
+        seen.entry(body["key"].as_str().unwrap().to_string())
+            .or_default()
+            .push(body["n"].as_u64().unwrap());
+    }
+    assert_eq!(seen["order:a"], (0..30).step_by(2).collect::<Vec<u64>>());
+    assert_eq!(seen["order:b"], (1..30).step_by(2).collect::<Vec<u64>>());
 }

@@ -11,6 +11,8 @@ const SIGNING_SECRET: &str = "whsec_c2VjcmV0LXNpZ25pbmcta2V5LTEyMzQ1Njc4OTA=";
 const SMTP_PASSWORD: &str = "Smtp-Pw-7f3a9c";
 const DB_PASSWORD: &str = "Db-Pw-2b8e11";
 const BODY_MARKER: &str = "body-marker-6d0c4e";
+const AMQP_PASSWORD: &str = "Amqp-Pw-91c2d0";
+const NATS_TOKEN: &str = "Nats-Tok-5e7a13";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_debug_run_leaks_no_secret_and_no_payload_body() {
@@ -18,6 +20,21 @@ async fn a_debug_run_leaks_no_secret_and_no_payload_body() {
     let rx = Receiver::ok().await;
     let smtp = SmtpPeer::start().await;
     let stripe = FakeStripe::start().await;
+    let rabbit = common::amqp::Rabbit::shared();
+    let nats = common::nats::NatsServer::start().await;
+    // a broker that refuses the password, a server that takes the token
+    db.enqueue(
+        "s:amqp",
+        "amqp",
+        json!({"exchange": "", "routing_key": "nowhere", "body": {"note": BODY_MARKER}}),
+    )
+    .await;
+    db.enqueue(
+        "s:nats",
+        "nats",
+        json!({"subject": "no.stream", "body": {"note": BODY_MARKER}}),
+    )
+    .await;
     db.enqueue(
         "s:webhook",
         "webhook",
@@ -59,6 +76,10 @@ async fn a_debug_run_leaks_no_secret_and_no_payload_body() {
         )
         .env("OUTBOX_RELAY__EMAIL__SMTP_URL", &smtp_url)
         .env("OUTBOX_RELAY__EMAIL__FROM", "shop@example.com")
+        .env("OUTBOX_RELAY__AMQP__URL", rabbit.url())
+        .env("OUTBOX_RELAY__AMQP__PASSWORD", AMQP_PASSWORD)
+        .env("OUTBOX_RELAY__NATS__URL", nats.url())
+        .env("OUTBOX_RELAY__NATS__TOKEN", NATS_TOKEN)
         .output()
         .await
         .unwrap();
@@ -85,6 +106,23 @@ async fn a_debug_run_leaks_no_secret_and_no_payload_body() {
         email.last_error
     );
 
+    let amqp = db.store.find("s:amqp").await.unwrap();
+    assert!(
+        amqp.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("cannot connect to AMQP")),
+        "{:?}",
+        amqp.last_error
+    );
+    let nats = db.store.find("s:nats").await.unwrap();
+    assert!(
+        nats.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no responders")),
+        "{:?}",
+        nats.last_error
+    );
+
     let dump: String = sqlx::query_scalar(
         "SELECT concat((SELECT string_agg(t::text, ' ') FROM outbox.intents t),
                        (SELECT string_agg(t::text, ' ') FROM outbox.attempts t),
@@ -103,6 +141,8 @@ async fn a_debug_run_leaks_no_secret_and_no_payload_body() {
         API_KEY,
         SMTP_PASSWORD,
         DB_PASSWORD,
+        AMQP_PASSWORD,
+        NATS_TOKEN,
     ] {
         assert!(
             !logs.contains(secret),
