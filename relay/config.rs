@@ -64,6 +64,11 @@ pub struct Config {
     pub charge: ChargeSection,
     pub nats: NatsSection,
     pub amqp: AmqpSection,
+    /// `[limits]`: destination → rate, e.g. `"https://api.partner.example"
+    /// = "50/s"`, `"smtp" = "20/s"`, held across all relays.
+    pub limits: HashMap<String, String>,
+    pub breaker: BreakerSection,
+    pub alerts: AlertsSection,
     pub retention: RetentionSection,
     #[serde(rename = "schedule")]
     pub schedules: Vec<ScheduleEntry>,
@@ -537,7 +542,58 @@ impl AmqpSection {
     }
 }
 
+/// `[breaker]`: circuit breakers per destination, shared by all relays.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerSection {
+    /// Off: no breaker opens (rate limits and pauses still apply).
+    pub enabled: bool,
+    /// Consecutive transient failures that open it.
+    pub failures: u32,
+    /// Then one probe; a failed probe doubles the wait, up to max_cooldown.
+    pub cooldown: Dur,
+    pub max_cooldown: Dur,
+    /// Per destination: `[breaker.overrides."https://api.example"] failures = 3`.
+    pub overrides: HashMap<String, BreakerOverride>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerOverride {
+    pub failures: Option<u32>,
+    pub cooldown: Option<Dur>,
+    pub max_cooldown: Option<Dur>,
+}
+
+impl Default for BreakerSection {
+    fn default() -> Self {
+        BreakerSection {
+            enabled: true,
+            failures: 10,
+            cooldown: dur("30s"),
+            max_cooldown: dur("10m"),
+            overrides: HashMap::new(),
+        }
+    }
+}
+
+/// `[alerts]`: operator events (a breaker opened or closed, a destination
+/// paused by hand, the dead count past `dead_threshold`) enqueued as signed
+/// webhook intents to `url` or the named endpoint `endpoint`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertsSection {
+    pub url: Option<String>,
+    pub endpoint: Option<String>,
+    pub dead_threshold: Option<u64>,
+}
+
 impl Config {
+    /// Destination health (limits, breakers, alerts), checked.
+    pub fn health(&self) -> anyhow::Result<crate::health::HealthSettings> {
+        crate::health::HealthSettings::from_config(self)
+    }
+
     /// The configured schedules, parsed.
     pub fn schedules(&self) -> anyhow::Result<Vec<crate::schedule::Schedule>> {
         let mut seen = std::collections::HashSet::new();
@@ -794,6 +850,7 @@ impl Config {
         self.charge.provider_config()?;
         self.nats.provider_config()?;
         self.amqp.provider_config()?;
+        self.health()?;
         self.schedules()?;
         self.check_schedule_payloads()?;
         let ret = &self.retention;

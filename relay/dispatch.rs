@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use crate::budget::{ClaimBudget, Permit};
 use crate::complete::Sink;
+use crate::health::{Admit, Gate};
 use crate::metrics::kind_label;
 use crate::reconcile::{self, Recovery};
 use crate::state::{AttemptOutcome, IntentState};
@@ -71,6 +72,8 @@ pub struct Deliverer {
     store: Store,
     /// Turns true when shutdown begins: claims not yet started are handed back.
     stopping: watch::Receiver<bool>,
+    /// Destination health: limits, breakers, pauses.
+    gate: Arc<Gate>,
 }
 
 impl Deliverer {
@@ -82,6 +85,7 @@ impl Deliverer {
         sink: Sink,
         store: Store,
         stopping: watch::Receiver<bool>,
+        gate: Arc<Gate>,
     ) -> Deliverer {
         Deliverer {
             providers,
@@ -91,7 +95,12 @@ impl Deliverer {
             sink,
             store,
             stopping,
+            gate,
         }
+    }
+
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
     }
 
     /// The kinds this relay delivers.
@@ -216,8 +225,8 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     .await
 }
 
-/// The attempt itself: reconcile first when the claim was recovered from an
-/// expired lease, then deliver under the intent's derived key.
+/// The attempt, if its destination may be called now (else deferred, no
+/// attempt spent), and what it showed of the destination's health.
 async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
     if let Some(reason) = &claim.payload_error {
         // nothing can have been sent for it: no attempt ever had a payload
@@ -231,6 +240,36 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         ));
         return (outcome, AmbiguityPolicy::Park);
     };
+    let admitted = d
+        .gate
+        .admit(&claim.kind, claim.destination.as_deref(), &claim.payload)
+        .await;
+    if let Admit::Wait {
+        class,
+        reason,
+        after,
+    } = admitted
+    {
+        metrics::counter!("outbox_destination_deferrals_total", "kind" => kind_label(&claim.kind), "reason" => class)
+            .increment(1);
+        let outcome = Outcome::Deferred {
+            reason,
+            retry_after: after,
+        };
+        return (outcome, provider.on_ambiguous());
+    }
+    let (outcome, policy) = attempt_at(d, claim, provider).await;
+    d.gate.record(&admitted, &outcome).await;
+    (outcome, policy)
+}
+
+/// The attempt itself: reconcile first when the claim was recovered from an
+/// expired lease, then deliver under the intent's derived key.
+async fn attempt_at(
+    d: &Deliverer,
+    claim: &Claimed,
+    provider: &Arc<dyn outbox_providers::Provider>,
+) -> (Outcome, AmbiguityPolicy) {
     let delivery = Delivery {
         intent_id: claim.id,
         key: &claim.key,

@@ -79,6 +79,8 @@ pub struct EngineConfig {
     /// searches run within it).
     pub attempt_times: HashMap<String, Duration>,
     pub retry: RetrySection,
+    /// Rate limits, breakers and alerts per destination.
+    pub health: crate::health::HealthSettings,
 }
 
 impl EngineConfig {
@@ -100,6 +102,11 @@ impl EngineConfig {
                 .map(|k| (k.to_string(), config.attempt_time(k)))
                 .collect(),
             retry: config.retry.clone(),
+            // checked when the configuration was loaded
+            health: config.health().unwrap_or_else(|e| {
+                tracing::error!(error = %format!("{e:#}"), "destination health is misconfigured; limits and breakers are off");
+                crate::health::HealthSettings::default()
+            }),
         }
     }
 }
@@ -157,6 +164,12 @@ impl Engine {
                 .collect::<HashMap<_, _>>(),
             default_policy: cfg.retry.policy("*"),
         };
+        let gate = Arc::new(crate::health::Gate::new(
+            cfg.health.clone(),
+            store.clone(),
+            cfg.owner.clone(),
+            cfg.max_attempt_time,
+        ));
         let deliverer = Arc::new(Deliverer::new(
             providers,
             settings,
@@ -165,6 +178,7 @@ impl Engine {
             sink,
             store.clone(),
             stop_rx.clone(),
+            gate,
         ));
         let claimer = Arc::new(Claimer {
             store: store.clone(),

@@ -42,6 +42,7 @@ pub mod complete;
 pub mod config;
 pub mod dispatch;
 pub mod engine;
+pub mod health;
 pub mod lookup;
 pub mod metrics;
 pub mod reconcile;

@@ -138,6 +138,14 @@ fn describe() {
         "outbox_invariant_violations_total",
         "Attempts that would have stored a 5xx or a timeout as terminal (must stay 0)"
     );
+    describe_counter!(
+        "outbox_destination_deferrals_total",
+        "Deliveries held back by destination health (reason: paused, breaker, slow, limit)"
+    );
+    describe_gauge!(
+        "outbox_destination_state",
+        "Destination health: 0 closed, 1 breaker open, 2 half open (probing), 3 paused"
+    );
     describe_gauge!("outbox_intents", "Intents by kind and state");
     describe_gauge!(
         "outbox_listen_active",

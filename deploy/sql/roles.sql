@@ -37,6 +37,23 @@ GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_re
 GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
 -- the claim asks it whose turn it is within an ordering key (0005)
 GRANT EXECUTE ON FUNCTION outbox.ordering_turn(text, bigint) TO outbox_relay;
+-- destination health (0007): the relay keeps breakers, buckets and alerts;
+-- operators pause and resume destinations (recorded with their role)
+GRANT EXECUTE ON FUNCTION
+    outbox.raise_alert(text, text, timestamptz, jsonb, text, text),
+    outbox.take_tokens(text, double precision, double precision, integer),
+    outbox.destination_failed(text, text, boolean, text, integer, interval, interval, text, text),
+    outbox.destination_succeeded(text, boolean, text, text, text),
+    outbox.take_probe(text, text, interval),
+    outbox.slow_destination(text, timestamptz),
+    outbox.check_dead_alert(bigint, text, text),
+    outbox.destination_of(text, text, jsonb)
+    TO outbox_relay;
+GRANT EXECUTE ON FUNCTION
+    outbox.pause_destination(text, text, text, text, text),
+    outbox.resume_destination(text, text),
+    outbox.destination_of(text, text, jsonb)
+    TO outbox_relay, outbox_operator;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA outbox TO outbox_relay;
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA outbox TO outbox_relay;

@@ -11,6 +11,7 @@
 //! | 4 | conflict: OB409 on enqueue, or the intent's state does not allow the operation |
 //! | 5 | the database is unreachable |
 
+mod destinations;
 mod fleet;
 mod intents;
 mod operate;
@@ -79,6 +80,9 @@ enum Command {
     Schedules(intents::SchedulesArgs),
     /// Ask a running relay whether it is ready (for container health checks).
     Health(HealthArgs),
+    /// Destination health: breaker state, failures, next probe, backlog and
+    /// rate limit of each destination; `pause` and `resume` override it.
+    Destinations(destinations::DestinationsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -284,6 +288,7 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Relays(flag) => fleet::relays(&store, flag.json).await,
         Command::Purge(args) => operate::purge(&store, args).await,
         Command::Schedules(args) => intents::schedules(&store, &config, args).await,
+        Command::Destinations(args) => destinations::destinations(&store, &config, args).await,
         Command::Health(_) => unreachable!("answered before connecting"),
     }
 }

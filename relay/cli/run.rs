@@ -59,6 +59,18 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
         "schedules",
         crate::schedule::run(store.clone(), schedules, stop.clone()),
     ));
+    let health_settings = config
+        .health()
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
+    services.push(Service::new(
+        "destination health",
+        crate::health::run(
+            store.clone(),
+            health_settings,
+            Duration::from_secs(5),
+            stop.clone(),
+        ),
+    ));
     services.push(Service::new(
         "retention",
         crate::retention::run(store.clone(), config.retention.clone(), stop),

@@ -299,7 +299,9 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
                         provider_ref = coalesce(u.provider_ref, i.provider_ref),
                         -- a delivery clears the reason of an earlier failure
                         -- (the attempts keep the history)
-                        last_error = CASE WHEN u.uncounted THEN i.last_error
+                        -- a deferral says why it waits (an open breaker, a
+                        -- paused destination), or keeps the last reason
+                        last_error = CASE WHEN u.uncounted THEN coalesce(u.error, i.last_error)
                                           WHEN u.state = 'delivered' THEN NULL
                                           ELSE coalesce(u.error, i.last_error) END,
                         response = coalesce(u.response, i.response),

@@ -1,0 +1,770 @@
+//! Destination health: rate limits held across relays, circuit breakers
+//! that recover by themselves, manual pauses, and the operator alerts they
+//! raise (schema 0007).
+//!
+//! A *destination* is where a kind's effects go: a webhook's origin
+//! (`scheme://host[:port]`, also for a named endpoint), `smtp`, `charge`,
+//! `nats`, `amqp`. Before an attempt the relay asks the [`Gate`]:
+//!
+//! - paused by an operator, breaker open (no probe due), a 429 still in
+//!   force, no token of its rate limit: the intent is *deferred* (pending
+//!   again, no attempt spent, `last_error` saying why) until it may go;
+//! - an open breaker whose cooldown has passed lets exactly one attempt
+//!   through, the probe, claimed in the database by one relay.
+//!
+//! After the attempt the gate records what the destination did: a
+//! transient failure or an ambiguous outcome counts towards opening the
+//! breaker; an answer (delivered, or refused on purpose) resets the count
+//! and, for the probe, closes it; a 429 or `Retry-After` slows the whole
+//! destination. The healthy path costs no database work: the gate reads
+//! the few unhealthy destinations every half second and writes only when
+//! one fails or recovers, and rate-limited destinations take tokens from
+//! their shared bucket in batches of about 50 ms worth.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
+use outbox_providers::Outcome;
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::store::Store;
+
+/// How often the gate rereads the unhealthy destinations.
+const REFRESH: Duration = Duration::from_millis(500);
+/// How long a deferred intent waits at least, at most.
+const MIN_WAIT: Duration = Duration::from_millis(100);
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// A rate: `per_second` tokens a second, holding at most `burst`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rate {
+    pub per_second: f64,
+    pub burst: f64,
+    /// What the operator wrote, for messages.
+    pub text: String,
+}
+
+impl Rate {
+    /// `"50/s"`, `"600/min"`, `"1000/h"` (also `/sec`, `/second`, `/m`,
+    /// `/minute`, `/hour`).
+    pub fn parse(text: &str) -> Result<Rate, String> {
+        let bad = || {
+            format!("invalid rate {text:?}: write a count per unit, e.g. \"50/s\", \"600/min\", \"1000/h\"")
+        };
+        let (n, unit) = text.trim().split_once('/').ok_or_else(bad)?;
+        let n: f64 = n.trim().parse().map_err(|_| bad())?;
+        let secs = match unit.trim() {
+            "s" | "sec" | "second" => 1.0,
+            "m" | "min" | "minute" => 60.0,
+            "h" | "hour" => 3600.0,
+            _ => return Err(bad()),
+        };
+        if !(n.is_finite() && n > 0.0) {
+            return Err(format!("rate {text:?} must be more than zero"));
+        }
+        let per_second = n / secs;
+        if per_second > 1_000_000.0 {
+            return Err(format!("rate {text:?} is above a million per second"));
+        }
+        Ok(Rate {
+            per_second,
+            // a tenth of a second's worth, at least one: any 5 s window
+            // sees at most 2% more than the rate from the bucket itself
+            burst: (per_second / 10.0).max(1.0),
+            text: text.trim().to_string(),
+        })
+    }
+
+    /// Tokens a relay takes from the bucket at once: about 50 ms worth.
+    fn batch(&self) -> i32 {
+        (self.per_second / 20.0).clamp(1.0, 1000.0) as i32
+    }
+}
+
+/// When a breaker opens and how it probes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BreakerSettings {
+    pub failures: u32,
+    pub cooldown: Duration,
+    pub max_cooldown: Duration,
+}
+
+/// Where operator alerts go.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AlertTarget {
+    pub url: Option<String>,
+    pub endpoint: Option<String>,
+}
+
+/// Destination health as configured: limits, breakers, alerts.
+#[derive(Debug, Clone, Default)]
+pub struct HealthSettings {
+    pub limits: HashMap<String, Rate>,
+    /// None: breakers off.
+    pub breaker: Option<BreakerSettings>,
+    pub overrides: HashMap<String, BreakerSettings>,
+    /// Webhook endpoint names and their origins.
+    pub endpoints: HashMap<String, String>,
+    pub alerts: AlertTarget,
+    pub dead_threshold: Option<u64>,
+}
+
+/// The destinations that are not a URL's origin.
+pub const NAMED: &[&str] = &["smtp", "charge", "nats", "amqp"];
+
+/// `scheme://host[:port]` of a URL, lowercase, without a default port.
+pub fn origin(url: &str) -> Option<String> {
+    let origin = url::Url::parse(url).ok()?.origin();
+    origin.is_tuple().then(|| origin.ascii_serialization())
+}
+
+/// Where an intent's effect goes, or None when the payload does not say
+/// (the provider will refuse it).
+pub fn destination_of(
+    kind: &str,
+    destination: Option<&str>,
+    payload: &Value,
+    endpoints: &HashMap<String, String>,
+) -> Option<String> {
+    match kind {
+        "webhook" => match destination {
+            Some(name) => endpoints.get(name).cloned(),
+            None => payload.get("url").and_then(Value::as_str).and_then(origin),
+        },
+        "email" => Some("smtp".into()),
+        "charge" | "nats" | "amqp" => Some(kind.into()),
+        _ => None,
+    }
+}
+
+/// A destination as an operator names it (an origin, an endpoint name,
+/// `smtp`, ...), as the relay names it.
+pub fn canonical(name: &str, endpoints: &HashMap<String, String>) -> Result<String, String> {
+    if NAMED.contains(&name) {
+        return Ok(name.to_string());
+    }
+    if let Some(o) = endpoints.get(name) {
+        return Ok(o.clone());
+    }
+    match origin(name) {
+        Some(o) if name.contains("://") => Ok(o),
+        _ => Err(format!(
+            "{name:?} is not a destination: give an origin (https://host[:port]), a webhook endpoint name, or one of {}",
+            NAMED.join(", ")
+        )),
+    }
+}
+
+impl HealthSettings {
+    pub fn from_config(config: &Config) -> anyhow::Result<HealthSettings> {
+        let endpoints: HashMap<String, String> = config
+            .webhook
+            .endpoints
+            .iter()
+            .filter_map(|(name, url)| origin(url).map(|o| (name.clone(), o)))
+            .collect();
+        let mut limits = HashMap::new();
+        for (name, rate) in &config.limits {
+            let dest = canonical(name, &endpoints).map_err(|e| anyhow::anyhow!("limits: {e}"))?;
+            let rate = Rate::parse(rate).map_err(|e| anyhow::anyhow!("limits.{name:?}: {e}"))?;
+            if limits.insert(dest.clone(), rate).is_some() {
+                bail!("limits: {dest} is limited twice");
+            }
+        }
+        let b = &config.breaker;
+        let settings = |o: &crate::config::BreakerOverride| BreakerSettings {
+            failures: o.failures.unwrap_or(b.failures),
+            cooldown: o.cooldown.map_or(b.cooldown.0, |d| d.0),
+            max_cooldown: o.max_cooldown.map_or(b.max_cooldown.0, |d| d.0),
+        };
+        let check = |what: &str, s: &BreakerSettings| -> anyhow::Result<()> {
+            if s.failures == 0 {
+                bail!("{what}.failures must be at least 1");
+            }
+            if s.cooldown < Duration::from_millis(100) {
+                bail!("{what}.cooldown must be at least 100ms");
+            }
+            if s.max_cooldown < s.cooldown {
+                bail!("{what}.max_cooldown must be at least its cooldown");
+            }
+            Ok(())
+        };
+        let default = settings(&Default::default());
+        check("breaker", &default)?;
+        let mut overrides = HashMap::new();
+        for (name, o) in &b.overrides {
+            let dest =
+                canonical(name, &endpoints).map_err(|e| anyhow::anyhow!("breaker.overrides: {e}"))?;
+            let s = settings(o);
+            check(&format!("breaker.overrides.{name:?}"), &s)?;
+            overrides.insert(dest, s);
+        }
+        let a = &config.alerts;
+        if a.url.is_some() && a.endpoint.is_some() {
+            bail!("alerts: give url or endpoint, not both");
+        }
+        if let Some(url) = &a.url {
+            outbox_providers::webhook::request::parse_url(url)
+                .map_err(|e| anyhow::anyhow!("alerts.url: {e}"))?;
+        }
+        if let Some(name) = &a.endpoint {
+            if !config.webhook.endpoints.contains_key(name) {
+                bail!("alerts.endpoint {name:?} is not one of [webhook.endpoints]");
+            }
+        }
+        if a.dead_threshold == Some(0) {
+            bail!("alerts.dead_threshold must be at least 1");
+        }
+        Ok(HealthSettings {
+            limits,
+            breaker: b.enabled.then_some(default),
+            overrides,
+            endpoints,
+            alerts: AlertTarget {
+                url: a.url.clone(),
+                endpoint: a.endpoint.clone(),
+            },
+            dead_threshold: a.dead_threshold,
+        })
+    }
+
+    fn breaker_for(&self, dest: &str) -> Option<BreakerSettings> {
+        self.breaker
+            .map(|default| self.overrides.get(dest).copied().unwrap_or(default))
+    }
+}
+
+/// A destination that is not simply healthy, as last read.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DestinationRow {
+    pub name: String,
+    pub state: String,
+    pub failures: i32,
+    pub last_error: Option<String>,
+    pub opened_at: Option<DateTime<Utc>>,
+    pub next_probe_at: Option<DateTime<Utc>>,
+    pub probe_until: Option<DateTime<Utc>>,
+    pub paused_by: Option<String>,
+    pub paused_at: Option<DateTime<Utc>>,
+    pub slow_until: Option<DateTime<Utc>>,
+}
+
+/// What the gate says about one attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admit {
+    /// Go; `probe` when this attempt is the breaker's one probe.
+    Go { destination: Option<String>, probe: bool },
+    /// Not now: defer, saying why (`class`: paused, breaker, slow, limit).
+    Wait {
+        class: &'static str,
+        reason: String,
+        after: Duration,
+    },
+}
+
+#[derive(Default)]
+struct Local {
+    /// The unhealthy destinations, by name.
+    view: HashMap<String, DestinationRow>,
+    read_at: Option<Instant>,
+    /// Rate-limit tokens this relay took and has not spent.
+    tokens: HashMap<String, f64>,
+    /// When the next deferred intent of a limited destination is due back,
+    /// so that deferrals come back spread at the rate, not all at once.
+    next_slot: HashMap<String, Instant>,
+}
+
+/// The relay's view of its destinations' health; see the module docs.
+pub struct Gate {
+    settings: HealthSettings,
+    store: Store,
+    owner: String,
+    /// The longest attempt: how long a probe may hold the half-open state.
+    probe_for: Duration,
+    local: Mutex<Local>,
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+impl Gate {
+    pub fn new(settings: HealthSettings, store: Store, owner: String, probe_for: Duration) -> Gate {
+        Gate {
+            settings,
+            store,
+            owner,
+            probe_for,
+            local: Mutex::new(Local::default()),
+            refreshing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn settings(&self) -> &HealthSettings {
+        &self.settings
+    }
+
+    /// The destination of a claim.
+    pub fn destination(&self, kind: &str, destination: Option<&str>, payload: &Value) -> Option<String> {
+        destination_of(kind, destination, payload, &self.settings.endpoints)
+    }
+
+    /// Reread the unhealthy destinations if the view is older than
+    /// [`REFRESH`] (one relay task at a time; the others use the view they
+    /// have). A database error keeps the old view.
+    async fn refresh(&self) {
+        let stale = |l: &Local| l.read_at.is_none_or(|t| t.elapsed() >= REFRESH);
+        if !stale(&self.local.lock().expect("gate")) {
+            return;
+        }
+        let Ok(_guard) = self.refreshing.try_lock() else {
+            return;
+        };
+        let rows: Result<Vec<DestinationRow>, _> = sqlx::query_as(
+            "SELECT name, state, failures, last_error, opened_at, next_probe_at, probe_until,
+                    paused_by, paused_at, slow_until
+               FROM outbox.destinations
+              WHERE state <> 'closed' OR failures > 0 OR slow_until > now()",
+        )
+        .fetch_all(self.store.pool())
+        .await;
+        let mut local = self.local.lock().expect("gate");
+        match rows {
+            Ok(rows) => {
+                local.view = rows.into_iter().map(|r| (r.name.clone(), r)).collect();
+                local.read_at = Some(Instant::now());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read destination health; keeping the last view");
+                local.read_at = Some(Instant::now());
+            }
+        }
+    }
+
+    /// May an attempt of this intent go now?
+    pub async fn admit(&self, kind: &str, destination: Option<&str>, payload: &Value) -> Admit {
+        let Some(dest) = self.destination(kind, destination, payload) else {
+            return Admit::Go {
+                destination: None,
+                probe: false,
+            };
+        };
+        self.refresh().await;
+        let row = self.local.lock().expect("gate").view.get(&dest).cloned();
+        let now = Utc::now();
+        let until = |t: Option<DateTime<Utc>>| {
+            t.and_then(|t| (t - now).to_std().ok())
+                .unwrap_or(Duration::ZERO)
+                .clamp(MIN_WAIT, MAX_WAIT)
+        };
+        let mut probe = false;
+        if let Some(row) = &row {
+            match row.state.as_str() {
+                "paused" => {
+                    return Admit::Wait {
+                        class: "paused",
+                        reason: format!(
+                            "destination {dest} is paused by {} since {}; `outbox-relay destinations resume {dest}` resumes it",
+                            row.paused_by.as_deref().unwrap_or("an operator"),
+                            row.paused_at.map(|t| t.to_rfc3339()).unwrap_or_default()
+                        ),
+                        after: Duration::from_secs(1),
+                    }
+                }
+                "open" | "half_open" => {
+                    let due = match row.state.as_str() {
+                        "open" => row.next_probe_at.is_none_or(|t| t <= now),
+                        _ => row.probe_until.is_none_or(|t| t < now),
+                    };
+                    if due && self.take_probe(&dest).await {
+                        probe = true;
+                    } else {
+                        let after = match row.state.as_str() {
+                            "open" => until(row.next_probe_at),
+                            _ => Duration::from_millis(500),
+                        };
+                        return Admit::Wait {
+                            class: "breaker",
+                            reason: format!(
+                                "the circuit breaker for {dest} is open since {} after {} consecutive failures (last: {}); next probe at {}",
+                                row.opened_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                                row.failures,
+                                row.last_error.as_deref().unwrap_or("unknown"),
+                                row.next_probe_at.map(|t| t.to_rfc3339()).unwrap_or_default()
+                            ),
+                            after,
+                        };
+                    }
+                }
+                _ => {}
+            }
+            if let Some(slow) = row.slow_until.filter(|t| *t > now) {
+                if !probe {
+                    return Admit::Wait {
+                        class: "slow",
+                        reason: format!(
+                            "{dest} asked to slow down (429 or Retry-After) until {}",
+                            slow.to_rfc3339()
+                        ),
+                        after: until(Some(slow)),
+                    };
+                }
+            }
+        }
+        if let Some(rate) = self.settings.limits.get(&dest) {
+            if !self.take_token(&dest, rate).await {
+                return Admit::Wait {
+                    class: "limit",
+                    reason: format!("rate limit {} for {dest}", rate.text),
+                    after: self.slot(&dest, rate),
+                };
+            }
+        }
+        Admit::Go {
+            destination: Some(dest),
+            probe,
+        }
+    }
+
+    /// One token of `dest`'s bucket: a local one, else a batch from the
+    /// database.
+    async fn take_token(&self, dest: &str, rate: &Rate) -> bool {
+        {
+            let mut local = self.local.lock().expect("gate");
+            let t = local.tokens.entry(dest.to_string()).or_default();
+            if *t >= 1.0 {
+                *t -= 1.0;
+                return true;
+            }
+        }
+        let granted: Result<i32, _> = sqlx::query_scalar("SELECT outbox.take_tokens($1, $2, $3, $4)")
+            .bind(dest)
+            .bind(rate.per_second)
+            .bind(rate.burst)
+            .bind(rate.batch())
+            .fetch_one(self.store.pool())
+            .await;
+        match granted {
+            Ok(n) if n >= 1 => {
+                let mut local = self.local.lock().expect("gate");
+                *local.tokens.entry(dest.to_string()).or_default() += f64::from(n - 1);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, destination = dest, "cannot take rate-limit tokens; deferring");
+                false
+            }
+        }
+    }
+
+    /// When a deferred intent of a limited destination should come back:
+    /// the next free slot at the rate (with 3 relays, each spreads its own).
+    fn slot(&self, dest: &str, rate: &Rate) -> Duration {
+        let mut local = self.local.lock().expect("gate");
+        let now = Instant::now();
+        let step = Duration::from_secs_f64(1.0 / rate.per_second);
+        let next = local
+            .next_slot
+            .get(dest)
+            .copied()
+            .filter(|t| *t > now)
+            .unwrap_or(now)
+            + step;
+        local.next_slot.insert(dest.to_string(), next);
+        (next - now).clamp(MIN_WAIT.min(step), MAX_WAIT)
+    }
+
+    async fn take_probe(&self, dest: &str) -> bool {
+        let taken: Result<bool, _> = sqlx::query_scalar("SELECT outbox.take_probe($1, $2, $3)")
+            .bind(dest)
+            .bind(&self.owner)
+            .bind(interval(self.probe_for + Duration::from_secs(1)))
+            .fetch_one(self.store.pool())
+            .await;
+        let taken = taken.unwrap_or(false);
+        if taken {
+            tracing::info!(destination = dest, "probing an open circuit breaker");
+            self.forget(dest);
+        }
+        taken
+    }
+
+    /// Drop the cached row, so that the next admit rereads it.
+    fn forget(&self, dest: &str) {
+        let mut local = self.local.lock().expect("gate");
+        local.view.remove(dest);
+        local.read_at = None;
+    }
+
+    /// What the destination did with the attempt the gate let through.
+    pub async fn record(&self, admitted: &Admit, outcome: &Outcome) {
+        let Admit::Go {
+            destination: Some(dest),
+            probe,
+        } = admitted
+        else {
+            return;
+        };
+        let probe = *probe;
+        // a 429 or an explicit Retry-After slows the whole destination
+        if let Outcome::Transient {
+            status,
+            retry_after,
+            ..
+        } = outcome
+        {
+            if *status == Some(429) || retry_after.is_some() {
+                let wait = retry_after.unwrap_or(Duration::from_secs(1)).min(MAX_WAIT);
+                let until = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
+                if let Err(e) = sqlx::query("SELECT outbox.slow_destination($1, $2)")
+                    .bind(dest)
+                    .bind(until)
+                    .execute(self.store.pool())
+                    .await
+                {
+                    tracing::warn!(error = %e, destination = %dest, "cannot record a slow-down");
+                }
+                self.forget(dest);
+                if *status == Some(429) && !probe {
+                    // alive, only busy: not a failure of the endpoint
+                    return;
+                }
+            }
+        }
+        let Some(breaker) = self.settings.breaker_for(dest) else {
+            return;
+        };
+        let failed = matches!(outcome, Outcome::Transient { .. } | Outcome::Ambiguous { .. });
+        let answered = matches!(outcome, Outcome::Delivered { .. } | Outcome::Rejected { .. });
+        let alerts = &self.settings.alerts;
+        let result: Result<Option<String>, sqlx::Error> = if failed {
+            sqlx::query_scalar(
+                "SELECT outbox.destination_failed($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(dest)
+            .bind(outcome.reason().map(|r| clip(r, 500)))
+            .bind(probe)
+            .bind(&self.owner)
+            .bind(breaker.failures as i32)
+            .bind(interval(breaker.cooldown))
+            .bind(interval(breaker.max_cooldown))
+            .bind(&alerts.url)
+            .bind(&alerts.endpoint)
+            .fetch_one(self.store.pool())
+            .await
+            .map(Some)
+        } else if answered && (probe || self.unhealthy(dest)) {
+            sqlx::query_scalar("SELECT outbox.destination_succeeded($1, $2, $3, $4, $5)")
+                .bind(dest)
+                .bind(probe)
+                .bind(&self.owner)
+                .bind(&alerts.url)
+                .bind(&alerts.endpoint)
+                .fetch_one(self.store.pool())
+                .await
+                .map(Some)
+        } else {
+            Ok(None)
+        };
+        match result {
+            Ok(Some(state)) => {
+                if probe || state != "closed" {
+                    tracing::info!(destination = %dest, state = %state, probe, "destination health changed");
+                }
+                self.forget(dest);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, destination = %dest, "cannot record destination health"),
+        }
+    }
+
+    /// Does the view show `dest` failing (so that a success must reset it)?
+    fn unhealthy(&self, dest: &str) -> bool {
+        self.local.lock().expect("gate").view.contains_key(dest)
+    }
+
+}
+
+/// The dead-count alert, when configured: raised once per crossing of
+/// `alerts.dead_threshold`.
+pub async fn check_dead_alert(store: &Store, settings: &HealthSettings) {
+    let Some(threshold) = settings.dead_threshold else {
+        return;
+    };
+    let alerts = &settings.alerts;
+    if alerts.url.is_none() && alerts.endpoint.is_none() {
+        return;
+    }
+    if let Err(e) = sqlx::query("SELECT outbox.check_dead_alert($1, $2, $3)")
+        .bind(threshold as i64)
+        .bind(&alerts.url)
+        .bind(&alerts.endpoint)
+        .execute(store.pool())
+        .await
+    {
+        tracing::warn!(error = %e, "cannot check the dead-intent alert");
+    }
+}
+
+/// The most destinations reported by name in `outbox_destination_state`
+/// besides the configured ones; the rest are summed under `other`.
+const GAUGED_DESTINATIONS: usize = 20;
+
+/// `outbox_destination_state{destination}` (0 closed, 1 open, 2 half
+/// open, 3 paused) for the configured destinations and the unhealthy ones
+/// (at most [`GAUGED_DESTINATIONS`] by name, the rest as `other`: the
+/// number of them not closed).
+pub async fn refresh_gauges(
+    store: &Store,
+    settings: &HealthSettings,
+    reported: &mut std::collections::HashSet<String>,
+) -> Result<(), sqlx::Error> {
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, state FROM outbox.destinations WHERE state <> 'closed'
+          ORDER BY opened_at NULLS LAST, name",
+    )
+    .fetch_all(store.pool())
+    .await?;
+    let code = |state: &str| match state {
+        "open" => 1.0,
+        "half_open" => 2.0,
+        "paused" => 3.0,
+        _ => 0.0,
+    };
+    let mut now: HashMap<String, f64> = settings
+        .limits
+        .keys()
+        .chain(settings.overrides.keys())
+        .map(|k| (k.clone(), 0.0))
+        .collect();
+    let mut other = 0.0;
+    let mut named = 0;
+    for (name, state) in rows {
+        if now.contains_key(&name) {
+            now.insert(name, code(&state));
+        } else if named < GAUGED_DESTINATIONS {
+            named += 1;
+            now.insert(name, code(&state));
+        } else {
+            other += 1.0;
+        }
+    }
+    for gone in reported.iter().filter(|n| !now.contains_key(*n)) {
+        metrics::gauge!("outbox_destination_state", "destination" => gone.clone()).set(0.0);
+    }
+    for (name, value) in &now {
+        metrics::gauge!("outbox_destination_state", "destination" => name.clone()).set(*value);
+    }
+    metrics::gauge!("outbox_destination_state", "destination" => "other").set(other);
+    reported.extend(now.into_keys());
+    Ok(())
+}
+
+/// The destination gauges and the dead-count alert, every `every` until
+/// `stop` turns true.
+pub async fn run(
+    store: Store,
+    settings: HealthSettings,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut reported = std::collections::HashSet::new();
+    loop {
+        check_dead_alert(&store, &settings).await;
+        if let Err(e) = refresh_gauges(&store, &settings, &mut reported).await {
+            tracing::debug!(error = %e, "destination gauge refresh failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+fn clip(text: &str, max: usize) -> String {
+    text.chars().take(max).collect()
+}
+
+/// A duration as a Postgres interval.
+pub fn interval(d: Duration) -> sqlx::postgres::types::PgInterval {
+    sqlx::postgres::types::PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: d.as_micros().min(i64::MAX as u128) as i64,
+    }
+}
+
+/// `pause ORIGIN` / `resume ORIGIN`, from the CLI: the name an operator
+/// gave, made canonical.
+pub async fn pause(
+    store: &Store,
+    settings: &HealthSettings,
+    name: &str,
+    reason: Option<&str>,
+) -> anyhow::Result<String> {
+    let dest = canonical(name, &settings.endpoints).map_err(anyhow::Error::msg)?;
+    sqlx::query("SELECT outbox.pause_destination($1, NULL, $2, $3, $4)")
+        .bind(&dest)
+        .bind(reason)
+        .bind(&settings.alerts.url)
+        .bind(&settings.alerts.endpoint)
+        .execute(store.pool())
+        .await
+        .context("pausing the destination")?;
+    Ok(dest)
+}
+
+pub async fn resume(store: &Store, settings: &HealthSettings, name: &str) -> anyhow::Result<(String, bool)> {
+    let dest = canonical(name, &settings.endpoints).map_err(anyhow::Error::msg)?;
+    let resumed: bool = sqlx::query_scalar("SELECT outbox.resume_destination($1, NULL)")
+        .bind(&dest)
+        .fetch_one(store.pool())
+        .await
+        .context("resuming the destination")?;
+    Ok((dest, resumed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rates_parse_with_their_units() {
+        assert_eq!(Rate::parse("50/s").unwrap().per_second, 50.0);
+        assert_eq!(Rate::parse("600/min").unwrap().per_second, 10.0);
+        assert_eq!(Rate::parse(" 3600 / h ").unwrap().per_second, 1.0);
+        assert_eq!(Rate::parse("50/s").unwrap().burst, 5.0);
+        assert_eq!(Rate::parse("2/s").unwrap().burst, 1.0);
+        for bad in ["50", "fast/s", "0/s", "-1/s", "5/day", "1e9/s", "NaN/s"] {
+            assert!(Rate::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn destinations_are_origins_or_names() {
+        let endpoints = HashMap::from([("billing".to_string(), "https://pay.example".to_string())]);
+        let d = |kind, dest, payload: Value| destination_of(kind, dest, &payload, &endpoints);
+        assert_eq!(
+            d("webhook", None, json!({"url": "HTTPS://API.Example:443/a?b"})).as_deref(),
+            Some("https://api.example")
+        );
+        assert_eq!(
+            d("webhook", None, json!({"url": "http://127.0.0.1:8080/x"})).as_deref(),
+            Some("http://127.0.0.1:8080")
+        );
+        assert_eq!(d("webhook", Some("billing"), json!({})).as_deref(), Some("https://pay.example"));
+        assert_eq!(d("webhook", None, json!({"url": 5})), None);
+        assert_eq!(d("webhook", Some("unknown"), json!({})), None);
+        assert_eq!(d("email", None, json!({})).as_deref(), Some("smtp"));
+        assert_eq!(d("charge", None, json!({})).as_deref(), Some("charge"));
+        assert_eq!(d("amqp", None, json!({})).as_deref(), Some("amqp"));
+        assert_eq!(d("sms", None, json!({})), None);
+        assert_eq!(canonical("billing", &endpoints).unwrap(), "https://pay.example");
+        assert_eq!(canonical("https://A.example:443/x", &endpoints).unwrap(), "https://a.example");
+        assert_eq!(canonical("smtp", &endpoints).unwrap(), "smtp");
+        assert!(canonical("partner", &endpoints).unwrap_err().contains("not a destination"));
+    }
+}
