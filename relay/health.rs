@@ -197,8 +197,8 @@ impl HealthSettings {
         check("breaker", &default)?;
         let mut overrides = HashMap::new();
         for (name, o) in &b.overrides {
-            let dest =
-                canonical(name, &endpoints).map_err(|e| anyhow::anyhow!("breaker.overrides: {e}"))?;
+            let dest = canonical(name, &endpoints)
+                .map_err(|e| anyhow::anyhow!("breaker.overrides: {e}"))?;
             let s = settings(o);
             check(&format!("breaker.overrides.{name:?}"), &s)?;
             overrides.insert(dest, s);
@@ -257,7 +257,10 @@ pub struct DestinationRow {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admit {
     /// Go; `probe` when this attempt is the breaker's one probe.
-    Go { destination: Option<String>, probe: bool },
+    Go {
+        destination: Option<String>,
+        probe: bool,
+    },
     /// Not now: defer, saying why (`class`: paused, breaker, slow, limit).
     Wait {
         class: &'static str,
@@ -306,21 +309,40 @@ impl Gate {
     }
 
     /// The destination of a claim.
-    pub fn destination(&self, kind: &str, destination: Option<&str>, payload: &Value) -> Option<String> {
+    pub fn destination(
+        &self,
+        kind: &str,
+        destination: Option<&str>,
+        payload: &Value,
+    ) -> Option<String> {
         destination_of(kind, destination, payload, &self.settings.endpoints)
     }
 
     /// Reread the unhealthy destinations if the view is older than
-    /// [`REFRESH`] (one relay task at a time; the others use the view they
-    /// have). A database error keeps the old view.
+    /// [`REFRESH`] (one relay task at a time). A database error keeps the
+    /// old view.
     async fn refresh(&self) {
         let stale = |l: &Local| l.read_at.is_none_or(|t| t.elapsed() >= REFRESH);
+        let unread = {
+            let local = self.local.lock().expect("gate");
+            if !stale(&local) {
+                return;
+            }
+            local.read_at.is_none()
+        };
+        // with no view yet (or one just dropped) everyone waits for the read;
+        // with a stale one, one task rereads and the others use it
+        let _guard = if unread {
+            self.refreshing.lock().await
+        } else {
+            match self.refreshing.try_lock() {
+                Ok(guard) => guard,
+                Err(_) => return,
+            }
+        };
         if !stale(&self.local.lock().expect("gate")) {
             return;
         }
-        let Ok(_guard) = self.refreshing.try_lock() else {
-            return;
-        };
         let rows: Result<Vec<DestinationRow>, _> = sqlx::query_as(
             "SELECT name, state, failures, last_error, opened_at, next_probe_at, probe_until,
                     paused_by, paused_at, slow_until
@@ -438,13 +460,14 @@ impl Gate {
                 return true;
             }
         }
-        let granted: Result<i32, _> = sqlx::query_scalar("SELECT outbox.take_tokens($1, $2, $3, $4)")
-            .bind(dest)
-            .bind(rate.per_second)
-            .bind(rate.burst)
-            .bind(rate.batch())
-            .fetch_one(self.store.pool())
-            .await;
+        let granted: Result<i32, _> =
+            sqlx::query_scalar("SELECT outbox.take_tokens($1, $2, $3, $4)")
+                .bind(dest)
+                .bind(rate.per_second)
+                .bind(rate.burst)
+                .bind(rate.batch())
+                .fetch_one(self.store.pool())
+                .await;
         match granted {
             Ok(n) if n >= 1 => {
                 let mut local = self.local.lock().expect("gate");
@@ -536,8 +559,14 @@ impl Gate {
         let Some(breaker) = self.settings.breaker_for(dest) else {
             return;
         };
-        let failed = matches!(outcome, Outcome::Transient { .. } | Outcome::Ambiguous { .. });
-        let answered = matches!(outcome, Outcome::Delivered { .. } | Outcome::Rejected { .. });
+        let failed = matches!(
+            outcome,
+            Outcome::Transient { .. } | Outcome::Ambiguous { .. }
+        );
+        let answered = matches!(
+            outcome,
+            Outcome::Delivered { .. } | Outcome::Rejected { .. }
+        );
         let alerts = &self.settings.alerts;
         let result: Result<Option<String>, sqlx::Error> = if failed {
             sqlx::query_scalar(
@@ -576,7 +605,9 @@ impl Gate {
                 self.forget(dest);
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, destination = %dest, "cannot record destination health"),
+            Err(e) => {
+                tracing::warn!(error = %e, destination = %dest, "cannot record destination health")
+            }
         }
     }
 
@@ -584,7 +615,6 @@ impl Gate {
     fn unhealthy(&self, dest: &str) -> bool {
         self.local.lock().expect("gate").view.contains_key(dest)
     }
-
 }
 
 /// The dead-count alert, when configured: raised once per crossing of
@@ -716,7 +746,11 @@ pub async fn pause(
     Ok(dest)
 }
 
-pub async fn resume(store: &Store, settings: &HealthSettings, name: &str) -> anyhow::Result<(String, bool)> {
+pub async fn resume(
+    store: &Store,
+    settings: &HealthSettings,
+    name: &str,
+) -> anyhow::Result<(String, bool)> {
     let dest = canonical(name, &settings.endpoints).map_err(anyhow::Error::msg)?;
     let resumed: bool = sqlx::query_scalar("SELECT outbox.resume_destination($1, NULL)")
         .bind(&dest)
@@ -748,23 +782,39 @@ mod tests {
         let endpoints = HashMap::from([("billing".to_string(), "https://pay.example".to_string())]);
         let d = |kind, dest, payload: Value| destination_of(kind, dest, &payload, &endpoints);
         assert_eq!(
-            d("webhook", None, json!({"url": "HTTPS://API.Example:443/a?b"})).as_deref(),
+            d(
+                "webhook",
+                None,
+                json!({"url": "HTTPS://API.Example:443/a?b"})
+            )
+            .as_deref(),
             Some("https://api.example")
         );
         assert_eq!(
             d("webhook", None, json!({"url": "http://127.0.0.1:8080/x"})).as_deref(),
             Some("http://127.0.0.1:8080")
         );
-        assert_eq!(d("webhook", Some("billing"), json!({})).as_deref(), Some("https://pay.example"));
+        assert_eq!(
+            d("webhook", Some("billing"), json!({})).as_deref(),
+            Some("https://pay.example")
+        );
         assert_eq!(d("webhook", None, json!({"url": 5})), None);
         assert_eq!(d("webhook", Some("unknown"), json!({})), None);
         assert_eq!(d("email", None, json!({})).as_deref(), Some("smtp"));
         assert_eq!(d("charge", None, json!({})).as_deref(), Some("charge"));
         assert_eq!(d("amqp", None, json!({})).as_deref(), Some("amqp"));
         assert_eq!(d("sms", None, json!({})), None);
-        assert_eq!(canonical("billing", &endpoints).unwrap(), "https://pay.example");
-        assert_eq!(canonical("https://A.example:443/x", &endpoints).unwrap(), "https://a.example");
+        assert_eq!(
+            canonical("billing", &endpoints).unwrap(),
+            "https://pay.example"
+        );
+        assert_eq!(
+            canonical("https://A.example:443/x", &endpoints).unwrap(),
+            "https://a.example"
+        );
         assert_eq!(canonical("smtp", &endpoints).unwrap(), "smtp");
-        assert!(canonical("partner", &endpoints).unwrap_err().contains("not a destination"));
+        assert!(canonical("partner", &endpoints)
+            .unwrap_err()
+            .contains("not a destination"));
     }
 }

@@ -107,19 +107,22 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, outbox, pg_temp
 AS $$
 DECLARE
-    v_now     timestamptz := clock_timestamp();
+    v_now     timestamptz;
     v_tokens  double precision;
     v_granted integer;
 BEGIN
     INSERT INTO outbox.destinations AS d (name, tokens, refilled_at)
-    VALUES (p_name, p_burst, v_now)
+    VALUES (p_name, p_burst, clock_timestamp())
     ON CONFLICT (name) DO NOTHING;
+    PERFORM 1 FROM outbox.destinations WHERE name = p_name FOR UPDATE;
+    -- read the clock under the row lock: each holder's is later than the
+    -- last refill, so no interval is credited twice
+    v_now := clock_timestamp();
     SELECT least(p_burst, coalesce(d.tokens, p_burst)
                  + p_rate * greatest(0, extract(epoch FROM v_now - coalesce(d.refilled_at, v_now))))
       INTO v_tokens
       FROM outbox.destinations d
-     WHERE d.name = p_name
-       FOR UPDATE;
+     WHERE d.name = p_name;
     v_granted := greatest(0, least(p_want, floor(v_tokens)::integer));
     UPDATE outbox.destinations
        SET tokens = v_tokens - v_granted, refilled_at = v_now

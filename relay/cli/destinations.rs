@@ -59,7 +59,10 @@ pub struct Destination {
 }
 
 /// Every destination that has a row, a limit or a backlog.
-pub async fn list(store: &Store, settings: &HealthSettings) -> Result<Vec<Destination>, sqlx::Error> {
+pub async fn list(
+    store: &Store,
+    settings: &HealthSettings,
+) -> Result<Vec<Destination>, sqlx::Error> {
     let rows: Vec<DestinationRow> = sqlx::query_as(
         "SELECT name, state, failures, last_error, opened_at, next_probe_at, probe_until,
                 paused_by, paused_at, slow_until
@@ -106,7 +109,9 @@ pub async fn list(store: &Store, settings: &HealthSettings) -> Result<Vec<Destin
         let Some(name) = name else { continue };
         // a named endpoint counts under its origin
         let name = settings.endpoints.get(&name).cloned().unwrap_or(name);
-        out.entry(name.clone()).or_insert_with(|| blank(&name)).pending += count;
+        out.entry(name.clone())
+            .or_insert_with(|| blank(&name))
+            .pending += count;
     }
     Ok(out.into_values().collect())
 }
@@ -123,7 +128,9 @@ pub async fn destinations(store: &Store, config: &Config, args: DestinationsArgs
             let dest = health::pause(store, &settings, &destination, reason.as_deref())
                 .await
                 .map_err(|e| Failure::new(1, format!("{e:#}")))?;
-            println!("paused {dest}: its intents wait until `outbox-relay destinations resume {dest}`");
+            println!(
+                "paused {dest}: its intents wait until `outbox-relay destinations resume {dest}`"
+            );
             Ok(())
         }
         Some(DestinationAction::Resume { destination }) => {

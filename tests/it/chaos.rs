@@ -4,7 +4,8 @@
 //! answers 500 to ~20% of requests and stalls past the timeout on ~2%, the
 //! SMTP server drops ~1% of connections after DATA, one charge in six takes
 //! 1.5 s at Stripe, and Postgres itself (a private cluster), the NATS server
-//! and the RabbitMQ node are each SIGKILLed and restarted once mid-run.
+//! and the RabbitMQ node are each SIGKILLed and restarted once mid-run;
+//! circuit breakers are on (5 failures open one).
 //!
 //! At the end: the intent count is unchanged; every intent is terminal (or
 //! ambiguous with its reason); no transient failure ended terminal; every
@@ -191,6 +192,13 @@ on_ambiguous = "redeliver"
 timeout = "2s"
 connect_timeout = "500ms"
 on_ambiguous = "park"
+
+# breakers on, quick to open and to probe: the 500s, stalls and broker
+# restarts trip them now and then, and nothing may be lost for it
+[breaker]
+failures = 5
+cooldown = "500ms"
+max_cooldown = "2s"
 
 [nats]
 url = "{nats_url}"
@@ -479,6 +487,12 @@ timeout = "2s"
     let amqp_dups: usize = amqp_effects.values().map(|c| c - 1).sum();
     let (amqp_lost, amqp_ambiguous) = explained.get("amqp").copied().unwrap_or_default();
 
+    let breaker_events: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT destination, event, count(*) FROM outbox.destination_events GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     let kills = kills.load(Ordering::Relaxed);
     eprintln!("\n=== chaos drill: {n} intents, {RELAYS} relays, {elapsed:.1?} ===");
     eprintln!(
@@ -513,6 +527,7 @@ timeout = "2s"
         payments.len(),
         payments_per_intent.len()
     );
+    eprintln!("breaker events: {breaker_events:?}");
     eprintln!(
         "nats:    {} messages in the stream for {} intents",
         stream.len(),

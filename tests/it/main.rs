@@ -19,6 +19,7 @@ mod email;
 mod enqueue;
 mod enqueue_many;
 mod hardening;
+mod health;
 mod lifecycle;
 mod lookup;
 mod metrics;

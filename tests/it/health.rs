@@ -1,0 +1,469 @@
+//! Destination health against real receivers, with several relay
+//! processes: an outage that opens a breaker and drains by itself, a rate
+//! limit held across three relays, a 429 storm absorbed, a manual pause,
+//! and the operator alerts each raises once.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::{self, cli, config, engine, Receiver, Reply, TestDb};
+use outbox_relay::config::Dur;
+
+/// A subprocess relay configuration with destination health settings.
+fn relay_config(extra: &str) -> std::path::PathBuf {
+    common::config_file(&format!(
+        r#"
+[relay]
+concurrency = 16
+lease = "4s"
+poll_interval = "50ms"
+sweep_interval = "100ms"
+shutdown_timeout = "5s"
+
+[webhook]
+timeout = "2s"
+allowed_networks = ["127.0.0.0/8"]
+{extra}
+"#
+    ))
+}
+
+/// The alerts the receiver got: (type, subject), in order.
+fn alerts(rx: &Receiver) -> Vec<(String, String)> {
+    rx.requests()
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
+        .map(|b| {
+            (
+                b["type"].as_str().unwrap_or_default().to_string(),
+                b["subject"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// How many attempts the retry schedule alone makes of one intent in
+/// `span` (the last step repeating).
+fn scheduled_attempts(steps: &[f64], span: f64) -> usize {
+    let (mut t, mut n) = (0.0, 0);
+    while t < span {
+        n += 1;
+        t += steps[(n - 1).min(steps.len() - 1)];
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_opens_the_breaker_spares_the_healthy_endpoint_and_drains_by_itself() {
+    let db = TestDb::new().await;
+    const OUTAGE: Duration = Duration::from_secs(10);
+    let outage_ends: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let ends = outage_ends.clone();
+    let failing = Receiver::start(move |_, _| match *ends.lock().unwrap() {
+        Some(end) if Instant::now() < end => Reply::status(503),
+        _ => Reply::status(200),
+    })
+    .await;
+    let healthy = Receiver::start(|_, _| Reply::status(200).after(Duration::from_millis(5))).await;
+    let alert_rx = Receiver::ok().await;
+    let steps = [0.2, 0.5, 1.0];
+    let cfg = relay_config(&format!(
+        r#"
+[retry]
+schedule = ["200ms", "500ms", "1s"]
+max_attempts = 50
+jitter = 0.1
+
+[breaker]
+failures = 10
+cooldown = "1s"
+max_cooldown = "2s"
+
+[alerts]
+url = "{}"
+"#,
+        alert_rx.url("/alerts")
+    ));
+    let began = Instant::now();
+    *outage_ends.lock().unwrap() = Some(began + OUTAGE);
+    for n in 0..300 {
+        db.enqueue(
+            &format!("failing:{n}"),
+            "webhook",
+            json!({"url": failing.url("/hook"), "body": {"n": n}}),
+        )
+        .await;
+        db.enqueue(
+            &format!("healthy:{n}"),
+            "webhook",
+            json!({"url": healthy.url("/hook"), "body": {"n": n}}),
+        )
+        .await;
+    }
+    let mut relays: Vec<_> = (0..3)
+        .map(|r| common::spawn_relay(&db, &cfg, &format!("health-{r}")))
+        .collect();
+
+    // the healthy endpoint's intents go as if nothing happened
+    assert!(
+        common::wait_for(OUTAGE, || async {
+            db.count("key LIKE 'healthy:%' AND state = 'delivered'")
+                .await
+                == 300
+        })
+        .await,
+        "the healthy endpoint's intents were delivered during the outage"
+    );
+    let healthy_done = began.elapsed();
+    assert_eq!(
+        db.count("key LIKE 'healthy:%' AND attempts <> 1").await,
+        0,
+        "one attempt each"
+    );
+
+    // while it is open: the CLI shows it, waiting intents say why
+    let failing_origin = format!("http://{}", failing.addr);
+    let out = cli(&db, &["destinations", "--json"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let row = list
+        .iter()
+        .find(|d| d["name"] == failing_origin.as_str())
+        .unwrap_or_else(|| panic!("{failing_origin} in {list:?}"));
+    if began.elapsed() < OUTAGE {
+        assert!(
+            matches!(row["state"].as_str(), Some("open" | "half_open")),
+            "{row}"
+        );
+        assert!(row["pending"].as_i64().unwrap() > 0, "{row}");
+        let waiting: i64 = db
+            .count("key LIKE 'failing:%' AND state = 'pending' AND last_error LIKE 'the circuit breaker for%is open%'")
+            .await;
+        assert!(waiting > 0, "pending intents name the open breaker");
+    }
+
+    // recovery: every intent delivered within seconds, no operator action
+    assert!(
+        common::wait_for(OUTAGE + Duration::from_secs(10), || async {
+            db.count("key LIKE 'failing:%' AND state = 'delivered'")
+                .await
+                == 300
+        })
+        .await,
+        "the failing endpoint's backlog drained after it recovered: {} delivered",
+        db.count("key LIKE 'failing:%' AND state = 'delivered'")
+            .await
+    );
+    let drained_after = began.elapsed().saturating_sub(OUTAGE);
+    assert_eq!(db.count("state = 'dead'").await, 0, "nothing ended dead");
+    let end = began + OUTAGE;
+    let during = failing.requests().iter().filter(|r| r.at < end).count();
+    let by_schedule = 300 * scheduled_attempts(&steps, OUTAGE.as_secs_f64());
+    eprintln!(
+        "outage: healthy endpoint done after {healthy_done:?}; {during} requests to the failing \
+         endpoint during its {OUTAGE:?} outage (the retry schedule alone: about {by_schedule}); \
+         its backlog drained {drained_after:?} after it recovered"
+    );
+    assert!(
+        during * 10 < by_schedule,
+        "the breaker bounded the attempts: {during} vs {by_schedule}"
+    );
+    assert!(
+        drained_after < Duration::from_secs(8),
+        "drained within seconds of recovery: {drained_after:?}"
+    );
+
+    // one alert per event, with three relays
+    assert!(
+        common::wait_for(Duration::from_secs(10), || async {
+            alerts(&alert_rx).iter().any(|a| a.0 == "breaker.closed")
+        })
+        .await,
+        "the close alert arrived: {:?}",
+        alerts(&alert_rx)
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = alerts(&alert_rx);
+    let count = |t: &str| {
+        got.iter()
+            .filter(|a| a.0 == t && a.1 == failing_origin)
+            .count()
+    };
+    assert_eq!(count("breaker.opened"), 1, "{got:?}");
+    assert_eq!(count("breaker.closed"), 1, "{got:?}");
+    assert!(
+        alert_rx
+            .requests()
+            .iter()
+            .all(|r| r.header("webhook-signature").is_some() || r.header("webhook-id").is_some()),
+        "alerts are webhooks with their headers"
+    );
+    let events: Vec<String> = sqlx::query_scalar(
+        "SELECT event FROM outbox.destination_events WHERE destination = $1 ORDER BY id",
+    )
+    .bind(&failing_origin)
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        events.first().map(String::as_str),
+        Some("opened"),
+        "{events:?}"
+    );
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("closed"),
+        "{events:?}"
+    );
+    for r in &mut relays {
+        common::terminate(r).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_in_every_five_second_window_across_three_relays() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let origin = format!("http://{}", rx.addr);
+    let other = Receiver::ok().await;
+    let cfg = relay_config(&format!(
+        r#"
+[retry]
+schedule = ["50ms"]
+jitter = 0.0
+
+[limits]
+"{origin}" = "50/s"
+"#
+    ));
+    const N: usize = 500;
+    for n in 0..N {
+        db.enqueue(
+            &format!("limited:{n}"),
+            "webhook",
+            json!({"url": rx.url("/hook"), "body": {"n": n}}),
+        )
+        .await;
+    }
+    for n in 0..100 {
+        db.enqueue(
+            &format!("other:{n}"),
+            "webhook",
+            json!({"url": other.url("/hook"), "body": {"n": n}}),
+        )
+        .await;
+    }
+    let began = Instant::now();
+    let mut relays: Vec<_> = (0..3)
+        .map(|r| common::spawn_relay(&db, &cfg, &format!("limit-{r}")))
+        .collect();
+    // another destination is not slowed by the limited one
+    assert!(
+        common::wait_for(Duration::from_secs(5), || async {
+            db.count("key LIKE 'other:%' AND state = 'delivered'").await == 100
+        })
+        .await,
+        "the unlimited destination went at once"
+    );
+    assert!(
+        common::wait_for(Duration::from_secs(40), || async {
+            db.count("key LIKE 'limited:%' AND state = 'delivered'")
+                .await
+                == N as i64
+        })
+        .await,
+        "the limited destination drained: {}",
+        db.count("key LIKE 'limited:%' AND state = 'delivered'")
+            .await
+    );
+    let took = began.elapsed();
+    for r in &mut relays {
+        common::terminate(r).await;
+    }
+    let mut at: Vec<Instant> = rx.requests().iter().map(|r| r.at).collect();
+    at.sort();
+    assert_eq!(at.len(), N, "one request per intent");
+    let first = at[0];
+    let mut per_second = vec![0usize; 1 + (at[N - 1] - first).as_secs() as usize];
+    for t in &at {
+        per_second[(*t - first).as_secs() as usize] += 1;
+    }
+    eprintln!("requests per second: {per_second:?}");
+    // the most requests in any 5 s window
+    let window = Duration::from_secs(5);
+    let busiest = (0..at.len())
+        .map(|i| at[i..].iter().take_while(|t| **t < at[i] + window).count())
+        .max()
+        .unwrap();
+    let attempts = db.count("key LIKE 'limited:%' AND attempts <> 1").await;
+    eprintln!(
+        "rate limit 50/s, 3 relays: {N} requests in {took:?}, at most {busiest} in any 5 s window \
+         (limit 250, +10% = 275); {attempts} intents took more than one attempt"
+    );
+    assert!(busiest <= 275, "{busiest} requests in one 5 s window");
+    // and it is not starved either: the whole drain ran near the rate
+    let span = (at[N - 1] - at[0]).as_secs_f64();
+    assert!(
+        (N as f64 / span) > 40.0,
+        "the drain ran at {:.1}/s",
+        N as f64 / span
+    );
+    assert_eq!(attempts, 0, "a held-back intent spends no attempt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_storm_slows_the_whole_destination_and_no_intent_dies() {
+    let db = TestDb::new().await;
+    let storm_ends = Instant::now() + Duration::from_secs(3);
+    let rx = Receiver::start(move |_, _| {
+        if Instant::now() < storm_ends {
+            Reply::status(429).header("retry-after", "1")
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
+    for n in 0..200 {
+        db.enqueue(
+            &format!("storm:{n}"),
+            "webhook",
+            json!({"url": rx.url("/hook"), "body": {"n": n}}),
+        )
+        .await;
+    }
+    let mut cfg = config();
+    cfg.retry.max_attempts = 5;
+    cfg.retry.schedule = vec![Dur(Duration::from_millis(50))];
+    common::run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(30),
+        || async { db.count("state IN ('delivered', 'dead')").await == 200 },
+    )
+    .await;
+    assert_eq!(db.count("state = 'dead'").await, 0, "no intent went dead");
+    let storm: usize = rx.requests().iter().filter(|r| r.at < storm_ends).count();
+    eprintln!("429 storm of 3 s: {storm} requests answered 429 for 200 intents");
+    // one 429 slows every intent of the destination: a few waves, not
+    // every intent on its own schedule (about 3 each, 600 in all)
+    assert!(storm < 150, "{storm} requests during the storm");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_pauses_and_resumes_a_destination_and_both_are_recorded() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let alert_rx = Receiver::ok().await;
+    let origin = format!("http://{}", rx.addr);
+    let file = relay_config(&format!(
+        "[alerts]\nurl = \"{}\"\n",
+        alert_rx.url("/alerts")
+    ));
+    let run = |args: Vec<String>| {
+        let file = file.clone();
+        let url = db.url.clone();
+        async move {
+            tokio::process::Command::new(common::relay_bin())
+                .args(&args)
+                .env("DATABASE_URL", url)
+                .env("OUTBOX_RELAY_CONFIG", &file)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let out = run(vec![
+        "destinations".into(),
+        "pause".into(),
+        format!("{origin}/ignored/path"),
+        "--reason".into(),
+        "partner maintenance".into(),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("paused {origin}")));
+    for n in 0..5 {
+        db.enqueue(
+            &format!("held:{n}"),
+            "webhook",
+            json!({"url": rx.url("/hook"), "body": {"n": n}}),
+        )
+        .await;
+    }
+    let mut cfg = config();
+    cfg.alerts.url = Some(alert_rx.url("/alerts"));
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    assert!(
+        rx.requests().is_empty(),
+        "nothing is sent to a paused destination"
+    );
+    let i = db.store.find("held:0").await.unwrap();
+    assert_eq!((i.state.as_str(), i.attempts), ("pending", 0), "{i:?}");
+    assert!(
+        i.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("is paused by"),
+        "{i:?}"
+    );
+    let out = run(vec!["destinations".into(), "--json".into()]).await;
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let row = list.iter().find(|d| d["name"] == origin.as_str()).unwrap();
+    assert_eq!(row["state"], "paused");
+    assert_eq!(row["pending"], 5);
+    assert!(row["paused_by"].as_str().is_some_and(|a| !a.is_empty()));
+    let table = run(vec!["destinations".into()]).await;
+    assert!(String::from_utf8_lossy(&table.stdout).contains("paused by"));
+
+    let out = run(vec!["destinations".into(), "resume".into(), origin.clone()]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // the deferral's wait is about a second
+    common::run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(10),
+        || async { db.count("key LIKE 'held:%' AND state = 'delivered'").await == 5 },
+    )
+    .await;
+    let events: Vec<(String, String, Option<Value>)> = sqlx::query_as(
+        "SELECT event, actor, detail FROM outbox.destination_events WHERE destination = $1 ORDER BY id",
+    )
+    .bind(&origin)
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    let names: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(names, ["paused", "resumed"]);
+    assert_eq!(
+        events[0].2.as_ref().unwrap()["reason"],
+        "partner maintenance"
+    );
+    assert!(events.iter().all(|e| !e.1.is_empty()), "each has its actor");
+    let got = alerts(&alert_rx);
+    assert_eq!(
+        got.iter().filter(|a| a.0 == "destination.paused").count(),
+        1,
+        "{got:?}"
+    );
+    // an unknown name is refused with the forms it takes
+    let out = run(vec![
+        "destinations".into(),
+        "pause".into(),
+        "partner".into(),
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a destination"));
+}
