@@ -40,6 +40,8 @@ outbox_reconcile_total
 outbox_deferrals_total
 outbox_invariant_violations_total
 outbox_intents
+outbox_destination_state
+outbox_destination_deferrals_total
 outbox_oldest_due_seconds
 outbox_listen_active
 outbox_attempt_duration_seconds_bucket

@@ -1098,6 +1098,63 @@ mod tests {
     }
 
     #[test]
+    fn destination_health_settings_are_checked() {
+        let c = load_str(
+            r#"
+            [webhook.endpoints]
+            billing = "https://Pay.Example:443/hooks"
+            [limits]
+            "https://api.partner.example/ignored" = "50/s"
+            billing = "600/min"
+            smtp = "20/s"
+            [breaker]
+            failures = 5
+            [breaker.overrides.charge]
+            cooldown = "5s"
+            [alerts]
+            endpoint = "billing"
+            dead_threshold = 10
+            "#,
+            &[],
+        )
+        .unwrap();
+        let h = c.health().unwrap();
+        assert_eq!(h.limits["https://api.partner.example"].per_second, 50.0);
+        assert_eq!(h.limits["https://pay.example"].per_second, 10.0);
+        assert_eq!(h.limits["smtp"].per_second, 20.0);
+        let b = h.breaker.unwrap();
+        assert_eq!((b.failures, b.cooldown), (5, Duration::from_secs(30)));
+        assert_eq!(h.overrides["charge"].cooldown, Duration::from_secs(5));
+        assert_eq!(h.overrides["charge"].failures, 5);
+        assert_eq!(h.alerts.endpoint.as_deref(), Some("billing"));
+        for (text, says) in [
+            ("[limits]\npartner = \"50/s\"", "is not a destination"),
+            ("[limits]\nsmtp = \"fast\"", "invalid rate"),
+            ("[limits]\nsmtp = \"0/s\"", "more than zero"),
+            (
+                "[breaker]\nfailures = 0",
+                "breaker.failures must be at least 1",
+            ),
+            (
+                "[breaker]\ncooldown = \"1m\"\nmax_cooldown = \"10s\"",
+                "max_cooldown",
+            ),
+            (
+                "[alerts]\nurl = \"https://a.example/\"\nendpoint = \"x\"",
+                "not both",
+            ),
+            (
+                "[alerts]\nendpoint = \"ops\"",
+                "is not one of [webhook.endpoints]",
+            ),
+            ("[alerts]\nurl = \"ftp://a.example/\"", "alerts.url"),
+        ] {
+            let err = format!("{:#}", load_str(text, &[]).unwrap_err());
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
+
+    #[test]
     fn empty_config_gives_the_documented_defaults() {
         let c = Config::load(None, Vec::new()).unwrap();
         assert_eq!(c.relay.concurrency, 64);

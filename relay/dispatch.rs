@@ -85,8 +85,14 @@ impl Deliverer {
         sink: Sink,
         store: Store,
         stopping: watch::Receiver<bool>,
-        gate: Arc<Gate>,
     ) -> Deliverer {
+        // no limits, breakers off: replaced by the engine's (with_gate)
+        let gate = Arc::new(Gate::new(
+            Default::default(),
+            store.clone(),
+            String::new(),
+            settings.max_attempt_time,
+        ));
         Deliverer {
             providers,
             settings,
@@ -99,8 +105,10 @@ impl Deliverer {
         }
     }
 
-    pub fn gate(&self) -> &Arc<Gate> {
-        &self.gate
+    /// Destination health for this relay's attempts.
+    pub fn with_gate(mut self, gate: Arc<Gate>) -> Deliverer {
+        self.gate = gate;
+        self
     }
 
     /// The kinds this relay delivers.

@@ -170,16 +170,18 @@ impl Engine {
             cfg.owner.clone(),
             cfg.max_attempt_time,
         ));
-        let deliverer = Arc::new(Deliverer::new(
-            providers,
-            settings,
-            cfg.concurrency,
-            budget.clone(),
-            sink,
-            store.clone(),
-            stop_rx.clone(),
-            gate,
-        ));
+        let deliverer = Arc::new(
+            Deliverer::new(
+                providers,
+                settings,
+                cfg.concurrency,
+                budget.clone(),
+                sink,
+                store.clone(),
+                stop_rx.clone(),
+            )
+            .with_gate(gate),
+        );
         let claimer = Arc::new(Claimer {
             store: store.clone(),
             query: ClaimQuery::new(cfg.batch_size as i64, &unserved),

@@ -672,13 +672,15 @@ pub async fn refresh_gauges(
     let mut other = 0.0;
     let mut named = 0;
     for (name, state) in rows {
-        if now.contains_key(&name) {
-            now.insert(name, code(&state));
-        } else if named < GAUGED_DESTINATIONS {
-            named += 1;
-            now.insert(name, code(&state));
-        } else {
-            other += 1.0;
+        match now.entry(name) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                e.insert(code(&state));
+            }
+            std::collections::hash_map::Entry::Vacant(e) if named < GAUGED_DESTINATIONS => {
+                named += 1;
+                e.insert(code(&state));
+            }
+            std::collections::hash_map::Entry::Vacant(_) => other += 1.0,
         }
     }
     for gone in reported.iter().filter(|n| !now.contains_key(*n)) {
