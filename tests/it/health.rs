@@ -467,3 +467,57 @@ async fn an_operator_pauses_and_resumes_a_destination_and_both_are_recorded() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a destination"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_count_alert_is_raised_once_per_crossing_by_any_number_of_relays() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|_, _| Reply::status(503)).await;
+    let alert_rx = Receiver::ok().await;
+    for n in 0..3 {
+        db.enqueue(
+            &format!("doomed:{n}"),
+            "webhook",
+            json!({"url": rx.url("/hook"), "body": {"n": n}}),
+        )
+        .await;
+    }
+    let mut cfg = config();
+    cfg.retry.max_attempts = 1;
+    cfg.alerts.url = Some(alert_rx.url("/alerts"));
+    cfg.alerts.dead_threshold = Some(3);
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    assert_eq!(db.count("state = 'dead'").await, 3);
+    let settings = cfg.health().unwrap();
+    // three relays' health loops at the same moment, twice
+    for _ in 0..2 {
+        let checks = (0..3).map(|_| {
+            let store = db.store.clone();
+            let settings = settings.clone();
+            tokio::spawn(async move {
+                outbox_relay::health::check_dead_alert(&store, &settings).await
+            })
+        });
+        for c in checks.collect::<Vec<_>>() {
+            c.await.unwrap();
+        }
+    }
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let got = alerts(&alert_rx);
+    assert_eq!(got, [("dead.threshold".to_string(), "dead".to_string())]);
+    let body: Value = serde_json::from_slice(&alert_rx.requests()[0].body).unwrap();
+    assert_eq!(body["detail"]["dead"], 3);
+    // below the threshold the latch drops; the next crossing alerts again
+    sqlx::query("UPDATE outbox.intents SET state = 'cancelled' WHERE key = 'doomed:0'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    outbox_relay::health::check_dead_alert(&db.store, &settings).await;
+    sqlx::query("UPDATE outbox.intents SET state = 'dead' WHERE key = 'doomed:0'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    outbox_relay::health::check_dead_alert(&db.store, &settings).await;
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    assert_eq!(alerts(&alert_rx).len(), 2, "{:?}", alerts(&alert_rx));
+}
