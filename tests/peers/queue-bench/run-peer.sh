@@ -7,8 +7,8 @@
 # with --sweep it prints the settings of PEER's knobs the bench tries, one
 # JSON object of environment variables per line.
 #
-# A Node.js peer (PEER.mjs) needs Node.js 18 or later with npm;
-# a Python peer (PEER-peer.py) needs Python 3.10 or later with venv.
+# A Node.js peer (PEER.mjs) needs Node.js 18 or later (pg-boss: 20) with
+# npm; a Python peer (PEER-peer.py) needs Python 3.10 or later with venv.
 # Both are installed with apt-get when missing and run as root on
 # Debian/Ubuntu; the pinned peer packages (package-lock.json,
 # requirements.txt) are installed on first use, the Python ones into a
@@ -81,6 +81,7 @@ prepare_node() {
 		fi
 	fi
 	local major need=18
+	[ "$PEER" = pg-boss ] && need=20
 	major=$(node -p 'process.versions.node.split(".")[0]')
 	[ "$major" -ge "$need" ] || die "Node.js $(node --version) is too old for the $PEER peer: it needs $need or later"
 	# the pinned versions, once (again when the lock file changes)
