@@ -20,7 +20,7 @@
 import { run, makeWorkerUtils, Logger } from "graphile-worker";
 import { answerSweep, body, env, poster, sleep, timeEnqueue, versionOf } from "./shared.js";
 
-answerSweep({ LOCAL_QUEUE_SIZE: [500, 1000, 2000], BATCH_DELAY_MS: [0, 50, 250] });
+answerSweep({ LOCAL_QUEUE_SIZE: [500, 2000, 5000], BATCH_DELAY_MS: [0, 250, 500] });
 
 const connectionString = env("DATABASE_URL");
 const hook = env("HOOK_URL");

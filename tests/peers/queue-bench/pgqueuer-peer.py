@@ -37,7 +37,7 @@ import asyncpg
 from pgqueuer import Job, QueueManager, Queries
 from pgqueuer.db import AsyncpgDriver, AsyncpgPoolDriver
 
-SWEEP = {"DRIVER": ["connection", "pool"], "BATCH_SIZE": [32, 100, 500]}
+SWEEP = {"DRIVER": ["connection", "pool"], "BATCH_SIZE": [100, 500, 2000]}
 
 
 def env(name: str, default: str | None = None) -> str:
