@@ -10,9 +10,12 @@
 //! thread; enqueue→delivered latency at a steady offered load (LISTEN/NOTIFY
 //! wake-ups); and the process's peak RSS. Optionally it scales out to
 //! several relay processes (`--relays`), grows the delivered history
-//! (`--history`), and drains the same workload with peer job queues
-//! (`--peers`, tests/peers/queue-bench) against the same receiver. Ratios
-//! measured in one run are the figures to compare: these machines are noisy.
+//! (`--history`), and compares peer job queues (`--peers`,
+//! tests/peers/queue-bench, see [`crate::peers`]): each one's bulk enqueue
+//! and its drain of the same workload against the same receiver, at the
+//! best of a small sweep of its batch knobs, beside the relay's own bulk
+//! enqueue and drain just before and after it. Ratios measured in one run
+//! are the figures to compare: these machines are noisy.
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +27,8 @@ use outbox_relay::config::Config;
 use outbox_relay::engine::{Engine, EngineConfig};
 use outbox_relay::store::{enqueue, NewIntent, Store};
 
-use crate::drains::{peer_command, peer_drain, relay_run, scale_out_drain};
+use crate::drains::{relay_run, scale_out_drain};
+use crate::peers::{peer_sweep, prepare, Setting};
 use crate::receiver::{peak_rss_mb, receiver};
 pub use crate::report::print;
 use crate::report::{CeilingPoint, Report, ScaleOut};
@@ -67,6 +71,7 @@ pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow:
             runner.display()
         );
     }
+    let mut sweeps = Vec::new();
     for peer in &args.peers {
         if !args.peers_dir.join(format!("{peer}.mjs")).is_file()
             && !args.peers_dir.join(format!("{peer}-peer.py")).is_file()
@@ -76,17 +81,8 @@ pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow:
                 args.peers_dir.display()
             );
         }
-        // installs what the peer needs (or says what is missing) now
-        let status = peer_command(&runner)
-            .arg("--prepare")
-            .arg(peer)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot run bash {}: {e}", runner.display()))?;
-        if !status.success() {
-            anyhow::bail!("peer {peer} cannot run here ({status}); its messages are above");
-        }
+        // installs what the peer needs (or says what is missing) and reads its sweep now
+        sweeps.push((peer.clone(), prepare(&runner, peer).await?));
     }
     let admin: PgConnectOptions = server_url.parse()?;
     let name = format!("outbox_bench_{}", std::process::id());
@@ -99,7 +95,7 @@ pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow:
     let url = db_opts.to_url_lossy().to_string();
     let store = Store::connect(&url, (args.in_flight as u32 / 4).max(4) + 4).await?;
     store.migrate().await?;
-    let result = measure(&store, config, args, &url, server_url).await;
+    let result = measure(&store, config, args, &url, server_url, &sweeps).await;
     store.pool().close().await;
     if !args.keep {
         conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
@@ -117,6 +113,7 @@ async fn measure(
     args: &BenchArgs,
     db_url: &str,
     server_url: &str,
+    sweeps: &[(String, Vec<Setting>)],
 ) -> anyhow::Result<Report> {
     let (port, _receiver, seen) = receiver()?;
     let url = format!("http://127.0.0.1:{port}/hook");
@@ -316,19 +313,17 @@ async fn measure(
     // each peer is compared with the relay runs on either side of it
     let mut relay_runs = Vec::new();
     let mut peers = Vec::new();
-    if !args.peers.is_empty() {
+    if !sweeps.is_empty() {
         seen.set_delay(Duration::ZERO);
-        relay_runs.push(relay_run(store, args, db_url, &url, &seen).await?);
-        for peer in &args.peers {
-            eprintln!(
-                "bench: peers: drain {n} webhooks with {peer}, {} in flight, same receiver",
-                args.in_flight
-            );
-            let mut run = peer_drain(store, args, server_url, &url, peer, &seen).await?;
-            relay_runs.push(relay_run(store, args, db_url, &url, &seen).await?);
+        relay_runs.push(relay_run(store, args, db_url, &url, &seen, &payload).await?);
+        for (peer, settings) in sweeps {
+            let mut run = peer_sweep(store, args, server_url, &url, peer, settings, &seen).await?;
+            relay_runs.push(relay_run(store, args, db_url, &url, &seen, &payload).await?);
             let around = &relay_runs[relay_runs.len() - 2..];
             let relay = around.iter().map(|r| r.drain_per_s).sum::<f64>() / 2.0;
             run.relay_speedup = relay / run.drain_per_s;
+            let relay_enqueue = around.iter().map(|r| r.enqueue_many_per_s).sum::<f64>() / 2.0;
+            run.relay_enqueue_ratio = relay_enqueue / run.enqueue_per_s;
             peers.push(run);
         }
     }

@@ -1,15 +1,15 @@
-//! Drains by separate processes against the bench's receiver: relay
-//! processes (scale-out, and the relay runs beside the peers) and the peer
-//! job queues (tests/peers/queue-bench/run-peer.sh).
+//! Drains by separate relay processes against the bench's receiver: the
+//! scale-out, and the relay runs beside the peers (crate::peers).
 
 use std::time::{Duration, Instant};
 
 use outbox_relay::store::Store;
 
 use crate::bench::BenchArgs;
+use crate::peers::ENQUEUE_PER_CALL;
 use crate::receiver::{peak_rss_mb_of, Seen};
-use crate::report::{PeerRun, RelayRun, ScaleOut};
-use crate::sql::{run_sql, wait_delivered};
+use crate::report::{RelayRun, ScaleOut};
+use crate::sql::{enqueue_many_statements, run_sql, wait_delivered};
 
 /// Start `relays` separate `outbox-relay run` processes on the bench
 /// database, let them go idle, commit `n` intents in one transaction and
@@ -104,146 +104,32 @@ pub(crate) async fn scale_out_drain(
     })
 }
 
-/// One `outbox-relay run` process drains the peers' workload.
+/// Beside the peers: the relay's bulk enqueue (`outbox.enqueue_many`, as
+/// many per statement as the peers add per call, into an empty table), then
+/// one `outbox-relay run` process drains the peers' workload.
 pub(crate) async fn relay_run(
     store: &Store,
     args: &BenchArgs,
     db_url: &str,
     hook_url: &str,
     seen: &Seen,
+    payload: &impl Fn(usize) -> serde_json::Value,
 ) -> anyhow::Result<RelayRun> {
+    let n = args.intents;
+    eprintln!("bench: peers: enqueue_many of {n} intents, {ENQUEUE_PER_CALL} per statement");
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    let t = Instant::now();
+    enqueue_many_statements(store, n, ENQUEUE_PER_CALL, "peers-bulk", payload).await?;
+    let enqueue_many_per_s = n as f64 / t.elapsed().as_secs_f64();
     eprintln!(
-        "bench: peers: drain {} webhooks with one relay process, {} in flight, receiver answering at once",
-        args.intents, args.in_flight
+        "bench: peers: drain {n} webhooks with one relay process, {} in flight, receiver answering at once",
+        args.in_flight
     );
     let run = scale_out_drain(store, args, db_url, hook_url, 1, seen).await?;
     Ok(RelayRun {
+        enqueue_many_per_s,
         drain_per_s: run.drain_per_s,
         requests: run.requests,
         duplicate_requests: run.duplicate_requests,
-    })
-}
-
-/// `bash run-peer.sh` with a clean environment, as the bench's relays get:
-/// only what finding and installing programs needs (the search path, home
-/// and locale, proxies, CA bundles and the package managers' own
-/// settings), so none of the caller's credentials or tuning reach a peer.
-pub(crate) fn peer_command(runner: &std::path::Path) -> tokio::process::Command {
-    const KEEP: &[&str] = &[
-        "PATH",
-        "HOME",
-        "XDG_CACHE_HOME",
-        "LANG",
-        "LC_ALL",
-        "TMPDIR",
-        "http_proxy",
-        "https_proxy",
-        "no_proxy",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "NO_PROXY",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "NODE_EXTRA_CA_CERTS",
-    ];
-    const KEEP_PREFIXES: &[&str] = &["PIP_", "npm_config_", "NPM_CONFIG_"];
-    let mut cmd = tokio::process::Command::new("bash");
-    cmd.arg(runner)
-        .env_clear()
-        .stdin(std::process::Stdio::null());
-    for (key, value) in std::env::vars_os() {
-        let Some(name) = key.to_str() else { continue };
-        if KEEP.contains(&name) || KEEP_PREFIXES.iter().any(|p| name.starts_with(p)) {
-            cmd.env(&key, value);
-        }
-    }
-    cmd
-}
-
-/// Run one peer job queue (tests/peers/queue-bench/run-peer.sh PEER) on the
-/// same workload in a scratch database of its own on the same server, and
-/// check with the receiver that it really sent every request.
-pub(crate) async fn peer_drain(
-    store: &Store,
-    args: &BenchArgs,
-    server_url: &str,
-    hook_url: &str,
-    peer: &str,
-    seen: &Seen,
-) -> anyhow::Result<PeerRun> {
-    let name = format!("outbox_bench_{}_peer", std::process::id());
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
-        .execute(store.pool())
-        .await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(store.pool())
-        .await?;
-    // The server URL as given, pointed at the peer's database: the peer's
-    // driver reads it (sqlx's own rendering adds parameters it may not know).
-    let mut peer_url = url::Url::parse(server_url)?;
-    peer_url.set_path(&format!("/{name}"));
-    seen.reset();
-    let runner = args.peers_dir.join("run-peer.sh");
-    let child = peer_command(&runner)
-        .arg(peer)
-        .env("DATABASE_URL", peer_url.as_str())
-        .env("HOOK_URL", hook_url)
-        .env("JOBS", args.intents.to_string())
-        .env("CONCURRENCY", args.in_flight.to_string())
-        .stdout(std::process::Stdio::piped())
-        // its messages reach the terminal (tokio's output() would capture them)
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn();
-    // the peer scripts give up after 10 minutes of draining; this is the backstop
-    let output = match child {
-        Ok(child) => {
-            match tokio::time::timeout(Duration::from_secs(900), child.wait_with_output()).await {
-                Ok(out) => out.map_err(|e| anyhow::anyhow!("peer {peer}: {e}")),
-                Err(_) => Err(anyhow::anyhow!(
-                    "peer {peer} did not finish within 15 minutes"
-                )),
-            }
-        }
-        Err(e) => Err(anyhow::anyhow!("cannot run bash {}: {e}", runner.display())),
-    };
-    if let Err(e) = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(store.pool())
-        .await
-    {
-        eprintln!("bench: could not drop the peer's database {name}: {e}");
-    }
-    let output = output?;
-    if !output.status.success() {
-        anyhow::bail!(
-            "peer {peer} failed ({}); its messages are above",
-            output.status
-        );
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-    let reported: serde_json::Value = serde_json::from_str(line)
-        .map_err(|e| anyhow::anyhow!("peer {peer} printed no result line ({e}): {line:?}"))?;
-    let drain = reported["drain_per_s"]
-        .as_f64()
-        .filter(|d| *d > 0.0)
-        .ok_or_else(|| anyhow::anyhow!("peer {peer} reported no drain_per_s: {line}"))?;
-    let (requests, distinct) = seen.counts();
-    if distinct < args.intents as u64 {
-        anyhow::bail!(
-            "peer {peer} reported its drain done, but the receiver saw {distinct} distinct requests for {} jobs",
-            args.intents
-        );
-    }
-    Ok(PeerRun {
-        peer: peer.to_string(),
-        version: reported["version"].as_str().unwrap_or("?").to_string(),
-        drain_per_s: drain,
-        relay_speedup: 1.0,
-        requests,
-        duplicate_requests: requests - distinct,
-        reported,
     })
 }

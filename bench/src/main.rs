@@ -17,6 +17,7 @@
 
 mod bench;
 mod drains;
+mod peers;
 mod receiver;
 mod report;
 mod sql;
@@ -91,9 +92,11 @@ struct BenchArgs {
     /// a blocked key costs the claim and the gauges; 0 to skip.
     #[arg(long, default_value_t = 100_000)]
     blocked_backlog: u64,
-    /// Peer job queues to drain the same workload with, in this run and
-    /// against the same receiver, e.g. graphile-worker (needs Node.js 18+;
-    /// see tests/peers/queue-bench); empty to skip.
+    /// Peer job queues to compare with, in this run and against the same
+    /// receiver, each at the best of a small sweep of its batch knobs, its
+    /// bulk enqueue too: graphile-worker, pg-boss (Node.js 18+, 20+ for
+    /// pg-boss), pgqueuer (Python 3.10+); see tests/peers/queue-bench.
+    /// Empty to skip.
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
     /// Where the peer scripts are (run-peer.sh).

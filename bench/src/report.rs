@@ -52,20 +52,49 @@ pub struct ScaleOut {
     pub relay_peak_rss_mb: f64,
 }
 
-/// One peer job queue's drain of the same workload, against the same
-/// receiver and Postgres server, in the same run.
+/// One peer job queue against the same workload, receiver and Postgres
+/// server, in the same run: its bulk enqueue, and its drain at the best of
+/// its sweep.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PeerRun {
     pub peer: String,
     pub version: String,
+    /// The best drain of the sweep.
     pub drain_per_s: f64,
+    /// The peer's settings at that drain, named as its own API names them.
+    pub knobs: serde_json::Value,
     /// outbox-relay's drain (one `run` process, the mean of the runs just
-    /// before and just after this peer's) over this peer's.
+    /// before and just after this peer's) over this peer's best.
     pub relay_speedup: f64,
+    /// Requests the receiver saw during the best drain.
     pub requests: u64,
     pub duplicate_requests: u64,
-    /// Everything the peer script reported (its tuning included).
+    /// The peer's bulk API over the same number of jobs, 1,000 per call,
+    /// one call after another, no worker running.
+    pub enqueue_per_s: f64,
+    /// The bulk API it used (e.g. `addJobs`, `insert`).
+    pub enqueue_api: String,
+    /// outbox-relay's `enqueue_many` (the mean of its runs either side of
+    /// this peer's, 1,000 per statement) over this peer's bulk enqueue.
+    pub relay_enqueue_ratio: f64,
+    /// Every setting tried, in order.
+    pub sweep: Vec<PeerSetting>,
+    /// Everything the peer reported for its best drain.
     pub reported: serde_json::Value,
+    /// Everything it reported for its bulk enqueue.
+    pub enqueue_reported: serde_json::Value,
+}
+
+/// One drain of a peer's sweep.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PeerSetting {
+    /// What the bench set in the peer's environment.
+    pub env: std::collections::BTreeMap<String, String>,
+    /// What the peer reported it ran with.
+    pub knobs: serde_json::Value,
+    pub drain_per_s: f64,
+    pub requests: u64,
+    pub duplicate_requests: u64,
 }
 
 /// The ceiling at one claim batch size.
@@ -78,9 +107,12 @@ pub struct CeilingPoint {
     pub round_ms: f64,
 }
 
-/// One `outbox-relay run` process draining the workload the peers drain.
+/// The relay beside the peers: its bulk enqueue, then one `outbox-relay
+/// run` process draining the workload the peers drain.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RelayRun {
+    /// `outbox.enqueue_many`, 1,000 per statement, into an empty table.
+    pub enqueue_many_per_s: f64,
     pub drain_per_s: f64,
     pub requests: u64,
     pub duplicate_requests: u64,
@@ -292,40 +324,83 @@ pub fn print(r: &Report) {
         }
     }
     if !r.peers.is_empty() {
-        println!();
+        print_peers(r);
+    }
+}
+
+/// `k=v k=v` of a peer's reported knobs.
+fn knobs(k: &serde_json::Value) -> String {
+    match k.as_object() {
+        Some(m) if !m.is_empty() => m
+            .iter()
+            .map(|(k, v)| match v.as_str() {
+                Some(s) => format!("{k}={s}"),
+                None => format!("{k}={v}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => "(its defaults)".into(),
+    }
+}
+
+fn print_peers(r: &Report) {
+    println!();
+    println!(
+        "peers: the same {} webhooks, {} in flight, same receiver answering at once, same Postgres server;",
+        r.intents, r.in_flight
+    );
+    println!("each peer's drain is the best of its sweep; bulk enqueue 1,000 per call");
+    println!(
+        "{:<34} {:>10} {:>10} {:>11} {:>10} {:>11} {:>10}",
+        "queue", "drain/s", "requests", "duplicates", "relay is", "enqueue/s", "relay is"
+    );
+    let relay_row = |run: &RelayRun| {
         println!(
-            "peers: the same {} webhooks, {} in flight, same receiver answering at once, same Postgres server",
-            r.intents, r.in_flight
+            "{:<34} {:>10.0} {:>10} {:>11} {:>10} {:>11.0}",
+            "outbox-relay (one `run` process)",
+            run.drain_per_s,
+            run.requests,
+            run.duplicate_requests,
+            "",
+            run.enqueue_many_per_s,
         );
-        println!(
-            "{:<34} {:>10} {:>10} {:>11} {:>17}",
-            "queue", "drain/s", "requests", "duplicates", "outbox-relay is"
-        );
-        let relay_row = |run: &RelayRun| {
-            println!(
-                "{:<34} {:>10.0} {:>10} {:>11}",
-                "outbox-relay (one `run` process)",
-                run.drain_per_s,
-                run.requests,
-                run.duplicate_requests
-            );
-        };
-        for (i, p) in r.peers.iter().enumerate() {
-            if let Some(run) = r.relay_runs.get(i) {
-                relay_row(run);
-            }
-            println!(
-                "{:<34} {:>10.0} {:>10} {:>11} {:>16.2}x",
-                format!("{} {}", p.peer, p.version),
-                p.drain_per_s,
-                p.requests,
-                p.duplicate_requests,
-                p.relay_speedup
-            );
-        }
-        if let Some(run) = r.relay_runs.last() {
+    };
+    for (i, p) in r.peers.iter().enumerate() {
+        if let Some(run) = r.relay_runs.get(i) {
             relay_row(run);
         }
-        println!("(each peer against the mean of the relay runs just before and after it)");
+        println!(
+            "{:<34} {:>10.0} {:>10} {:>11} {:>9.2}x {:>11.0} {:>9.2}x",
+            format!("{} {}", p.peer, p.version),
+            p.drain_per_s,
+            p.requests,
+            p.duplicate_requests,
+            p.relay_speedup,
+            p.enqueue_per_s,
+            p.relay_enqueue_ratio,
+        );
+    }
+    if let Some(run) = r.relay_runs.last() {
+        relay_row(run);
+    }
+    println!("(each peer against the mean of the relay runs just before and after it; relay enqueue is outbox.enqueue_many)");
+    for p in &r.peers {
+        println!();
+        println!(
+            "{} {}: best {}; bulk enqueue through {}",
+            p.peer,
+            p.version,
+            knobs(&p.knobs),
+            p.enqueue_api
+        );
+        for s in &p.sweep {
+            println!(
+                "  {:>8.0}/s  {:>6} requests {:>4} duplicates  {}",
+                s.drain_per_s,
+                s.requests,
+                s.duplicate_requests,
+                knobs(&s.knobs)
+            );
+        }
     }
 }

@@ -49,10 +49,12 @@ async fn bench_env(server: &str, args: &[&str], env: &[(&str, &str)]) -> Out {
     }
 }
 
-/// `--peers`: the harness runs a peer through its run-peer.sh with
-/// the workload in its environment, reads the peer's result line, and
-/// believes it only when the receiver saw every job's request. (Plumbing
-/// and integrity only: the figures are the benchmark's business.)
+/// `--peers`: the harness reads a peer's sweep from its run-peer.sh, runs
+/// its bulk enqueue and a drain at each setting with the workload in its
+/// environment, reads the peer's result lines, believes a drain only when
+/// the receiver saw every job's request, and takes the best; a sweep may
+/// not change the workload. (Plumbing and integrity only: the figures are
+/// the benchmark's business.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_peers_are_checked_against_the_receiver() {
     let dir = std::env::temp_dir().join(format!(
@@ -62,34 +64,46 @@ async fn bench_peers_are_checked_against_the_receiver() {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let python = std::env::var("OUTBOX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    // the sweep: three settings, the best in the middle; a greedy peer's
+    // sweep would change the workload
     std::fs::write(
         dir.join("run-peer.sh"),
         format!(
             "if [ \"$1\" = --prepare ]; then\n\
              [ \"$2\" = broken ] && {{ echo 'broken peer: needs a frobnicator' >&2; exit 1; }}\n\
-             exit 0\nfi\nexec '{python}' \"$(dirname \"$0\")/$1-peer.py\"\n"
+             exit 0\nfi\n\
+             if [ \"$1\" = --sweep ]; then\n\
+             [ \"$2\" = greedy ] && {{ echo '{{\"CONCURRENCY\": \"64\"}}'; exit 0; }}\n\
+             printf '%s\\n' '{{\"SLOW\": \"3\"}}' '{{\"SLOW\": \"1\"}}' '{{\"SLOW\": \"2\"}}'; exit 0\nfi\n\
+             exec '{python}' \"$(dirname \"$0\")/$1-peer.py\"\n"
         ),
     )
     .unwrap();
-    // sends `share` of the jobs, one request each, and reports all done
+    // its bulk enqueue reports 1,000/s; a drain sends `share` of the jobs,
+    // one request each, and reports 1,000/s over its SLOW knob
     let peer = |share: &str| {
         format!(
-            r#"import json, os, time, urllib.request
+            r#"import json, os, urllib.request
 jobs = int(os.environ["JOBS"])
 assert int(os.environ["CONCURRENCY"]) > 0 and os.environ["DATABASE_URL"].startswith("postgres")
-start = time.time()
+if os.environ.get("MODE") == "enqueue":
+    assert os.environ["ENQUEUE_PER_CALL"] == "1000"
+    print(json.dumps({{"peer": "fake", "version": "test", "api": "bulk", "enqueued": jobs, "enqueue_per_s": 1000.0}}))
+    raise SystemExit
+slow = int(os.environ["SLOW"])
 for i in range(int(jobs * {share})):
     req = urllib.request.Request(os.environ["HOOK_URL"], data=b"{{}}", method="POST",
                                  headers={{"webhook-id": "job_%d" % i}})
     urllib.request.urlopen(req).read()
 print("a line before the result")
-print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (time.time() - start + 1e-3)}}))
+print(json.dumps({{"peer": "fake", "version": "test", "knobs": {{"slow": slow}}, "drain_per_s": 1000.0 / slow}}))
 "#
         )
     };
     std::fs::write(dir.join("honest-peer.py"), peer("1")).unwrap();
     std::fs::write(dir.join("liar-peer.py"), peer("0.5")).unwrap();
     std::fs::write(dir.join("broken-peer.py"), peer("1")).unwrap();
+    std::fs::write(dir.join("greedy-peer.py"), peer("1")).unwrap();
     let peers_dir = dir.to_str().unwrap();
     let server = admin_url();
     let bench = |peers: &'static str| {
@@ -139,7 +153,22 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
     assert_eq!(peer["version"], "test");
     assert_eq!(peer["requests"], 20);
     assert_eq!(peer["duplicate_requests"], 0);
-    assert!(peer["drain_per_s"].as_f64().unwrap() > 0.0, "{peer}");
+    // every setting of the sweep drained and checked; the figure is the best
+    let sweep = peer["sweep"].as_array().unwrap();
+    let slows: Vec<&str> = sweep
+        .iter()
+        .map(|s| s["env"]["SLOW"].as_str().unwrap())
+        .collect();
+    assert_eq!(slows, ["3", "1", "2"], "{peer}");
+    for s in sweep {
+        assert_eq!(s["requests"], 20, "{s}");
+        assert_eq!(s["duplicate_requests"], 0, "{s}");
+    }
+    assert_eq!(peer["drain_per_s"].as_f64().unwrap(), 1000.0, "{peer}");
+    assert_eq!(peer["knobs"]["slow"], 1, "{peer}");
+    // its bulk enqueue beside the relay's enqueue_many
+    assert_eq!(peer["enqueue_per_s"].as_f64().unwrap(), 1000.0, "{peer}");
+    assert_eq!(peer["enqueue_api"], "bulk", "{peer}");
     // the drain's statements: every intent claimed once and completed once
     let batches = &report["drain_batches"];
     assert_eq!(batches["claimed"], 20, "{report}");
@@ -188,6 +217,16 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
         (speedup - expected).abs() < 1e-9 * expected,
         "{speedup} vs {expected}"
     );
+    let relay_enqueue = (relay_runs[0]["enqueue_many_per_s"].as_f64().unwrap()
+        + relay_runs[1]["enqueue_many_per_s"].as_f64().unwrap())
+        / 2.0;
+    assert!(relay_enqueue > 0.0, "{report}");
+    let ratio = peer["relay_enqueue_ratio"].as_f64().unwrap();
+    let expected = relay_enqueue / 1000.0;
+    assert!(
+        (ratio - expected).abs() < 1e-9 * expected,
+        "{ratio} vs {expected}"
+    );
 
     let out = bench("liar").await;
     assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
@@ -208,6 +247,16 @@ print(json.dumps({{"peer": "fake", "version": "test", "drain_per_s": jobs / (tim
     );
     assert!(
         out.stderr.contains("peer broken cannot run here"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("bench: enqueue"), "{}", out.stderr);
+
+    // a sweep that would change the workload is refused before anything is measured
+    let out = bench("greedy").await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("the sweep may not set \"CONCURRENCY\""),
         "{}",
         out.stderr
     );

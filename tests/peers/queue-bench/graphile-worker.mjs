@@ -1,55 +1,59 @@
-// The webhook drain of `outbox-relay-bench`, done by Graphile Worker.
+// The webhook drain of `outbox-relay-bench`, done by Graphile Worker, tuned
+// as its performance documentation (worker.graphile.org/docs/performance)
+// says: a local queue fetching jobs in batches, and batched completions and
+// failures. Its own benchmark ran localQueue.size 500 with both delays 0;
+// the option's documentation suggests starting from a delay of 250 ms; the
+// sweep spans both.
 //
 // Environment: DATABASE_URL (a scratch database), HOOK_URL (the bench's
-// receiver), JOBS, CONCURRENCY. Optional tuning: LOCAL_QUEUE_SIZE (default
-// CONCURRENCY + 1, as the Graphile Worker docs advise), COMPLETE_BATCH_DELAY_MS
-// (default 50). Both defaults were the best of a sweep on the bench machine
-// (sizes 17, 64, 200; delays 0 and 50 ms).
+// receiver), JOBS, CONCURRENCY; MODE=enqueue for the bulk-enqueue
+// measurement (see shared.js). Knobs: LOCAL_QUEUE_SIZE (localQueue.size),
+// BATCH_DELAY_MS (completeJobBatchDelay and failJobBatchDelay); `--sweep`
+// lists the settings the bench tries.
 //
 // Timed as the bench times the relay: the worker starts on an empty queue
-// and sits idle for a second; all JOBS jobs are added in one transaction;
-// the clock runs from that commit until the last job is completed (Graphile
-// Worker deletes a job when it completes). Each job is a POST of the bench's
-// body to the same receiver; CONCURRENCY jobs run at once, fetched in
-// batches (localQueue) and completed in batches. Prints one JSON line.
+// and sits idle for a second; all JOBS jobs are added in one transaction
+// (addJobs); the clock runs from that commit until the last job is
+// completed (Graphile Worker deletes a job when it completes). Each job is
+// a POST of the bench's body to the same receiver over keep-alive
+// connections, CONCURRENCY jobs at once. Prints one JSON line.
 import { run, makeWorkerUtils, Logger } from "graphile-worker";
-import { readFileSync } from "node:fs";
+import { answerSweep, body, env, poster, sleep, timeEnqueue, versionOf } from "./shared.js";
 
-const env = (name, dflt) => {
-  const v = process.env[name] ?? dflt;
-  if (v === undefined) {
-    console.error(`graphile-worker peer: ${name} is not set`);
-    process.exit(2);
-  }
-  return v;
-};
+answerSweep({ LOCAL_QUEUE_SIZE: [500, 2000, 5000], BATCH_DELAY_MS: [0, 250, 500] });
+
 const connectionString = env("DATABASE_URL");
 const hook = env("HOOK_URL");
 const jobs = Number(env("JOBS"));
 const concurrency = Number(env("CONCURRENCY"));
-const localQueueSize = Number(env("LOCAL_QUEUE_SIZE", String(concurrency + 1)));
-const completeDelay = Number(env("COMPLETE_BATCH_DELAY_MS", "50"));
-const version = JSON.parse(
-  readFileSync(new URL("./node_modules/graphile-worker/package.json", import.meta.url)),
-).version;
-
-const body = (n) => ({
-  event: "order.created", order_id: n, customer: "cus_0123456789", amount: 1999,
-  currency: "usd", items: [{ sku: "SKU-42", qty: 1 }],
-  note: "bench payload padded to about three hundred bytes",
-});
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const localQueueSize = Number(env("LOCAL_QUEUE_SIZE", "500"));
+const batchDelay = Number(env("BATCH_DELAY_MS", "0"));
+const version = versionOf("graphile-worker");
+const spec = (j) => ({ identifier: "deliver", payload: { url: hook, body: body(j) } });
 
 const quiet = new Logger(() => (level, message) => {
   if (level === "error" || level === "warning") console.error(message);
 });
 const utils = await makeWorkerUtils({ connectionString, logger: quiet });
 await utils.migrate();
-// cheap enough to ask often: the bench's own check reads two partial indexes
-const anyLeft = async () =>
-  (await utils.withPgClient((c) =>
-    c.query("SELECT EXISTS (SELECT 1 FROM graphile_worker._private_jobs) AS left"))).rows[0].left;
+const query = async (sql) => (await utils.withPgClient((c) => c.query(sql))).rows[0];
 
+if (env("MODE", "drain") === "enqueue") {
+  const result = await timeEnqueue(
+    (specs) => utils.addJobs(specs),
+    async () => Number((await query("SELECT count(*) AS n FROM graphile_worker._private_jobs")).n),
+    spec,
+  );
+  await utils.release();
+  console.log(JSON.stringify({ peer: "graphile-worker", version, api: "addJobs", ...result }));
+  process.exit(0);
+}
+
+// cheap enough to ask often: there is nothing else in the table
+const anyLeft = async () =>
+  (await query("SELECT EXISTS (SELECT 1 FROM graphile_worker._private_jobs) AS left")).left;
+
+const post = poster(concurrency);
 let handled = 0;
 let failed = 0;
 const runner = await run({
@@ -63,21 +67,16 @@ const runner = await run({
   preset: {
     worker: {
       localQueue: { size: localQueueSize },
-      completeJobBatchDelay: completeDelay,
-      failJobBatchDelay: completeDelay,
+      completeJobBatchDelay: batchDelay,
+      failJobBatchDelay: batchDelay,
     },
   },
   taskList: {
     deliver: async (payload, helpers) => {
-      const res = await fetch(payload.url, {
-        method: "POST",
-        headers: { "content-type": "application/json", "webhook-id": `job_${helpers.job.id}` },
-        body: JSON.stringify(payload.body),
-      });
-      await res.arrayBuffer();
-      if (!res.ok) {
+      const status = await post(payload.url, `job_${helpers.job.id}`, payload.body);
+      if (status >= 300) {
         failed++;
-        throw new Error(`receiver answered ${res.status}`);
+        throw new Error(`receiver answered ${status}`);
       }
       handled++;
     },
@@ -87,9 +86,7 @@ const runner = await run({
 await sleep(1000);
 
 const specs = [];
-for (let j = 0; j < jobs; j++) {
-  specs.push({ identifier: "deliver", payload: { url: hook, body: body(j) } });
-}
+for (let j = 0; j < jobs; j++) specs.push(spec(j));
 await utils.addJobs(specs);
 const t0 = performance.now();
 const deadline = t0 + 600_000;
@@ -105,6 +102,14 @@ const seconds = (performance.now() - t0) / 1000;
 await runner.stop();
 await utils.release();
 console.log(JSON.stringify({
-  peer: "graphile-worker", version, jobs, concurrency, local_queue_size: localQueueSize,
-  complete_batch_delay_ms: completeDelay, handled, failed, drain_per_s: jobs / seconds,
+  peer: "graphile-worker", version, jobs, concurrency,
+  knobs: {
+    "localQueue.size": localQueueSize,
+    completeJobBatchDelay: batchDelay,
+    failJobBatchDelay: batchDelay,
+    concurrency,
+  },
+  handled, failed, drain_per_s: jobs / seconds,
 }));
+// the agent's idle keep-alive connections would hold the process open
+process.exit(0);

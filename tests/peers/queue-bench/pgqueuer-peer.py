@@ -1,9 +1,18 @@
-"""The webhook drain of `outbox-relay-bench`, done by PgQueuer.
+"""The webhook drain of `outbox-relay-bench`, done by PgQueuer, tuned as its
+performance guide (janbjorge.github.io/pgqueuer/guides/performance-tuning)
+says for short jobs: a larger `batch_size` per dequeue, `max_concurrent_tasks`
+at its floor of twice that, and for high throughput a connection pool driver
+(AsyncpgPoolDriver, `max_size` twice the jobs in flight); the sweep tries
+one connection (AsyncpgDriver) too. Completions are batched by PgQueuer
+itself (a buffer of `batch_size` entries). Its durability levels that make
+its tables UNLOGGED are not used: the relay's tables, and the other peers',
+are durable.
 
 Environment: DATABASE_URL (a scratch database), HOOK_URL (the bench's
-receiver), JOBS, CONCURRENCY. Optional tuning: BATCH_SIZE (jobs per dequeue,
-default 2 x CONCURRENCY, the best of a sweep of 8, 16, 32 and 64 on the
-bench machine).
+receiver), JOBS, CONCURRENCY; MODE=enqueue for the bulk-enqueue measurement
+(ENQUEUE_PER_CALL jobs per `Queries.enqueue` call with lists, no worker
+running). Knobs: BATCH_SIZE (batch_size), DRIVER (`pool` or `connection`);
+`--sweep` lists the settings the bench tries, one JSON object per line.
 
 Timed as the bench times the relay: a QueueManager starts on an empty queue
 and sits idle for a second; all JOBS jobs are enqueued in one statement;
@@ -12,7 +21,7 @@ completion written (PgQueuer removes a job from its queue table then).
 Each job is a POST of the bench's body to the same receiver through one
 keep-alive aiohttp session whose connector allows CONCURRENCY connections:
 that caps the requests in flight, while the queue may hold up to two
-batches of picked jobs (its own minimum). Prints one JSON line.
+batches of picked jobs. Prints one JSON line.
 """
 
 import asyncio
@@ -25,7 +34,10 @@ from importlib.metadata import version
 
 import aiohttp
 import asyncpg
-from pgqueuer import AsyncpgDriver, Job, QueueManager, Queries
+from pgqueuer import Job, QueueManager, Queries
+from pgqueuer.db import AsyncpgDriver, AsyncpgPoolDriver
+
+SWEEP = {"DRIVER": ["connection", "pool"], "BATCH_SIZE": [100, 500, 2000]}
 
 
 def env(name: str, default: str | None = None) -> str:
@@ -44,19 +56,48 @@ def body(n: int) -> dict:
     }
 
 
+async def enqueue(pool: asyncpg.Pool, hook: str, jobs: int) -> None:
+    """MODE=enqueue: the batch API, ENQUEUE_PER_CALL jobs per call."""
+    per_call = int(env("ENQUEUE_PER_CALL", "1000"))
+    queries = Queries(AsyncpgPoolDriver(pool))
+    started = time.perf_counter()
+    for start in range(0, jobs, per_call):
+        end = min(jobs, start + per_call)
+        payloads = [json.dumps({"url": hook, "body": body(n)}).encode() for n in range(start, end)]
+        await queries.enqueue(["deliver"] * len(payloads), payloads, [0] * len(payloads))
+    seconds = time.perf_counter() - started
+    enqueued = await pool.fetchval("SELECT count(*) FROM pgqueuer")
+    print(json.dumps({
+        "peer": "pgqueuer", "version": version("pgqueuer"), "api": "Queries.enqueue (lists)",
+        "jobs": jobs, "per_call": per_call, "enqueued": enqueued, "enqueue_per_s": jobs / seconds,
+    }))
+
+
 async def main() -> None:
     url = env("DATABASE_URL")
     hook = env("HOOK_URL")
     jobs = int(env("JOBS"))
     concurrency = int(env("CONCURRENCY"))
-    batch_size = int(env("BATCH_SIZE", str(2 * concurrency)))
+    batch_size = int(env("BATCH_SIZE", "100"))
+    driver = env("DRIVER", "pool")
 
     setup = await asyncpg.connect(url)
-    queries = Queries(AsyncpgDriver(setup))
-    await queries.install()
+    await Queries(AsyncpgDriver(setup)).install()
+    pool = await asyncpg.create_pool(url, min_size=2, max_size=2 * concurrency)
+    if env("MODE", "drain") == "enqueue":
+        await enqueue(pool, hook, jobs)
+        await pool.close()
+        await setup.close()
+        return
 
-    worker = await asyncpg.connect(url)
-    qm = QueueManager(Queries(AsyncpgDriver(worker)))
+    if driver == "pool":
+        queries = Queries(AsyncpgPoolDriver(pool))
+        driver_name = f"AsyncpgPoolDriver(max_size={2 * concurrency})"
+    else:
+        worker = await asyncpg.connect(url)
+        queries = Queries(AsyncpgDriver(worker))
+        driver_name = "AsyncpgDriver"
+    qm = QueueManager(queries)
     handled = 0
     failed = 0
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency))
@@ -103,13 +144,32 @@ async def main() -> None:
     qm.shutdown.set()
     await running
     await session.close()
-    await worker.close()
+    if driver != "pool":
+        await worker.close()
+    await pool.close()
     await setup.close()
     print(json.dumps({
         "peer": "pgqueuer", "version": version("pgqueuer"), "jobs": jobs,
-        "concurrency": concurrency, "batch_size": batch_size, "handled": handled,
-        "failed": failed, "drain_per_s": jobs / seconds,
+        "concurrency": concurrency,
+        "knobs": {
+            "batch_size": batch_size, "max_concurrent_tasks": 2 * batch_size,
+            "driver": driver_name,
+        },
+        "handled": handled, "failed": failed, "drain_per_s": jobs / seconds,
     }))
 
 
-asyncio.run(main())
+def sweep() -> None:
+    """--sweep: every combination of SWEEP's values, one JSON object a line."""
+    settings: list[dict[str, str]] = [{}]
+    for name, values in SWEEP.items():
+        settings = [{**s, name: str(v)} for s in settings for v in values]
+    for s in settings:
+        print(json.dumps(s))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--sweep"]:
+        sweep()
+    else:
+        asyncio.run(main())

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# tests/peers/queue-bench/run-peer.sh [--prepare] PEER: run one peer job
-# queue on the bench's workload (see `outbox-relay-bench --peers`). The
-# environment (DATABASE_URL, HOOK_URL, JOBS, CONCURRENCY) comes from the
-# bench. With --prepare it only installs and checks what PEER needs (the
-# bench does this before measuring anything).
+# tests/peers/queue-bench/run-peer.sh [--prepare | --sweep] PEER: run one
+# peer job queue on the bench's workload (see `outbox-relay-bench --peers`).
+# The environment (DATABASE_URL, HOOK_URL, JOBS, CONCURRENCY, MODE and the
+# peer's knobs) comes from the bench. With --prepare it only installs and
+# checks what PEER needs (the bench does this before measuring anything);
+# with --sweep it prints the settings of PEER's knobs the bench tries, one
+# JSON object of environment variables per line.
 #
-# A Node.js peer (PEER.mjs) needs Node.js 18 or later with npm; a Python
-# peer (PEER-peer.py) needs Python 3.10 or later with venv. Both are
-# installed with apt-get when missing and run as root on Debian/Ubuntu; the
-# pinned peer packages (package-lock.json, requirements.txt) are installed
-# on first use, the Python ones into a virtualenv under ~/.cache/outbox-relay.
+# A Node.js peer (PEER.mjs) needs Node.js 18 or later (pg-boss: 20) with
+# npm; a Python peer (PEER-peer.py) needs Python 3.10 or later with venv.
+# Both are installed with apt-get when missing and run as root on
+# Debian/Ubuntu; the pinned peer packages (package-lock.json,
+# requirements.txt) are installed on first use, the Python ones into a
+# virtualenv under ~/.cache/outbox-relay.
 set -euo pipefail
 
 DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -29,11 +32,15 @@ known() {
 }
 
 PREPARE=0
+SWEEP=()
 if [ "${1:-}" = --prepare ]; then
 	PREPARE=1
 	shift
+elif [ "${1:-}" = --sweep ]; then
+	SWEEP=(--sweep)
+	shift
 fi
-[ $# -eq 1 ] || die "usage: $0 [--prepare] PEER (one of: $(known))"
+[ $# -eq 1 ] || die "usage: $0 [--prepare | --sweep] PEER (one of: $(known))"
 PEER=$1
 
 apt_install() {
@@ -73,9 +80,10 @@ prepare_node() {
 			die "the $PEER peer needs Node.js 18 or later and npm (Debian/Ubuntu: apt-get install nodejs npm)"
 		fi
 	fi
-	local major
+	local major need=18
+	[ "$PEER" = pg-boss ] && need=20
 	major=$(node -p 'process.versions.node.split(".")[0]')
-	[ "$major" -ge 18 ] || die "Node.js $(node --version) is too old for the $PEER peer: it needs 18 or later"
+	[ "$major" -ge "$need" ] || die "Node.js $(node --version) is too old for the $PEER peer: it needs $need or later"
 	# the pinned versions, once (again when the lock file changes)
 	if [ ! -f "$DIR/node_modules/.package-lock.json" ] || [ "$DIR/package-lock.json" -nt "$DIR/node_modules/.package-lock.json" ]; then
 		say "installing the peer packages (npm ci)"
@@ -87,10 +95,10 @@ if [ -f "$DIR/$PEER-peer.py" ]; then
 	# the module is named *-peer.py so that it does not shadow the package
 	prepare_python
 	[ "$PREPARE" = 1 ] && exit 0
-	exec "$VENV/bin/python" "$DIR/$PEER-peer.py"
+	exec "$VENV/bin/python" "$DIR/$PEER-peer.py" ${SWEEP[@]+"${SWEEP[@]}"}
 elif [ -f "$DIR/$PEER.mjs" ]; then
 	prepare_node
 	[ "$PREPARE" = 1 ] && exit 0
-	exec node "$DIR/$PEER.mjs"
+	exec node "$DIR/$PEER.mjs" ${SWEEP[@]+"${SWEEP[@]}"}
 fi
 die "unknown peer '$PEER' (known: $(known))"
