@@ -60,6 +60,8 @@ pub struct BenchArgs {
     pub peers: Vec<String>,
     /// Where run-peer.sh and the peer scripts are.
     pub peers_dir: std::path::PathBuf,
+    /// The broker kinds to drain, and where their brokers are.
+    pub brokers: Option<crate::brokers::Brokers>,
 }
 
 pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
@@ -358,6 +360,10 @@ async fn measure(
         scale_out,
         relay_runs,
         peers,
+        brokers: match &args.brokers {
+            Some(b) => crate::brokers::drains(store, config, b, args.in_flight).await?,
+            None => Vec::new(),
+        },
         history: history_scale(store, &args.history, &payload).await?,
         blocked_backlog: blocked_backlog(store, args.blocked_backlog, &payload).await?,
     })

@@ -16,6 +16,7 @@
 //! configuration, 5 the database is unreachable.
 
 mod bench;
+mod brokers;
 mod drains;
 mod peers;
 mod receiver;
@@ -102,6 +103,21 @@ struct BenchArgs {
     /// Where the peer scripts are (run-peer.sh).
     #[arg(long, default_value = "tests/peers/queue-bench")]
     peers_dir: std::path::PathBuf,
+    /// Broker kinds to drain against real brokers, e.g. nats,amqp (a
+    /// stream and a queue of the bench's own; the broker's count is
+    /// checked); empty to skip.
+    #[arg(long, value_delimiter = ',')]
+    brokers: Vec<String>,
+    /// Publishes per broker kind.
+    #[arg(long, default_value_t = 10_000)]
+    broker_intents: usize,
+    /// A NATS server with JetStream on.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    /// A RabbitMQ broker: amqp://user@host:port/vhost (the password in
+    /// OUTBOX_BENCH_AMQP_PASSWORD, default guest).
+    #[arg(long, default_value = "amqp://guest@127.0.0.1:5672/%2f")]
+    amqp_url: String,
     /// Keep the scratch database afterwards.
     #[arg(long)]
     keep: bool,
@@ -162,6 +178,19 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             .collect(),
         peers: a.peers.iter().filter(|p| !p.is_empty()).cloned().collect(),
         peers_dir: a.peers_dir.clone(),
+        brokers: (!a.brokers.is_empty()).then(|| brokers::Brokers {
+            kinds: a
+                .brokers
+                .iter()
+                .filter(|k| !k.is_empty())
+                .cloned()
+                .collect(),
+            nats_url: a.nats_url.clone(),
+            amqp_url: a.amqp_url.clone(),
+            amqp_password: std::env::var("OUTBOX_BENCH_AMQP_PASSWORD")
+                .unwrap_or_else(|_| "guest".into()),
+            intents: a.broker_intents.max(1),
+        }),
     };
     let report = bench::run(&url, &config, &args).await?;
     drop(store);

@@ -166,6 +166,8 @@ pub struct Report {
     /// each (empty when no peer was asked for).
     pub relay_runs: Vec<RelayRun>,
     pub peers: Vec<PeerRun>,
+    /// `--brokers`: each broker kind drained against its real broker.
+    pub brokers: Vec<crate::brokers::BrokerDrain>,
 }
 
 pub fn print(r: &Report) {
@@ -325,6 +327,12 @@ pub fn print(r: &Report) {
     }
     if !r.peers.is_empty() {
         print_peers(r);
+    }
+    for b in &r.brokers {
+        println!(
+            "  {} drain: {} publishes, {} in flight: {:.0}/s (the broker holds {})",
+            b.kind, b.intents, b.in_flight, b.drain_per_s, b.stored
+        );
     }
 }
 

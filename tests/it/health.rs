@@ -493,9 +493,9 @@ async fn the_dead_count_alert_is_raised_once_per_crossing_by_any_number_of_relay
         let checks = (0..3).map(|_| {
             let store = db.store.clone();
             let settings = settings.clone();
-            tokio::spawn(async move {
-                outbox_relay::health::check_dead_alert(&store, &settings).await
-            })
+            tokio::spawn(
+                async move { outbox_relay::health::check_dead_alert(&store, &settings).await },
+            )
         });
         for c in checks.collect::<Vec<_>>() {
             c.await.unwrap();
