@@ -287,6 +287,9 @@ async fn a_broker_that_goes_away_is_transient_and_the_relay_reconnects_when_it_i
         let mut c = amqp_config(&rabbit);
         c.retry.schedule = vec![Dur(Duration::from_millis(300))];
         c.retry.max_attempts = 1000;
+        // the broker's absence opens the amqp breaker: probe every second
+        c.breaker.cooldown = Dur(Duration::from_secs(1));
+        c.breaker.max_cooldown = Dur(Duration::from_secs(2));
         c
     };
     // a durable topology, so that it outlives the restart
@@ -387,4 +390,142 @@ async fn per_key_ordering_holds_for_amqp_publishes() {
     }
     assert_eq!(seen["order:a"], (0..30).step_by(2).collect::<Vec<u64>>());
     assert_eq!(seen["order:b"], (1..30).step_by(2).collect::<Vec<u64>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_between_publish_and_confirm_is_ambiguous_and_redelivered() {
+    let db = TestDb::new().await;
+    let rabbit = Rabbit::shared();
+    let (_conn, ch, exchange, queue) = rabbit.topology("created").await;
+    let proxy = HoldingProxy::start(&rabbit).await;
+    db.enqueue(
+        "cut",
+        "amqp",
+        json!({"exchange": exchange, "routing_key": "created", "body": 1}),
+    )
+    .await;
+    let mut cfg = amqp_config(&rabbit.via(proxy.port));
+    cfg.retry.schedule = vec![Dur(Duration::from_millis(200))];
+    proxy.arm_cut();
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    assert!(proxy.holding(), "the publish went through the proxy");
+    proxy.release();
+    let id = db.store.find("cut").await.unwrap().id;
+    let a = db.store.attempts(id).await.unwrap();
+    assert_eq!(a[0].outcome, "ambiguous", "{a:?}");
+    let error = a[0].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("lost after the publish") && error.contains("before its confirm"),
+        "{error}"
+    );
+    run_until_state(
+        engine(db.store.clone(), &cfg),
+        &db.store,
+        "cut",
+        "delivered",
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(
+        message_ids(&drain(&ch, &queue).await),
+        [message_id("cut", 0), message_id("cut", 0)],
+        "the broker took both; the consumer dedupes on the one id"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_is_transient_and_retried_under_the_same_message_id() {
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+    let db = TestDb::new().await;
+    let rabbit = Rabbit::shared();
+    let conn = rabbit.connect().await;
+    let ch = conn.create_channel().await.unwrap();
+    let tag = format!("{}-{:08x}", std::process::id(), fastrand::u32(..));
+    let (exchange, queue) = (
+        format!("outbox-test-nack-{tag}"),
+        format!("outbox-test-nack-q-{tag}"),
+    );
+    ch.exchange_declare(
+        exchange.as_str().into(),
+        lapin::ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            auto_delete: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    // a full queue that refuses more: the broker nacks the publish
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongInt(1));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    ch.queue_declare(
+        queue.as_str().into(),
+        QueueDeclareOptions {
+            exclusive: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        queue.as_str().into(),
+        exchange.as_str().into(),
+        "e".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    for key in ["first", "second"] {
+        sqlx::query("SELECT outbox.enqueue($1, 'amqp', $2, NULL, now(), 'one-at-a-time')")
+            .bind(key)
+            .bind(json!({"exchange": exchange, "routing_key": "e", "body": key}))
+            .execute(db.pool())
+            .await
+            .unwrap();
+    }
+    let mut cfg = amqp_config(&rabbit);
+    cfg.retry.schedule = vec![Dur(Duration::from_millis(100))];
+    cfg.retry.max_attempts = 1000;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let relay = tokio::spawn(engine(db.store.clone(), &cfg).run(async {
+        let _ = rx.await;
+    }));
+    assert!(
+        crate::common::wait_for(Duration::from_secs(20), || async {
+            db.count("key = 'second' AND attempts >= 2").await == 1
+        })
+        .await,
+        "the second publish is nacked and retried"
+    );
+    let i = db.store.find("second").await.unwrap();
+    assert!(matches!(i.state.as_str(), "pending" | "claimed"), "{i:?}");
+    assert!(
+        i.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("nacked"),
+        "{i:?}"
+    );
+    // room again: the retry goes through, under the same id
+    assert_eq!(drain(&ch, &queue).await.len(), 1);
+    assert!(
+        crate::common::wait_for(Duration::from_secs(20), || async {
+            db.state("second").await == "delivered"
+        })
+        .await
+    );
+    let _ = tx.send(());
+    relay.await.unwrap().unwrap();
+    assert_eq!(
+        message_ids(&drain(&ch, &queue).await),
+        [message_id("second", 0)]
+    );
 }

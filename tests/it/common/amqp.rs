@@ -302,6 +302,8 @@ pub struct HoldingProxy {
     pub port: u16,
     armed: Arc<AtomicBool>,
     held: Arc<AtomicBool>,
+    /// Close the connection instead of holding its answers.
+    cut: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -314,8 +316,9 @@ impl HoldingProxy {
         let port = listener.local_addr().unwrap().port();
         let armed = Arc::new(AtomicBool::new(false));
         let held = Arc::new(AtomicBool::new(false));
+        let cut = Arc::new(AtomicBool::new(false));
         let upstream = format!("{}:{}", upstream.host, upstream.port);
-        let (a, h) = (armed.clone(), held.clone());
+        let (a, h, c) = (armed.clone(), held.clone(), cut.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -324,7 +327,7 @@ impl HoldingProxy {
                 let Ok(server) = TcpStream::connect(&upstream).await else {
                     continue;
                 };
-                let (armed, held) = (a.clone(), h.clone());
+                let (armed, held, cut) = (a.clone(), h.clone(), c.clone());
                 tokio::spawn(async move {
                     let (mut cr, mut cw) = client.into_split();
                     let (mut sr, mut sw) = server.into_split();
@@ -336,6 +339,11 @@ impl HoldingProxy {
                             let n = sr.read(&mut buf).await?;
                             if n == 0 {
                                 return Ok::<_, std::io::Error>(());
+                            }
+                            if held.load(Ordering::SeqCst) && cut.load(Ordering::SeqCst) {
+                                // the broker answered the publish: drop the
+                                // connection before the answer gets through
+                                return Ok(());
                             }
                             if !held.load(Ordering::SeqCst) {
                                 cw.write_all(&buf[..n]).await?;
@@ -353,12 +361,20 @@ impl HoldingProxy {
             port,
             armed,
             held,
+            cut,
             task,
         }
     }
 
     /// Hold the broker's answers from the next publish on.
     pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Close the connection right after the next publish reached the
+    /// broker, before its confirm reaches the client.
+    pub fn arm_cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
         self.armed.store(true, Ordering::SeqCst);
     }
 
@@ -371,6 +387,7 @@ impl HoldingProxy {
     pub fn release(&self) {
         self.armed.store(false, Ordering::SeqCst);
         self.held.store(false, Ordering::SeqCst);
+        self.cut.store(false, Ordering::SeqCst);
     }
 }
 
