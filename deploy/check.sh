@@ -41,6 +41,7 @@ outbox_deferrals_total
 outbox_invariant_violations_total
 outbox_intents
 outbox_destination_state
+outbox_destination_pending
 outbox_destination_deferrals_total
 outbox_oldest_due_seconds
 outbox_listen_active

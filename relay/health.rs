@@ -694,8 +694,58 @@ pub async fn refresh_gauges(
     Ok(())
 }
 
+/// The most destinations reported by name in `outbox_destination_pending`
+/// besides the configured ones (the largest backlogs); the rest are summed
+/// under `other`.
+const TOP_BACKLOGS: usize = 10;
+
+/// `outbox_destination_pending{destination}`: the pending backlog of the
+/// configured destinations (pending or claimed), of the [`TOP_BACKLOGS`] largest others, and of
+/// the rest summed as `other`. One grouped scan of the pending intents.
+pub async fn refresh_backlog_gauges(
+    store: &Store,
+    settings: &HealthSettings,
+    reported: &mut std::collections::HashSet<String>,
+) -> Result<(), sqlx::Error> {
+    let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "SELECT outbox.destination_of(kind, destination, payload), count(*)
+           FROM outbox.intents WHERE state IN ('pending', 'claimed') GROUP BY 1",
+    )
+    .fetch_all(store.pool())
+    .await?;
+    let mut by_name: HashMap<String, i64> = HashMap::new();
+    for (name, n) in rows {
+        let Some(name) = name else { continue };
+        // a named endpoint counts under its origin
+        let name = settings.endpoints.get(&name).cloned().unwrap_or(name);
+        *by_name.entry(name).or_default() += n;
+    }
+    let mut now: HashMap<String, f64> = settings
+        .limits
+        .keys()
+        .chain(settings.overrides.keys())
+        .map(|k| (k.clone(), by_name.remove(k).unwrap_or(0) as f64))
+        .collect();
+    let mut rest: Vec<(String, i64)> = by_name.into_iter().collect();
+    rest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let other: i64 = rest.iter().skip(TOP_BACKLOGS).map(|r| r.1).sum();
+    for (name, n) in rest.into_iter().take(TOP_BACKLOGS) {
+        now.insert(name, n as f64);
+    }
+    for gone in reported.iter().filter(|n| !now.contains_key(*n)) {
+        metrics::gauge!("outbox_destination_pending", "destination" => gone.clone()).set(0.0);
+    }
+    for (name, value) in &now {
+        metrics::gauge!("outbox_destination_pending", "destination" => name.clone()).set(*value);
+    }
+    metrics::gauge!("outbox_destination_pending", "destination" => "other").set(other as f64);
+    reported.extend(now.into_keys());
+    Ok(())
+}
+
 /// The destination gauges and the dead-count alert, every `every` until
-/// `stop` turns true.
+/// `stop` turns true (the backlog gauges every third time: they scan the
+/// pending intents).
 pub async fn run(
     store: Store,
     settings: HealthSettings,
@@ -703,10 +753,16 @@ pub async fn run(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut reported = std::collections::HashSet::new();
-    loop {
+    let mut backlogs = std::collections::HashSet::new();
+    for tick in 0u64.. {
         check_dead_alert(&store, &settings).await;
         if let Err(e) = refresh_gauges(&store, &settings, &mut reported).await {
             tracing::debug!(error = %e, "destination gauge refresh failed");
+        }
+        if tick.is_multiple_of(3) {
+            if let Err(e) = refresh_backlog_gauges(&store, &settings, &mut backlogs).await {
+                tracing::debug!(error = %e, "destination backlog gauge refresh failed");
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}

@@ -143,6 +143,10 @@ fn describe() {
         "Deliveries held back by destination health (reason: paused, breaker, slow, limit)"
     );
     describe_gauge!(
+        "outbox_destination_pending",
+        "Pending intents per destination: the configured ones, the 10 largest other backlogs, the rest as other"
+    );
+    describe_gauge!(
         "outbox_destination_state",
         "Destination health: 0 closed, 1 breaker open, 2 half open (probing), 3 paused"
     );

@@ -285,3 +285,91 @@ async fn readyz_follows_the_database_and_healthz_the_process() {
     );
     proxy.down();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destination_health_is_exported_with_bounded_labels() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let origin = format!("http://{}", rx.addr);
+    // a paused destination with a backlog, and 12 more with backlogs of
+    // their own: the 10 largest by name, the rest as `other`
+    sqlx::query("SELECT outbox.pause_destination($1, 'ops', 'test', NULL, NULL)")
+        .bind(&origin)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    for n in 0..3 {
+        db.enqueue(
+            &format!("paused:{n}"),
+            "webhook",
+            json!({"url": rx.url("/hook"), "body": n}),
+        )
+        .await;
+    }
+    for host in 1..=12 {
+        for n in 0..(20 + host) {
+            sqlx::query(
+                "INSERT INTO outbox.intents (key, kind, payload, run_after)
+                 VALUES ($1, 'webhook', $2, now() + interval '1 hour')",
+            )
+            .bind(format!("later:{host}:{n}"))
+            .bind(json!({"url": format!("https://h{host}.example/x"), "body": 1}))
+            .execute(db.pool())
+            .await
+            .unwrap();
+        }
+    }
+    let port = common::free_port();
+    let limit = format!("{{\"{origin}\" = \"5/s\"}}");
+    let mut relay = spawn(&db.url, port, &[("OUTBOX_RELAY__LIMITS", &limit)]);
+    let ready = |m: &HashMap<String, f64>| {
+        sum(
+            m,
+            "outbox_destination_state",
+            &[&format!("destination=\"{origin}\"")],
+        ) == 3.0
+            && sum(m, "outbox_destination_pending", &["destination=\"other\""]) > 0.0
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut m = HashMap::new();
+    while !ready(&m) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gauges appear: {m:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .is_ok()
+        {
+            m = scrape(port).await;
+        }
+    }
+    let pending = |d: &str| {
+        sum(
+            &m,
+            "outbox_destination_pending",
+            &[&format!("destination=\"{d}\"")],
+        )
+    };
+    assert_eq!(pending(&origin), 3.0, "the configured destination by name");
+    // the 10 largest others by name (h3..h12), h1 and h2 as other
+    assert_eq!(pending("https://h12.example"), 32.0);
+    assert_eq!(pending("https://h3.example"), 23.0);
+    assert_eq!(pending("https://h2.example"), 0.0);
+    assert_eq!(pending("other"), 21.0 + 22.0);
+    let names = m
+        .keys()
+        .filter(|k| k.starts_with("outbox_destination_pending{"))
+        .count();
+    assert_eq!(names, 12, "configured + 10 + other");
+    assert!(
+        sum(
+            &m,
+            "outbox_destination_deferrals_total",
+            &["reason=\"paused\""]
+        ) >= 1.0,
+        "the paused destination's intents were held back"
+    );
+    common::terminate(&mut relay).await;
+}
