@@ -238,8 +238,8 @@ impl HealthSettings {
     }
 }
 
-/// A destination that is not simply healthy, as last read.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// A destination's row in `outbox.destinations`.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
 pub struct DestinationRow {
     pub name: String,
     pub state: String,
@@ -247,6 +247,7 @@ pub struct DestinationRow {
     pub last_error: Option<String>,
     pub opened_at: Option<DateTime<Utc>>,
     pub next_probe_at: Option<DateTime<Utc>>,
+    #[serde(skip)]
     pub probe_until: Option<DateTime<Utc>>,
     pub paused_by: Option<String>,
     pub paused_at: Option<DateTime<Utc>>,

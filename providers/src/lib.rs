@@ -137,6 +137,22 @@ pub fn refuse_destination(kind: &str, destination: Option<&str>) -> Result<(), S
     }
 }
 
+/// A broker payload's `"body"` as the bytes to publish: the stored JSON
+/// text when the relay has it (`raw_body`), else the value serialized.
+pub(crate) fn payload_body(
+    kind: &str,
+    obj: &serde_json::Map<String, serde_json::Value>,
+    raw_body: Option<Vec<u8>>,
+) -> Result<Vec<u8>, String> {
+    let body = obj
+        .get("body")
+        .ok_or_else(|| format!("{kind} payload has no \"body\" (use null for an empty body)"))?;
+    match raw_body {
+        Some(raw) => Ok(raw),
+        None => serde_json::to_vec(body).map_err(|e| format!("{kind} body: {e}")),
+    }
+}
+
 /// The kinds this product knows about. An intent of another kind is rejected
 /// by the relay with a readable reason.
 pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge", "nats", "amqp"];

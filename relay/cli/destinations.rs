@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
@@ -40,18 +39,12 @@ pub enum DestinationAction {
     Resume { destination: String },
 }
 
-/// One destination, as `destinations --json` prints it.
+/// One destination, as `destinations --json` prints it: its row (closed
+/// and healthy when it has none), its backlog and its limit.
 #[derive(Debug, Serialize)]
 pub struct Destination {
-    pub name: String,
-    pub state: String,
-    pub failures: i32,
-    pub last_error: Option<String>,
-    pub opened_at: Option<DateTime<Utc>>,
-    pub next_probe_at: Option<DateTime<Utc>>,
-    pub paused_by: Option<String>,
-    pub paused_at: Option<DateTime<Utc>>,
-    pub slow_until: Option<DateTime<Utc>>,
+    #[serde(flatten)]
+    pub health: DestinationRow,
     /// Intents pending or claimed for it.
     pub pending: i64,
     /// Its `[limits]` rate.
@@ -65,7 +58,7 @@ pub async fn list(
 ) -> Result<Vec<Destination>, sqlx::Error> {
     let rows: Vec<DestinationRow> = sqlx::query_as(
         "SELECT name, state, failures, last_error, opened_at, next_probe_at, probe_until,
-                paused_by, paused_at, slow_until
+                paused_by, paused_at, CASE WHEN slow_until > now() THEN slow_until END AS slow_until
            FROM outbox.destinations ORDER BY name",
     )
     .fetch_all(store.pool())
@@ -76,41 +69,37 @@ pub async fn list(
     )
     .fetch_all(store.pool())
     .await?;
-    let mut out: BTreeMap<String, Destination> = BTreeMap::new();
-    let blank = |name: &str| Destination {
+    let entry = |health: DestinationRow| Destination {
+        limit: settings.limits.get(&health.name).map(|r| r.text.clone()),
+        health,
+        pending: 0,
+    };
+    let healthy = |name: &str| DestinationRow {
         name: name.to_string(),
         state: "closed".into(),
         failures: 0,
         last_error: None,
         opened_at: None,
         next_probe_at: None,
+        probe_until: None,
         paused_by: None,
         paused_at: None,
         slow_until: None,
-        pending: 0,
-        limit: settings.limits.get(name).map(|r| r.text.clone()),
     };
-    for r in rows {
-        let mut d = blank(&r.name);
-        d.state = r.state;
-        d.failures = r.failures;
-        d.last_error = r.last_error;
-        d.opened_at = r.opened_at;
-        d.next_probe_at = r.next_probe_at;
-        d.paused_by = r.paused_by;
-        d.paused_at = r.paused_at;
-        d.slow_until = r.slow_until.filter(|t| *t > Utc::now());
-        out.insert(d.name.clone(), d);
-    }
+    let mut out: BTreeMap<String, Destination> = rows
+        .into_iter()
+        .map(|r| (r.name.clone(), entry(r)))
+        .collect();
     for name in settings.limits.keys() {
-        out.entry(name.clone()).or_insert_with(|| blank(name));
+        out.entry(name.clone())
+            .or_insert_with(|| entry(healthy(name)));
     }
     for (name, count) in backlog {
         let Some(name) = name else { continue };
         // a named endpoint counts under its origin
         let name = settings.endpoints.get(&name).cloned().unwrap_or(name);
         out.entry(name.clone())
-            .or_insert_with(|| blank(&name))
+            .or_insert_with(|| entry(healthy(&name)))
             .pending += count;
     }
     Ok(out.into_values().collect())
@@ -159,18 +148,19 @@ pub async fn destinations(store: &Store, config: &Config, args: DestinationsArgs
             let rows: Vec<Vec<String>> = list
                 .iter()
                 .map(|d| {
+                    let h = &d.health;
                     vec![
-                        d.name.clone(),
-                        match (&d.state[..], &d.paused_by) {
+                        h.name.clone(),
+                        match (&h.state[..], &h.paused_by) {
                             ("paused", Some(by)) => format!("paused by {by}"),
                             (s, _) => s.to_string(),
                         },
-                        d.failures.to_string(),
-                        opt(d.opened_at.map(time)),
-                        opt(d.next_probe_at.map(time)),
+                        h.failures.to_string(),
+                        opt(h.opened_at.map(time)),
+                        opt(h.next_probe_at.map(time)),
                         d.pending.to_string(),
                         opt(d.limit.clone()),
-                        clip(d.last_error.as_deref().unwrap_or(""), 60),
+                        clip(h.last_error.as_deref().unwrap_or(""), 60),
                     ]
                 })
                 .collect();

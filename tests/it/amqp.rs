@@ -435,28 +435,9 @@ async fn a_connection_lost_between_publish_and_confirm_is_ambiguous_and_redelive
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nack_is_transient_and_retried_under_the_same_message_id() {
-    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
     use lapin::types::{AMQPValue, FieldTable};
     let db = TestDb::new().await;
     let rabbit = Rabbit::shared();
-    let conn = rabbit.connect().await;
-    let ch = conn.create_channel().await.unwrap();
-    let tag = format!("{}-{:08x}", std::process::id(), fastrand::u32(..));
-    let (exchange, queue) = (
-        format!("outbox-test-nack-{tag}"),
-        format!("outbox-test-nack-q-{tag}"),
-    );
-    ch.exchange_declare(
-        exchange.as_str().into(),
-        lapin::ExchangeKind::Direct,
-        ExchangeDeclareOptions {
-            auto_delete: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
     // a full queue that refuses more: the broker nacks the publish
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongInt(1));
@@ -464,25 +445,7 @@ async fn a_nack_is_transient_and_retried_under_the_same_message_id() {
         "x-overflow".into(),
         AMQPValue::LongString("reject-publish".into()),
     );
-    ch.queue_declare(
-        queue.as_str().into(),
-        QueueDeclareOptions {
-            exclusive: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        queue.as_str().into(),
-        exchange.as_str().into(),
-        "e".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    let (_conn, ch, exchange, queue) = rabbit.topology_with("e", args).await;
     for key in ["first", "second"] {
         sqlx::query("SELECT outbox.enqueue($1, 'amqp', $2, NULL, now(), 'one-at-a-time')")
             .bind(key)

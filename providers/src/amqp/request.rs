@@ -63,13 +63,7 @@ pub fn parse(payload: &Value, raw_body: Option<Vec<u8>>) -> Result<Publish, Stri
     check_exchange(&exchange)?;
     let routing_key = text("routing_key")?;
     check_routing_key(&routing_key)?;
-    let body = obj
-        .get("body")
-        .ok_or("amqp payload has no \"body\" (use null for an empty body)")?;
-    let body = match raw_body {
-        Some(raw) => raw,
-        None => serde_json::to_vec(body).map_err(|e| format!("amqp body: {e}"))?,
-    };
+    let body = crate::payload_body("amqp", obj, raw_body)?;
     let mut headers = BTreeMap::new();
     match obj.get("headers") {
         None | Some(Value::Null) => {}

@@ -43,13 +43,7 @@ pub fn parse(payload: &Value, raw_body: Option<Vec<u8>>) -> Result<Publish, Stri
         None => return Err("nats payload has no \"subject\"".into()),
     };
     check_subject(&subject)?;
-    let body = obj
-        .get("body")
-        .ok_or("nats payload has no \"body\" (use null for an empty body)")?;
-    let body = match raw_body {
-        Some(raw) => raw,
-        None => serde_json::to_vec(body).map_err(|e| format!("nats body: {e}"))?,
-    };
+    let body = crate::payload_body("nats", obj, raw_body)?;
     let mut headers = BTreeMap::new();
     match obj.get("headers") {
         None | Some(Value::Null) => {}

@@ -79,6 +79,15 @@ impl Rabbit {
     /// queue (both gone with the returned channel's connection). Returns
     /// the channel, the exchange and the queue names.
     pub async fn topology(&self, routing_key: &str) -> (Connection, Channel, String, String) {
+        self.topology_with(routing_key, FieldTable::default()).await
+    }
+
+    /// [`Rabbit::topology`] with arguments for the queue (`x-max-length`).
+    pub async fn topology_with(
+        &self,
+        routing_key: &str,
+        queue_arguments: FieldTable,
+    ) -> (Connection, Channel, String, String) {
         let conn = self.connect().await;
         let ch = conn.create_channel().await.unwrap();
         let tag = format!("{}-{:08x}", std::process::id(), fastrand::u32(..));
@@ -101,7 +110,7 @@ impl Rabbit {
                 exclusive: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            queue_arguments,
         )
         .await
         .unwrap();
