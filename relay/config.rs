@@ -787,11 +787,14 @@ impl Config {
         if r.sweep_interval.0 < Duration::from_millis(10) {
             bail!("relay.sweep_interval must be at least 10ms");
         }
-        if self.longest_attempt() + Duration::from_secs(1) > r.lease.0 {
+        // an attempt starts only with its timeout, the destination-health
+        // check (1 s at most) and half a second of margin left of its lease
+        if self.longest_attempt() + Duration::from_millis(1600) > r.lease.0 {
             bail!(
                 "relay.lease ({:?}) must exceed the longest provider timeout ({:?}; \
-                 webhook.timeout, email.timeout, charge.timeout): a delivery must end before its \
-                 lease can expire, or a slow request would be redelivered while it runs",
+                 webhook.timeout, email.timeout, charge.timeout, nats.timeout, amqp.timeout) \
+                 by at least 1.6s: a delivery must end before its lease can expire, or a slow \
+                 request would be redelivered while it runs",
                 r.lease.0,
                 self.longest_attempt()
             );

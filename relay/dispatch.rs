@@ -149,7 +149,9 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     };
     d.budget.dequeue();
     let lease_left = d.settings.lease.saturating_sub(claim.claimed_at.elapsed());
-    let enough = lease_left > d.settings.attempt_time(&claim.kind) + Duration::from_millis(500);
+    // room for the attempt, the gate's check before it, and a margin
+    let enough =
+        lease_left > d.settings.attempt_time(&claim.kind) + GATE_TIME + Duration::from_millis(500);
     if !enough && slot.is_some() {
         tracing::warn!(
             intent = claim.id,
@@ -233,6 +235,10 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     .await
 }
 
+/// The most the gate's database work may take per attempt, before it and
+/// after it.
+const GATE_TIME: Duration = Duration::from_secs(1);
+
 /// The attempt, if its destination may be called now (else deferred, no
 /// attempt spent), and what it showed of the destination's health.
 async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
@@ -248,10 +254,32 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         ));
         return (outcome, AmbiguityPolicy::Park);
     };
-    let admitted = d
-        .gate
-        .admit(&claim.kind, claim.destination.as_deref(), &claim.payload)
-        .await;
+    let admitted = if claim.recovered_from.is_some() {
+        // a lease taken over must be reconciled now, not deferred: a
+        // deferral would bring it back as a fresh claim, and the attempt
+        // whose outcome was lost would never be asked about
+        Admit::Go {
+            destination: d.gate.destination(
+                &claim.kind,
+                claim.destination.as_deref(),
+                &claim.payload,
+            ),
+            probe: false,
+        }
+    } else {
+        // the gate's database work is bounded: past it, wait and try again
+        tokio::time::timeout(
+            GATE_TIME,
+            d.gate
+                .admit(&claim.kind, claim.destination.as_deref(), &claim.payload),
+        )
+        .await
+        .unwrap_or_else(|_| Admit::Wait {
+            class: "slow",
+            reason: "destination health could not be read in time; trying again shortly".into(),
+            after: Duration::from_secs(1),
+        })
+    };
     if let Admit::Wait {
         class,
         reason,
@@ -267,7 +295,13 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         return (outcome, provider.on_ambiguous());
     }
     let (outcome, policy) = attempt_at(d, claim, provider).await;
-    d.gate.record(&admitted, &outcome).await;
+    // what the destination did is recorded beside the completion, not
+    // before it: the completion does not wait for the gate's database work
+    let gate = d.gate.clone();
+    let seen = outcome.clone();
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(GATE_TIME, gate.record(&admitted, &seen)).await;
+    });
     (outcome, policy)
 }
 

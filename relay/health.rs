@@ -67,6 +67,9 @@ impl Rate {
             return Err(format!("rate {text:?} must be more than zero"));
         }
         let per_second = n / secs;
+        if per_second < 1.0 / 86400.0 {
+            return Err(format!("rate {text:?} is below one a day"));
+        }
         if per_second > 1_000_000.0 {
             return Err(format!("rate {text:?} is above a million per second"));
         }
@@ -106,6 +109,9 @@ pub struct HealthSettings {
     pub limits: HashMap<String, Rate>,
     /// None: breakers off.
     pub breaker: Option<BreakerSettings>,
+    /// The breaker settings a probe is recorded with even where breakers
+    /// are off (another relay's breaker opened: its probe must be settled).
+    pub probe_settings: Option<BreakerSettings>,
     pub overrides: HashMap<String, BreakerSettings>,
     /// Webhook endpoint names and their origins.
     pub endpoints: HashMap<String, String>,
@@ -222,6 +228,7 @@ impl HealthSettings {
         Ok(HealthSettings {
             limits,
             breaker: b.enabled.then_some(default),
+            probe_settings: Some(default),
             overrides,
             endpoints,
             alerts: AlertTarget {
@@ -280,6 +287,9 @@ struct Local {
     /// When the next deferred intent of a limited destination is due back,
     /// so that deferrals come back spread at the rate, not all at once.
     next_slot: HashMap<String, Instant>,
+    /// Destinations this relay saw fail since their last recorded success:
+    /// the next answer resets their count even before the view shows them.
+    failing: std::collections::HashSet<String>,
 }
 
 /// The relay's view of its destinations' health; see the module docs.
@@ -392,8 +402,9 @@ impl Gate {
                             row.paused_by.as_deref().unwrap_or("an operator"),
                             row.paused_at.map(|t| t.to_rfc3339()).unwrap_or_default()
                         ),
-                        after: Duration::from_secs(1),
-                    }
+                        // a pause lasts minutes: no need to churn the backlog
+                        after: Duration::from_secs(5),
+                    };
                 }
                 "open" | "half_open" => {
                     let due = match row.state.as_str() {
@@ -435,7 +446,9 @@ impl Gate {
                 }
             }
         }
-        if let Some(rate) = self.settings.limits.get(&dest) {
+        // (a probe holds the half-open state: it goes, one request past the
+        // limit at most, rather than hold the probe while it waits)
+        if let Some(rate) = self.settings.limits.get(&dest).filter(|_| !probe) {
             if !self.take_token(&dest, rate).await {
                 return Admit::Wait {
                     class: "limit",
@@ -489,13 +502,14 @@ impl Gate {
         let mut local = self.local.lock().expect("gate");
         let now = Instant::now();
         let step = Duration::from_secs_f64(1.0 / rate.per_second);
-        let next = local
+        let next = (local
             .next_slot
             .get(dest)
             .copied()
             .filter(|t| *t > now)
             .unwrap_or(now)
-            + step;
+            + step)
+            .min(now + MAX_WAIT);
         local.next_slot.insert(dest.to_string(), next);
         (next - now).clamp(MIN_WAIT.min(step), MAX_WAIT)
     }
@@ -541,10 +555,9 @@ impl Gate {
         {
             if *status == Some(429) || retry_after.is_some() {
                 let wait = retry_after.unwrap_or(Duration::from_secs(1)).min(MAX_WAIT);
-                let until = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
                 if let Err(e) = sqlx::query("SELECT outbox.slow_destination($1, $2)")
                     .bind(dest)
-                    .bind(until)
+                    .bind(interval(wait))
                     .execute(self.store.pool())
                     .await
                 {
@@ -557,16 +570,29 @@ impl Gate {
                 }
             }
         }
-        let Some(breaker) = self.settings.breaker_for(dest) else {
+        let settings = match self.settings.breaker_for(dest) {
+            Some(b) => Some(b),
+            None if probe => self.settings.probe_settings,
+            None => None,
+        };
+        let Some(breaker) = settings else {
             return;
         };
         let failed = matches!(
             outcome,
             Outcome::Transient { .. } | Outcome::Ambiguous { .. }
         );
+        // the destination answered: a delivery, a refusal it gave (with its
+        // status), our credentials refused. A rejection without a status may
+        // be the relay's own refusal of the payload: it shows nothing.
         let answered = matches!(
             outcome,
-            Outcome::Delivered { .. } | Outcome::Rejected { .. }
+            Outcome::Delivered { .. }
+                | Outcome::Misconfigured { .. }
+                | Outcome::Rejected {
+                    status: Some(_),
+                    ..
+                }
         );
         let alerts = &self.settings.alerts;
         let result: Result<Option<String>, sqlx::Error> = if failed {
@@ -586,6 +612,7 @@ impl Gate {
             .await
             .map(Some)
         } else if answered && (probe || self.unhealthy(dest)) {
+            self.local.lock().expect("gate").failing.remove(dest);
             sqlx::query_scalar("SELECT outbox.destination_succeeded($1, $2, $3, $4, $5)")
                 .bind(dest)
                 .bind(probe)
@@ -595,9 +622,24 @@ impl Gate {
                 .fetch_one(self.store.pool())
                 .await
                 .map(Some)
+        } else if probe {
+            // nothing learned: let the next intent probe
+            sqlx::query("SELECT outbox.release_probe($1, $2)")
+                .bind(dest)
+                .bind(&self.owner)
+                .execute(self.store.pool())
+                .await
+                .map(|_| Some("open".to_string()))
         } else {
             Ok(None)
         };
+        if failed {
+            self.local
+                .lock()
+                .expect("gate")
+                .failing
+                .insert(dest.clone());
+        }
         match result {
             Ok(Some(state)) => {
                 if probe || state != "closed" {
@@ -612,11 +654,31 @@ impl Gate {
         }
     }
 
-    /// Does the view show `dest` failing (so that a success must reset it)?
+    /// Has `dest` failed lately (so that a success must reset its count)?
     fn unhealthy(&self, dest: &str) -> bool {
-        self.local.lock().expect("gate").view.contains_key(dest)
+        let local = self.local.lock().expect("gate");
+        local.view.contains_key(dest) || local.failing.contains(dest)
     }
 }
+
+/// The alerts of destinations paused by hand (each raised by one relay).
+pub async fn raise_pause_alerts(store: &Store, settings: &HealthSettings) {
+    let alerts = &settings.alerts;
+    if alerts.url.is_none() && alerts.endpoint.is_none() {
+        return;
+    }
+    if let Err(e) = sqlx::query("SELECT outbox.raise_pause_alerts($1, $2)")
+        .bind(&alerts.url)
+        .bind(&alerts.endpoint)
+        .execute(store.pool())
+        .await
+    {
+        tracing::warn!(error = %e, "cannot raise the pause alerts");
+    }
+}
+
+/// How long destination events and idle closed destinations are kept.
+const HISTORY: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// The dead-count alert, when configured: raised once per crossing of
 /// `alerts.dead_threshold`.
@@ -757,6 +819,17 @@ pub async fn run(
     let mut backlogs = std::collections::HashSet::new();
     for tick in 0u64.. {
         check_dead_alert(&store, &settings).await;
+        raise_pause_alerts(&store, &settings).await;
+        // about hourly at a 5 s tick
+        if tick % 720 == 1 {
+            if let Err(e) = sqlx::query("SELECT outbox.prune_destinations($1)")
+                .bind(interval(HISTORY))
+                .execute(store.pool())
+                .await
+            {
+                tracing::debug!(error = %e, "cannot prune destination history");
+            }
+        }
         if let Err(e) = refresh_gauges(&store, &settings, &mut reported).await {
             tracing::debug!(error = %e, "destination gauge refresh failed");
         }
@@ -794,11 +867,9 @@ pub async fn pause(
     reason: Option<&str>,
 ) -> anyhow::Result<String> {
     let dest = canonical(name, &settings.endpoints).map_err(anyhow::Error::msg)?;
-    sqlx::query("SELECT outbox.pause_destination($1, NULL, $2, $3, $4)")
+    sqlx::query("SELECT outbox.pause_destination($1, $2)")
         .bind(&dest)
         .bind(reason)
-        .bind(&settings.alerts.url)
-        .bind(&settings.alerts.endpoint)
         .execute(store.pool())
         .await
         .context("pausing the destination")?;
@@ -811,7 +882,7 @@ pub async fn resume(
     name: &str,
 ) -> anyhow::Result<(String, bool)> {
     let dest = canonical(name, &settings.endpoints).map_err(anyhow::Error::msg)?;
-    let resumed: bool = sqlx::query_scalar("SELECT outbox.resume_destination($1, NULL)")
+    let resumed: bool = sqlx::query_scalar("SELECT outbox.resume_destination($1)")
         .bind(&dest)
         .fetch_one(store.pool())
         .await

@@ -17,10 +17,10 @@
 --   slow_until a 429 or Retry-After: nothing is sent before it
 --
 -- Every transition and every operator action is kept in
--- outbox.destination_events. Alerts (breaker opened / closed, paused by
--- hand) are enqueued as webhook intents in the same transaction as the
--- transition, with a key derived from the event, so that replicas raise
--- each once.
+-- outbox.destination_events. Alerts (breaker opened / closed) are enqueued
+-- as webhook intents in the same transaction as the transition, a pause's
+-- by the one relay that marks its event alerted, each with a key derived
+-- from the event, so that replicas raise each once.
 
 CREATE TABLE outbox.destinations (
     name          text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 512),
@@ -47,7 +47,9 @@ CREATE TABLE outbox.destination_events (
     event       text        NOT NULL,
     detail      jsonb,
     actor       text        NOT NULL DEFAULT current_user,
-    at          timestamptz NOT NULL DEFAULT now()
+    at          timestamptz NOT NULL DEFAULT now(),
+    -- a pause's alert has been raised (by one relay, see raise_pause_alerts)
+    alerted     boolean     NOT NULL DEFAULT false
 );
 CREATE INDEX destination_events_destination ON outbox.destination_events (destination, at);
 
@@ -253,29 +255,34 @@ AS $$
     SELECT EXISTS (SELECT 1 FROM taken);
 $$;
 
--- A 429 or Retry-After: nothing goes to p_name before p_until.
-CREATE FUNCTION outbox.slow_destination(p_name text, p_until timestamptz)
+-- A 429 or Retry-After: nothing goes to p_name for p_for (on the
+-- database's clock, which every relay reads).
+CREATE FUNCTION outbox.slow_destination(p_name text, p_for interval)
 RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, outbox, pg_temp
 AS $$
-    INSERT INTO outbox.destinations AS d (name, slow_until) VALUES (p_name, p_until)
+    INSERT INTO outbox.destinations AS d (name, slow_until)
+    VALUES (p_name, clock_timestamp() + p_for)
     ON CONFLICT (name) DO UPDATE
        SET slow_until = greatest(d.slow_until, excluded.slow_until), updated_at = now();
 $$;
 
--- Manual override, recorded with its actor: pause (nothing is attempted)
--- or resume (closed, failures reset).
-CREATE FUNCTION outbox.pause_destination(
-    p_name text, p_actor text, p_reason text, p_alert_url text, p_alert_endpoint text)
+-- Manual override, recorded with the operator's login role (session_user):
+-- pause (nothing is attempted) or resume (closed, failures reset). These
+-- run with the owner's rights so that an operator role needs nothing but
+-- EXECUTE on them; they take no alert target from the caller: the relays
+-- raise a pause's alert to the target they are configured with
+-- (raise_pause_alerts).
+CREATE FUNCTION outbox.pause_destination(p_name text, p_reason text)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, outbox, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp();
-    v_actor text := coalesce(p_actor, session_user::text);
+    v_now   timestamptz := clock_timestamp();
+    v_actor text := session_user::text;
 BEGIN
     INSERT INTO outbox.destinations AS d (name, state, paused_by, paused_at)
     VALUES (p_name, 'paused', v_actor, v_now)
@@ -284,12 +291,10 @@ BEGIN
            probe_owner = NULL, probe_until = NULL, updated_at = v_now;
     INSERT INTO outbox.destination_events (destination, event, detail, actor)
     VALUES (p_name, 'paused', jsonb_build_object('reason', p_reason), v_actor);
-    PERFORM outbox.raise_alert('destination.paused', p_name, v_now,
-        jsonb_build_object('actor', v_actor, 'reason', p_reason), p_alert_url, p_alert_endpoint);
 END
 $$;
 
-CREATE FUNCTION outbox.resume_destination(p_name text, p_actor text)
+CREATE FUNCTION outbox.resume_destination(p_name text)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -305,9 +310,60 @@ BEGIN
         RETURN false;
     END IF;
     INSERT INTO outbox.destination_events (destination, event, actor)
-    VALUES (p_name, 'resumed', coalesce(p_actor, session_user::text));
+    VALUES (p_name, 'resumed', session_user::text);
     RETURN true;
 END
+$$;
+
+-- The alerts of pauses not yet alerted, each raised by the one relay whose
+-- UPDATE takes it. Returns how many.
+CREATE FUNCTION outbox.raise_pause_alerts(p_alert_url text, p_alert_endpoint text)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, outbox, pg_temp
+AS $$
+DECLARE
+    e record;
+    n integer := 0;
+BEGIN
+    FOR e IN
+        UPDATE outbox.destination_events SET alerted = true
+         WHERE event = 'paused' AND NOT alerted
+        RETURNING destination, detail, actor, at
+    LOOP
+        PERFORM outbox.raise_alert('destination.paused', e.destination, e.at,
+            jsonb_build_object('actor', e.actor, 'reason', e.detail->>'reason'),
+            p_alert_url, p_alert_endpoint);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+-- A probe that showed nothing of the destination (refused before it was
+-- sent, or held back by the relay): the breaker is open again with its
+-- probe due, for the next intent to take.
+CREATE FUNCTION outbox.release_probe(p_name text, p_owner text)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, outbox, pg_temp
+AS $$
+    UPDATE outbox.destinations
+       SET state = 'open', probe_owner = NULL, probe_until = NULL,
+           next_probe_at = clock_timestamp(), updated_at = clock_timestamp()
+     WHERE name = p_name AND state = 'half_open' AND probe_owner = p_owner;
+$$;
+
+-- Old history: events past p_keep, and closed destinations that have been
+-- untouched as long (a bucket in use is touched at every take).
+CREATE FUNCTION outbox.prune_destinations(p_keep interval)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, outbox, pg_temp
+AS $$
+    DELETE FROM outbox.destination_events WHERE at < now() - p_keep AND (event <> 'paused' OR alerted);
+    DELETE FROM outbox.destinations
+     WHERE state = 'closed' AND failures = 0 AND updated_at < now() - p_keep;
 $$;
 
 -- The dead count is at or above p_threshold: raise the alert once per
@@ -351,8 +407,10 @@ AS $$
     SELECT CASE p_kind
         WHEN 'webhook' THEN coalesce(
             p_destination,
-            regexp_replace(
+            regexp_replace(regexp_replace(
                 lower(substring(p_payload->>'url' FROM '^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*')),
+                -- never a credential in a label or a listing
+                '^([a-z][a-z0-9+.-]*://)[^@]*@', '\1'),
                 '^(https://[^/]*):443$|^(http://[^/]*):80$', '\1\2'))
         WHEN 'email' THEN 'smtp'
         ELSE p_kind
@@ -364,8 +422,11 @@ REVOKE ALL ON FUNCTION outbox.take_tokens(text, double precision, double precisi
 REVOKE ALL ON FUNCTION outbox.destination_failed(text, text, boolean, text, integer, interval, interval, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.destination_succeeded(text, boolean, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.take_probe(text, text, interval) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.slow_destination(text, timestamptz) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.pause_destination(text, text, text, text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.resume_destination(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.slow_destination(text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.pause_destination(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.resume_destination(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.raise_pause_alerts(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.release_probe(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.prune_destinations(interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.check_dead_alert(bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.destination_of(text, text, jsonb) FROM PUBLIC;

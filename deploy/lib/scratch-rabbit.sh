@@ -14,6 +14,7 @@
 
 SCRATCH_RABBIT_DIR=""
 SCRATCH_RABBIT_STARTED=0
+SCRATCH_RABBIT_NODE=""
 
 rabbit_server_bin() {
 	local b
@@ -54,10 +55,12 @@ scratch_rabbit_private() {
 	bin=$(rabbit_server_bin) || return 1
 	port=$(rabbit_free_port) || return 1
 	dist=$(rabbit_free_port) || return 1
+	while [ "$dist" = "$port" ]; do dist=$(rabbit_free_port) || return 1; done
+	SCRATCH_RABBIT_NODE="outboxtest$$@localhost"
 	SCRATCH_RABBIT_DIR=$(mktemp -d "${TMPDIR:-/tmp}/outbox-test-rabbit.XXXXXX")
 	say "starting a private RabbitMQ node on 127.0.0.1:$port (data in $SCRATCH_RABBIT_DIR)"
 	if ! env HOME="$SCRATCH_RABBIT_DIR" \
-		RABBITMQ_NODENAME="outboxtest$$@localhost" \
+		RABBITMQ_NODENAME="$SCRATCH_RABBIT_NODE" \
 		RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
 		RABBITMQ_NODE_PORT="$port" \
 		RABBITMQ_DIST_PORT="$dist" \
@@ -81,10 +84,13 @@ scratch_rabbit_private() {
 
 scratch_rabbit_setup() {
 	if [ -n "${OUTBOX_TEST_AMQP_URL:-}" ]; then
-		local hp=${OUTBOX_TEST_AMQP_URL#*://}
+		local hp=${OUTBOX_TEST_AMQP_URL#*://} host port
 		hp=${hp#*@}
 		hp=${hp%%/*}
-		if tcp_open "${hp%%:*}" "${hp##*:}"; then
+		host=${hp%%:*}
+		port=5672
+		[ "$hp" = "$host" ] || port=${hp##*:}
+		if tcp_open "$host" "$port"; then
 			say "RabbitMQ test peer: $OUTBOX_TEST_AMQP_URL (given)"
 			return 0
 		fi
@@ -126,6 +132,9 @@ scratch_rabbit_stop() {
 			sleep 0.25
 		done
 		kill -9 "$pid" 2>/dev/null || true
+	elif [ "$SCRATCH_RABBIT_STARTED" = 1 ] && [ -n "$SCRATCH_RABBIT_NODE" ] && have pkill; then
+		# no pid file: find the node by its name
+		pkill -KILL -f -- "$SCRATCH_RABBIT_NODE" 2>/dev/null || true
 	fi
 	rm -rf "$SCRATCH_RABBIT_DIR"
 	SCRATCH_RABBIT_DIR=""

@@ -45,13 +45,16 @@ GRANT EXECUTE ON FUNCTION
     outbox.destination_failed(text, text, boolean, text, integer, interval, interval, text, text),
     outbox.destination_succeeded(text, boolean, text, text, text),
     outbox.take_probe(text, text, interval),
-    outbox.slow_destination(text, timestamptz),
+    outbox.slow_destination(text, interval),
     outbox.check_dead_alert(bigint, text, text),
+    outbox.raise_pause_alerts(text, text),
+    outbox.release_probe(text, text),
+    outbox.prune_destinations(interval),
     outbox.destination_of(text, text, jsonb)
     TO outbox_relay;
 GRANT EXECUTE ON FUNCTION
-    outbox.pause_destination(text, text, text, text, text),
-    outbox.resume_destination(text, text),
+    outbox.pause_destination(text, text),
+    outbox.resume_destination(text),
     outbox.destination_of(text, text, jsonb)
     TO outbox_relay, outbox_operator;
 

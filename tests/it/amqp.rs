@@ -329,7 +329,8 @@ async fn a_broker_that_goes_away_is_transient_and_the_relay_reconnects_when_it_i
         .await,
         "the publish is retried while the broker is down"
     );
-    assert_eq!(db.state("during").await, "pending");
+    let state = db.state("during").await;
+    assert!(matches!(state.as_str(), "pending" | "claimed"), "{state}");
     node.up().await;
     assert!(
         crate::common::wait_for(Duration::from_secs(40), || async {

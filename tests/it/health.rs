@@ -401,6 +401,11 @@ async fn an_operator_pauses_and_resumes_a_destination_and_both_are_recorded() {
     }
     let mut cfg = config();
     cfg.alerts.url = Some(alert_rx.url("/alerts"));
+    // the relays' health loop raises the pause's alert, once whichever runs
+    let settings = cfg.health().unwrap();
+    for _ in 0..3 {
+        outbox_relay::health::raise_pause_alerts(&db.store, &settings).await;
+    }
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
     assert!(
         rx.requests().is_empty(),

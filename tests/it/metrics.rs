@@ -293,7 +293,7 @@ async fn destination_health_is_exported_with_bounded_labels() {
     let origin = format!("http://{}", rx.addr);
     // a paused destination with a backlog, and 12 more with backlogs of
     // their own: the 10 largest by name, the rest as `other`
-    sqlx::query("SELECT outbox.pause_destination($1, 'ops', 'test', NULL, NULL)")
+    sqlx::query("SELECT outbox.pause_destination($1, 'test')")
         .bind(&origin)
         .execute(db.pool())
         .await

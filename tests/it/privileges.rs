@@ -44,7 +44,7 @@ fn denied(err: sqlx::Error) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read() {
+async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read_and_pause() {
     let db = TestDb::new().await;
     roles(&db).await;
     sqlx::raw_sql(&roles_sql().unwrap())
@@ -129,6 +129,31 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read()
     let err = operator.retry("priv:1", force).await.unwrap_err();
     assert!(err.to_string().contains("permission denied"), "{err}");
     assert_eq!(db.state("priv:1").await, "delivered");
+    // ... but it may pause and resume a destination (recorded as itself),
+    // and cannot enqueue an alert of its own making
+    sqlx::query("SELECT outbox.pause_destination('https://partner.example', 'maintenance')")
+        .execute(operator.pool())
+        .await
+        .unwrap();
+    let by: String =
+        sqlx::query_scalar("SELECT actor FROM outbox.destination_events WHERE event = 'paused'")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(by, "t_outbox_operator");
+    let resumed: bool =
+        sqlx::query_scalar("SELECT outbox.resume_destination('https://partner.example')")
+            .fetch_one(operator.pool())
+            .await
+            .unwrap();
+    assert!(resumed);
+    let err = sqlx::query(
+        "SELECT outbox.raise_alert('x', 'y', now(), NULL, 'https://attacker.example/', NULL)",
+    )
+    .execute(operator.pool())
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("permission denied"), "{err}");
 
     app.pool().close().await;
     operator.pool().close().await;
