@@ -13,10 +13,11 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_completion_after_the_lease_moved_on_changes_nothing_and_is_counted() {
     let db = TestDb::new().await;
-    // The first request is held 2.5s, longer than relay A's 1s lease.
+    // The first request is held 4s, longer than relay A's 2s lease (a lease
+    // an attempt can still start in: the gate's check and a margin fit).
     let rx = Receiver::start(|_, nth| {
         if nth == 1 {
-            Reply::status(200).after(Duration::from_millis(2500))
+            Reply::status(200).after(Duration::from_millis(4000))
         } else {
             Reply::status(200)
         }
@@ -30,7 +31,7 @@ async fn a_late_completion_after_the_lease_moved_on_changes_nothing_and_is_count
     // that config validation refuses; built by hand here to force the race),
     // and no sweeper of its own.
     let mut cfg_a = config();
-    cfg_a.relay.lease = Dur(Duration::from_secs(1));
+    cfg_a.relay.lease = Dur(Duration::from_secs(2));
     cfg_a.webhook.timeout = Dur(Duration::from_secs(10));
     cfg_a.relay.sweep_interval = Dur(Duration::from_secs(3600));
     cfg_a.relay.name = Some("relay-a".into());
