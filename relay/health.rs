@@ -768,6 +768,7 @@ const TOP_BACKLOGS: usize = 10;
 pub async fn refresh_backlog_gauges(
     store: &Store,
     settings: &HealthSettings,
+    owner: &str,
     reported: &mut std::collections::HashSet<String>,
 ) -> Result<(), sqlx::Error> {
     let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
@@ -783,6 +784,7 @@ pub async fn refresh_backlog_gauges(
         let name = settings.endpoints.get(&name).cloned().unwrap_or(name);
         *by_name.entry(name).or_default() += n;
     }
+    close_idle_breakers(store, settings, owner, &by_name).await?;
     let mut now: HashMap<String, f64> = settings
         .limits
         .keys()
@@ -806,12 +808,43 @@ pub async fn refresh_backlog_gauges(
     Ok(())
 }
 
+/// Close the open breakers of destinations with no backlog left a minute
+/// past their due probe: nothing would ever probe them
+/// (`outbox.close_idle_breaker`).
+async fn close_idle_breakers(
+    store: &Store,
+    settings: &HealthSettings,
+    owner: &str,
+    backlog: &HashMap<String, i64>,
+) -> Result<(), sqlx::Error> {
+    let idle: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM outbox.destinations
+          WHERE state = 'open' AND next_probe_at < clock_timestamp() - interval '1 minute'",
+    )
+    .fetch_all(store.pool())
+    .await?;
+    for name in idle.iter().filter(|n| !backlog.contains_key(*n)) {
+        let closed: bool = sqlx::query_scalar("SELECT outbox.close_idle_breaker($1, $2, $3, $4)")
+            .bind(name)
+            .bind(owner)
+            .bind(&settings.alerts.url)
+            .bind(&settings.alerts.endpoint)
+            .fetch_one(store.pool())
+            .await?;
+        if closed {
+            tracing::info!(destination = %name, "closed the breaker of a destination with nothing left to send");
+        }
+    }
+    Ok(())
+}
+
 /// The destination gauges and the dead-count alert, every `every` until
 /// `stop` turns true (the backlog gauges every third time: they scan the
 /// pending intents).
 pub async fn run(
     store: Store,
     settings: HealthSettings,
+    owner: String,
     every: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -834,7 +867,7 @@ pub async fn run(
             tracing::debug!(error = %e, "destination gauge refresh failed");
         }
         if tick.is_multiple_of(3) {
-            if let Err(e) = refresh_backlog_gauges(&store, &settings, &mut backlogs).await {
+            if let Err(e) = refresh_backlog_gauges(&store, &settings, &owner, &mut backlogs).await {
                 tracing::debug!(error = %e, "destination backlog gauge refresh failed");
             }
         }

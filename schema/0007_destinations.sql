@@ -354,6 +354,39 @@ AS $$
      WHERE name = p_name AND state = 'half_open' AND probe_owner = p_owner;
 $$;
 
+-- An open breaker with nothing left to send has nothing to probe with: the
+-- relay that sees its backlog empty a minute past the due probe closes it
+-- (recorded, and alerted as closed), so that it does not stay open, and
+-- alerting, for a destination nobody uses any more. A new intent for it is
+-- then attempted, and counts towards opening it again.
+CREATE FUNCTION outbox.close_idle_breaker(
+    p_name text, p_owner text, p_alert_url text, p_alert_endpoint text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, outbox, pg_temp
+AS $$
+DECLARE
+    d     outbox.destinations;
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    UPDATE outbox.destinations x
+       SET state = 'closed', failures = 0, opened_at = NULL, cooldown = NULL,
+           next_probe_at = NULL, probe_owner = NULL, probe_until = NULL, updated_at = v_now
+      FROM (SELECT * FROM outbox.destinations WHERE name = p_name FOR UPDATE) old
+     WHERE x.name = p_name AND old.state = 'open'
+       AND old.next_probe_at < v_now - interval '1 minute'
+    RETURNING old.* INTO d;
+    IF d.name IS NULL THEN
+        RETURN false;
+    END IF;
+    INSERT INTO outbox.destination_events (destination, event, detail, actor)
+    VALUES (p_name, 'closed', jsonb_build_object('idle', true), p_owner);
+    PERFORM outbox.raise_alert('breaker.closed', p_name, v_now,
+        jsonb_build_object('opened_at', d.opened_at, 'idle', true), p_alert_url, p_alert_endpoint);
+    RETURN true;
+END
+$$;
+
 -- Old history: events past p_keep, and closed destinations that have been
 -- untouched as long (a bucket in use is touched at every take).
 CREATE FUNCTION outbox.prune_destinations(p_keep interval)
@@ -428,5 +461,6 @@ REVOKE ALL ON FUNCTION outbox.resume_destination(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.raise_pause_alerts(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.release_probe(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.prune_destinations(interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.close_idle_breaker(text, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.check_dead_alert(bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.destination_of(text, text, jsonb) FROM PUBLIC;

@@ -50,6 +50,7 @@ GRANT EXECUTE ON FUNCTION
     outbox.raise_pause_alerts(text, text),
     outbox.release_probe(text, text),
     outbox.prune_destinations(interval),
+    outbox.close_idle_breaker(text, text, text, text),
     outbox.destination_of(text, text, jsonb)
     TO outbox_relay;
 GRANT EXECUTE ON FUNCTION

@@ -29,7 +29,9 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
         return Ok(());
     }
     let health = Arc::new(Health::default());
-    let engine = Engine::new(store.clone(), providers, EngineConfig::from_config(config));
+    let engine_config = EngineConfig::from_config(config);
+    let owner = engine_config.owner.clone();
+    let engine = Engine::new(store.clone(), providers, engine_config);
     let stop = engine.stop_signal();
     let mut services = Vec::new();
     if let Some(addr) = &config.relay.metrics_addr {
@@ -67,6 +69,7 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
         crate::health::run(
             store.clone(),
             health_settings,
+            owner,
             Duration::from_secs(5),
             stop.clone(),
         ),

@@ -526,3 +526,69 @@ async fn the_dead_count_alert_is_raised_once_per_crossing_by_any_number_of_relay
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
     assert_eq!(alerts(&alert_rx).len(), 2, "{:?}", alerts(&alert_rx));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_with_nothing_left_to_send_is_closed_by_itself() {
+    let db = TestDb::new().await;
+    let alert_rx = Receiver::ok().await;
+    let gone = "https://gone.example";
+    let busy = "https://busy.example";
+    for name in [gone, busy] {
+        for _ in 0..3 {
+            sqlx::query(
+                "SELECT outbox.destination_failed($1, 'refused', false, 'test', 3,
+                        interval '1 second', interval '2 seconds', NULL, NULL)",
+            )
+            .bind(name)
+            .execute(db.pool())
+            .await
+            .unwrap();
+        }
+    }
+    // both open, their probes due two minutes ago; only busy has a backlog
+    sqlx::query("UPDATE outbox.destinations SET next_probe_at = now() - interval '2 minutes'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox.intents (key, kind, payload, run_after)
+         VALUES ('waiting', 'webhook', $1, now() + interval '1 hour')",
+    )
+    .bind(json!({"url": format!("{busy}/hook"), "body": 1}))
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let mut cfg = config();
+    cfg.alerts.url = Some(alert_rx.url("/alerts"));
+    let settings = cfg.health().unwrap();
+    let mut seen = std::collections::HashSet::new();
+    outbox_relay::health::refresh_backlog_gauges(&db.store, &settings, "relay-1", &mut seen)
+        .await
+        .unwrap();
+    let states: Vec<(String, String)> =
+        sqlx::query_as("SELECT name, state FROM outbox.destinations ORDER BY name")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        states,
+        [
+            (busy.to_string(), "open".to_string()),
+            (gone.to_string(), "closed".to_string())
+        ]
+    );
+    let events: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT event, detail FROM outbox.destination_events WHERE destination = $1 ORDER BY id",
+    )
+    .bind(gone)
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(events.last().unwrap().0, "closed");
+    assert_eq!(events.last().unwrap().1["idle"], true);
+    // its close alert is an intent like any other
+    let alert: i64 = db
+        .count("payload->'body'->>'type' = 'breaker.closed'")
+        .await;
+    assert_eq!(alert, 1);
+}
