@@ -297,11 +297,13 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
     let (outcome, policy) = attempt_at(d, claim, provider).await;
     // what the destination did is recorded beside the completion, not
     // before it: the completion does not wait for the gate's database work
-    let gate = d.gate.clone();
-    let seen = outcome.clone();
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(GATE_TIME, gate.record(&admitted, &seen)).await;
-    });
+    if d.gate.has_news(&admitted, &outcome) {
+        let gate = d.gate.clone();
+        let seen = outcome.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(GATE_TIME, gate.record(&admitted, &seen)).await;
+        });
+    }
     (outcome, policy)
 }
 

@@ -315,6 +315,12 @@ impl Gate {
         }
     }
 
+    /// The local state. Its holders only touch maps and clocks; a panic
+    /// among them would poison it, and the view is only a cache: go on.
+    fn local(&self) -> std::sync::MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn settings(&self) -> &HealthSettings {
         &self.settings
     }
@@ -335,7 +341,7 @@ impl Gate {
     async fn refresh(&self) {
         let stale = |l: &Local| l.read_at.is_none_or(|t| t.elapsed() >= REFRESH);
         let unread = {
-            let local = self.local.lock().expect("gate");
+            let local = self.local();
             if !stale(&local) {
                 return;
             }
@@ -351,7 +357,7 @@ impl Gate {
                 Err(_) => return,
             }
         };
-        if !stale(&self.local.lock().expect("gate")) {
+        if !stale(&self.local()) {
             return;
         }
         let rows: Result<Vec<DestinationRow>, _> = sqlx::query_as(
@@ -362,7 +368,7 @@ impl Gate {
         )
         .fetch_all(self.store.pool())
         .await;
-        let mut local = self.local.lock().expect("gate");
+        let mut local = self.local();
         match rows {
             Ok(rows) => {
                 local.view = rows.into_iter().map(|r| (r.name.clone(), r)).collect();
@@ -384,7 +390,7 @@ impl Gate {
             };
         };
         self.refresh().await;
-        let row = self.local.lock().expect("gate").view.get(&dest).cloned();
+        let row = self.local().view.get(&dest).cloned();
         let now = Utc::now();
         let until = |t: Option<DateTime<Utc>>| {
             t.and_then(|t| (t - now).to_std().ok())
@@ -467,7 +473,7 @@ impl Gate {
     /// database.
     async fn take_token(&self, dest: &str, rate: &Rate) -> bool {
         {
-            let mut local = self.local.lock().expect("gate");
+            let mut local = self.local();
             let t = local.tokens.entry(dest.to_string()).or_default();
             if *t >= 1.0 {
                 *t -= 1.0;
@@ -484,7 +490,7 @@ impl Gate {
                 .await;
         match granted {
             Ok(n) if n >= 1 => {
-                let mut local = self.local.lock().expect("gate");
+                let mut local = self.local();
                 *local.tokens.entry(dest.to_string()).or_default() += f64::from(n - 1);
                 true
             }
@@ -499,7 +505,7 @@ impl Gate {
     /// When a deferred intent of a limited destination should come back:
     /// the next free slot at the rate (with 3 relays, each spreads its own).
     fn slot(&self, dest: &str, rate: &Rate) -> Duration {
-        let mut local = self.local.lock().expect("gate");
+        let mut local = self.local();
         let now = Instant::now();
         let step = Duration::from_secs_f64(1.0 / rate.per_second);
         let next = (local
@@ -531,9 +537,23 @@ impl Gate {
 
     /// Drop the cached row, so that the next admit rereads it.
     fn forget(&self, dest: &str) {
-        let mut local = self.local.lock().expect("gate");
+        let mut local = self.local();
         local.view.remove(dest);
         local.read_at = None;
+    }
+
+    /// Has the attempt anything to tell [`Gate::record`]? (Cheap, no I/O:
+    /// a healthy destination's delivery has not, and is not recorded.)
+    pub fn has_news(&self, admitted: &Admit, outcome: &Outcome) -> bool {
+        let Admit::Go {
+            destination: Some(dest),
+            probe,
+        } = admitted
+        else {
+            return false;
+        };
+        let (failed, answered) = shown(outcome);
+        *probe || failed || (answered && self.unhealthy(dest))
     }
 
     /// What the destination did with the attempt the gate let through.
@@ -578,22 +598,7 @@ impl Gate {
         let Some(breaker) = settings else {
             return;
         };
-        let failed = matches!(
-            outcome,
-            Outcome::Transient { .. } | Outcome::Ambiguous { .. }
-        );
-        // the destination answered: a delivery, a refusal it gave (with its
-        // status), our credentials refused. A rejection without a status may
-        // be the relay's own refusal of the payload: it shows nothing.
-        let answered = matches!(
-            outcome,
-            Outcome::Delivered { .. }
-                | Outcome::Misconfigured { .. }
-                | Outcome::Rejected {
-                    status: Some(_),
-                    ..
-                }
-        );
+        let (failed, answered) = shown(outcome);
         let alerts = &self.settings.alerts;
         let result: Result<Option<String>, sqlx::Error> = if failed {
             sqlx::query_scalar(
@@ -612,7 +617,7 @@ impl Gate {
             .await
             .map(Some)
         } else if answered && (probe || self.unhealthy(dest)) {
-            self.local.lock().expect("gate").failing.remove(dest);
+            self.local().failing.remove(dest);
             sqlx::query_scalar("SELECT outbox.destination_succeeded($1, $2, $3, $4, $5)")
                 .bind(dest)
                 .bind(probe)
@@ -634,11 +639,7 @@ impl Gate {
             Ok(None)
         };
         if failed {
-            self.local
-                .lock()
-                .expect("gate")
-                .failing
-                .insert(dest.clone());
+            self.local().failing.insert(dest.clone());
         }
         match result {
             Ok(Some(state)) => {
@@ -656,7 +657,7 @@ impl Gate {
 
     /// Has `dest` failed lately (so that a success must reset its count)?
     fn unhealthy(&self, dest: &str) -> bool {
-        let local = self.local.lock().expect("gate");
+        let local = self.local();
         local.view.contains_key(dest) || local.failing.contains(dest)
     }
 }
@@ -876,6 +877,27 @@ pub async fn run(
             _ = stop.wait_for(|s| *s) => return,
         }
     }
+}
+
+/// What an outcome shows of its destination: (it failed, it answered). A
+/// failure is transient or ambiguous; an answer is a delivery, a refusal it
+/// gave (with its status), our credentials refused. A rejection without a
+/// status may be the relay's own refusal of the payload: it shows nothing.
+fn shown(outcome: &Outcome) -> (bool, bool) {
+    let failed = matches!(
+        outcome,
+        Outcome::Transient { .. } | Outcome::Ambiguous { .. }
+    );
+    let answered = matches!(
+        outcome,
+        Outcome::Delivered { .. }
+            | Outcome::Misconfigured { .. }
+            | Outcome::Rejected {
+                status: Some(_),
+                ..
+            }
+    );
+    (failed, answered)
 }
 
 fn clip(text: &str, max: usize) -> String {

@@ -234,7 +234,7 @@ impl AmqpProvider {
     /// A confirm-mode channel of `link` for one publish.
     async fn channel(&self, link: &Link, deadline: Instant) -> Result<Channel, String> {
         let reused = {
-            let mut idle = link.idle.lock().expect("idle channels");
+            let mut idle = link.idle.lock().unwrap_or_else(|p| p.into_inner());
             std::iter::from_fn(|| idle.pop()).find(|c| c.status().connected())
         };
         if let Some(channel) = reused {
@@ -369,7 +369,7 @@ impl Provider for AmqpProvider {
         };
         let outcome = classify(answer, &target, &id);
         if channel.status().connected() {
-            let mut idle = link.idle.lock().expect("idle channels");
+            let mut idle = link.idle.lock().unwrap_or_else(|p| p.into_inner());
             if idle.len() < MAX_IDLE_CHANNELS {
                 idle.push(channel);
             }
