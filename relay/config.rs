@@ -70,6 +70,8 @@ pub struct Config {
     pub breaker: BreakerSection,
     pub alerts: AlertsSection,
     pub retention: RetentionSection,
+    /// `[console]`: the operator web UI (`outbox-relay console`).
+    pub console: crate::console::ConsoleSection,
     #[serde(rename = "schedule")]
     pub schedules: Vec<ScheduleEntry>,
 }
@@ -856,6 +858,7 @@ impl Config {
         self.health()?;
         self.schedules()?;
         self.check_schedule_payloads()?;
+        self.console.validate()?;
         let ret = &self.retention;
         if ret.ledger.0 < ret.intents.0 {
             bail!(

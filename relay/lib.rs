@@ -27,6 +27,7 @@
 //! - [`metrics`]: Prometheus metrics, queue gauges, /healthz and /readyz.
 //! - [`lookup`]: `GET /v1/intents/{key}` on the metrics listener: by key
 //!   only, optionally behind a bearer token.
+//! - [`console`]: `outbox-relay console`, the operator web UI and its JSON API.
 //! - [`cli`]: the `outbox-relay` command.
 //! - [`telemetry`]: logging setup.
 //!
@@ -40,6 +41,7 @@ pub mod claim;
 pub mod cli;
 pub mod complete;
 pub mod config;
+pub mod console;
 pub mod dispatch;
 pub mod engine;
 pub mod health;

@@ -11,7 +11,8 @@
 //! | 4 | conflict: OB409 on enqueue, or the intent's state does not allow the operation |
 //! | 5 | the database is unreachable |
 
-mod destinations;
+mod console;
+pub(crate) mod destinations;
 mod fleet;
 mod intents;
 mod operate;
@@ -83,6 +84,9 @@ enum Command {
     /// Destination health: breaker state, failures, next probe, backlog and
     /// rate limit of each destination; `pause` and `resume` override it.
     Destinations(destinations::DestinationsArgs),
+    /// Serve the operator console: a web UI and a JSON API (/api/v1/) for
+    /// intents, failures, destinations and schedules, with bulk actions.
+    Console(console::ConsoleArgs),
 }
 
 #[derive(Debug, Args)]
@@ -265,6 +269,13 @@ async fn execute(cli: Cli) -> Outcome {
     if let Command::Health(args) = &cli.command {
         return health(&config, args).await;
     }
+    if let Command::Console(console::ConsoleArgs {
+        hash_password: true,
+        ..
+    }) = &cli.command
+    {
+        return console::hash_password();
+    }
     let url = database_url(cli.database_url.clone(), &config)?;
     let connections = config
         .relay
@@ -289,6 +300,7 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Purge(args) => operate::purge(&store, args).await,
         Command::Schedules(args) => intents::schedules(&store, &config, args).await,
         Command::Destinations(args) => destinations::destinations(&store, &config, args).await,
+        Command::Console(args) => console::console(store, config, args).await,
         Command::Health(_) => unreachable!("answered before connecting"),
     }
 }

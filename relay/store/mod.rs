@@ -3,8 +3,10 @@
 //! - [`claims`]: the hot path: claim, complete (fenced), release, sweep.
 //! - [`operator`]: what the CLI reads and changes.
 //! - [`enqueue`]: the application-side helper around `outbox.enqueue`.
+//! - [`console`]: the console's searches, failure groups, charts and bulk changes.
 
 pub mod claims;
+pub mod console;
 pub mod enqueue;
 pub mod fleet;
 pub mod operator;
@@ -133,11 +135,28 @@ fn percent_decode(text: &str) -> Result<String, std::string::FromUtf8Error> {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
+    /// Who operator actions are recorded as (`outbox.operator_actions.actor`);
+    /// `None` records the database role (`current_user`), as the CLI does.
+    /// The console sets it to its logged-in user.
+    actor: Option<std::sync::Arc<str>>,
 }
 
 impl Store {
     pub fn new(pool: PgPool) -> Self {
-        Store { pool }
+        Store { pool, actor: None }
+    }
+
+    /// The same store, recording operator actions as `actor`.
+    pub fn acting_as(&self, actor: &str) -> Store {
+        Store {
+            pool: self.pool.clone(),
+            actor: Some(actor.into()),
+        }
+    }
+
+    /// The actor operator actions are recorded as, if not the database role.
+    pub fn actor(&self) -> Option<&str> {
+        self.actor.as_deref()
     }
 
     /// Connect with a pool sized for `connections` and a bounded connect wait.
@@ -161,7 +180,7 @@ impl Store {
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options);
-        Ok(Store { pool })
+        Ok(Store { pool, actor: None })
     }
 
     pub fn pool(&self) -> &PgPool {

@@ -150,6 +150,32 @@ pub enum Known {
     Ledger(LedgerEntry),
 }
 
+/// An operator change, for one intent or a batch of them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Pending again now (see [`RetryOptions`]).
+    Retry(RetryOptions),
+    /// Called off; a claim in flight is fenced off.
+    Cancel,
+    /// An ambiguous or dead intent settled by hand.
+    Resolve(Resolution),
+}
+
+impl Change {
+    /// The states this change applies to (a retry of delivered intents
+    /// only when forced).
+    pub fn applies_to(&self) -> Vec<IntentState> {
+        match self {
+            Change::Retry(how) => RETRYABLE
+                .into_iter()
+                .filter(|s| how.force || *s != Delivered)
+                .collect(),
+            Change::Cancel => CANCELLABLE.to_vec(),
+            Change::Resolve(_) => RESOLVABLE.to_vec(),
+        }
+    }
+}
+
 /// Which intents a bulk retry touches.
 #[derive(Debug, Clone)]
 pub struct Filter {
@@ -406,7 +432,11 @@ impl Store {
         .await?)
     }
 
-    async fn retry_ids(&self, ids: &[i64], how: RetryOptions) -> Result<u64, StoreError> {
+    pub(crate) async fn retry_ids(
+        &self,
+        ids: &[i64],
+        how: RetryOptions,
+    ) -> Result<u64, StoreError> {
         let n: i64 = sqlx::query_scalar(
             "WITH old AS (
                  SELECT id, state FROM outbox.intents
@@ -420,15 +450,17 @@ impl Store {
                    FROM old WHERE i.id = old.id
                  RETURNING i.id, i.key_generation, old.state AS was),
              a AS (
-                 INSERT INTO outbox.operator_actions (intent_id, action, detail)
+                 INSERT INTO outbox.operator_actions (intent_id, action, detail, actor)
                  SELECT id, 'retry', jsonb_build_object('new_effect', $2, 'key_generation', key_generation,
-                                                        'from', was)
+                                                        'from', was),
+                        coalesce($4, current_user)
                    FROM r)
              SELECT count(*) FROM r",
         )
         .bind(ids)
         .bind(how.new_effect)
         .bind(retryable(how))
+        .bind(self.actor())
         .fetch_one(&self.pool)
         .await?;
         Ok(n as u64)
@@ -439,16 +471,7 @@ impl Store {
     /// still happen if the request had already left).
     pub async fn cancel(&self, reference: &str) -> Result<Intent, StoreError> {
         let intent = self.find(reference).await?;
-        let changed = self
-            .transition(
-                intent.id,
-                &CANCELLABLE,
-                "state = 'cancelled', last_error = coalesce(last_error, 'cancelled by an operator')",
-                "cancel",
-                json!({"from": intent.state}),
-                None,
-            )
-            .await?;
+        let changed = self.change_ids(&[intent.id], &Change::Cancel).await? > 0;
         if !changed {
             return Err(StoreError::InvalidState {
                 id: intent.id,
@@ -463,28 +486,10 @@ impl Store {
     /// is the resolution's argument (reference or reason).
     pub async fn resolve(&self, reference: &str, how: &Resolution) -> Result<Intent, StoreError> {
         let intent = self.find(reference).await?;
-        let (set, detail) = match how {
-            Resolution::Delivered { reference } => (
-                "state = 'delivered', delivered_at = now(), provider_ref = coalesce($5, provider_ref)",
-                json!({"as": Delivered, "ref": reference}),
-            ),
-            Resolution::Redeliver => (
-                "state = 'pending', run_after = now(), attempts_base = attempts",
-                json!({"as": "redeliver"}),
-            ),
-            Resolution::Reject { reason } => (
-                "state = 'rejected', last_error = $5",
-                json!({"as": Rejected, "reason": reason}),
-            ),
-        };
-        let arg = match how {
-            Resolution::Delivered { reference } => reference.clone(),
-            Resolution::Reject { reason } => Some(format!("rejected by an operator: {reason}")),
-            Resolution::Redeliver => None,
-        };
         let changed = self
-            .transition(intent.id, &RESOLVABLE, set, "resolve", detail, arg)
-            .await?;
+            .change_ids(&[intent.id], &Change::Resolve(how.clone()))
+            .await?
+            > 0;
         if !changed {
             return Err(StoreError::InvalidState {
                 id: intent.id,
@@ -495,33 +500,64 @@ impl Store {
         self.find_id(intent.id).await
     }
 
-    async fn transition(
-        &self,
-        id: i64,
-        from: &[IntentState],
-        set: &str,
-        action: &str,
-        detail: Value,
-        arg: Option<String>,
-    ) -> Result<bool, StoreError> {
+    /// Apply `change` to the intents `ids` that are in a state it applies
+    /// to, in one statement, each recorded in `outbox.operator_actions`.
+    /// Returns how many changed. Used one id at a time by `retry`, `cancel`
+    /// and `resolve`, and in batches by the console's bulk actions.
+    pub async fn change_ids(&self, ids: &[i64], change: &Change) -> Result<u64, StoreError> {
+        let cancel =
+            "state = 'cancelled', last_error = coalesce(last_error, 'cancelled by an operator')";
+        let (from, set, action, detail, arg): (&[IntentState], &str, &str, Value, Option<String>) =
+            match change {
+                Change::Retry(how) => return self.retry_ids(ids, *how).await,
+                Change::Cancel => (&CANCELLABLE, cancel, "cancel", json!({}), None),
+                Change::Resolve(Resolution::Delivered { reference }) => (
+                    &RESOLVABLE,
+                    "state = 'delivered', delivered_at = now(), provider_ref = coalesce($5, provider_ref)",
+                    "resolve",
+                    json!({"as": Delivered, "ref": reference}),
+                    reference.clone(),
+                ),
+                Change::Resolve(Resolution::Redeliver) => (
+                    &RESOLVABLE,
+                    "state = 'pending', run_after = now(), attempts_base = attempts",
+                    "resolve",
+                    json!({"as": "redeliver"}),
+                    None,
+                ),
+                Change::Resolve(Resolution::Reject { reason }) => (
+                    &RESOLVABLE,
+                    "state = 'rejected', last_error = $5",
+                    "resolve",
+                    json!({"as": Rejected, "reason": reason}),
+                    Some(format!("rejected by an operator: {reason}")),
+                ),
+            };
         let sql = format!(
-            "WITH t AS (
-                 UPDATE outbox.intents SET {set}, owner = NULL, lease_expires_at = NULL,
+            "WITH old AS (
+                 SELECT id, state FROM outbox.intents
+                  WHERE id = ANY($1) AND state = ANY($2) ORDER BY id FOR UPDATE),
+             t AS (
+                 UPDATE outbox.intents i SET {set}, owner = NULL, lease_expires_at = NULL,
                         fence = fence + 1, updated_at = now()
-                  WHERE id = $1 AND state = ANY($2)
-                 RETURNING id, $5::text AS arg)
-             INSERT INTO outbox.operator_actions (intent_id, action, detail)
-             SELECT id, $3, $4 FROM t RETURNING intent_id"
+                   FROM old WHERE i.id = old.id
+                 RETURNING i.id, old.state AS was, $5::text AS arg),
+             a AS (
+                 INSERT INTO outbox.operator_actions (intent_id, action, detail, actor)
+                 SELECT id, $3, $4 || jsonb_build_object('from', was), coalesce($6, current_user)
+                   FROM t)
+             SELECT count(*) FROM t"
         );
-        Ok(sqlx::query(&sql)
-            .bind(id)
+        let n: i64 = sqlx::query_scalar(&sql)
+            .bind(ids)
             .bind(sql_names(from))
             .bind(action)
             .bind(detail)
             .bind(arg)
-            .fetch_optional(&self.pool)
-            .await?
-            .is_some())
+            .bind(self.actor())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n as u64)
     }
 
     pub async fn stats(&self) -> Result<Stats, StoreError> {

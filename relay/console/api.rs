@@ -1,0 +1,327 @@
+//! The JSON API under `/api/v1/`: the pages' data and actions, for
+//! automation. Authenticated by the session cookie (then POSTs need the
+//! `x-csrf-token` header) or HTTP Basic with a console user's password;
+//! open without either only where the console is (loopback, no users).
+//! Errors are `{"error": "..."}` with the HTTP status.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::actions::{dry_run_of, label, set_paused, start, ActionParams};
+use super::auth::User;
+use super::pages::{answer, detail, provider_key, schedule_rows, Cursor, GroupRow, KeyParam};
+use super::params::FilterParams;
+use super::{check_post, operator, App, Caller, Refusal};
+
+pub fn router() -> Router<Arc<App>> {
+    Router::new()
+        .route("/overview", get(overview))
+        .route("/intents", get(intents))
+        .route("/intents/{id}", get(intent))
+        .route("/failures", get(failures))
+        .route("/schedules", get(schedules))
+        .route("/lookup", get(lookup))
+        .route("/destinations", get(destinations))
+        .route("/destinations/pause", post(pause))
+        .route("/destinations/resume", post(resume))
+        .route("/actions", post(act))
+        .route("/actions/{job}", get(job))
+}
+
+/// A refusal as JSON.
+pub fn refusal(r: Refusal) -> Response {
+    (r.status, Json(json!({"error": r.message}))).into_response()
+}
+
+fn reply(result: Result<Value, Refusal>) -> Response {
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(r) => refusal(r),
+    }
+}
+
+fn reader(caller: &Caller) -> Result<User, Refusal> {
+    caller.user.clone().ok_or_else(|| {
+        Refusal::new(
+            StatusCode::UNAUTHORIZED,
+            "log in, or send HTTP Basic credentials of a console user",
+        )
+    })
+}
+
+fn to_json(v: impl serde::Serialize) -> Result<Value, Refusal> {
+    serde_json::to_value(v)
+        .map_err(|e| Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+async fn overview(State(app): State<Arc<App>>, Extension(caller): Extension<Caller>) -> Response {
+    reply(
+        async {
+            reader(&caller)?;
+            let stats = app.store.stats().await?;
+            let hour = app.store.attempt_buckets(3600, 60).await?;
+            let day = app.store.attempt_buckets(86_400, 900).await?;
+            Ok(json!({"stats": stats, "attempts_last_hour": hour, "attempts_last_day": day}))
+        }
+        .await,
+    )
+}
+
+async fn intents(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Query(filter): Query<FilterParams>,
+    Query(cursor): Query<Cursor>,
+) -> Response {
+    reply(
+        async {
+            reader(&caller)?;
+            let search = filter.search().map_err(Refusal::bad)?;
+            let (before, limit) = cursor.parse().map_err(Refusal::bad)?;
+            to_json(app.store.search(&search, before, limit).await?)
+        }
+        .await,
+    )
+}
+
+async fn intent(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Response {
+    reply(
+        async {
+            reader(&caller)?;
+            let id: i64 = id.parse().map_err(|_| {
+                Refusal::new(StatusCode::NOT_FOUND, format!("{id:?} is not an intent id"))
+            })?;
+            let d = detail(&app, id).await?;
+            Ok(json!({
+                "intent": d.intent, "provider_key": provider_key(&d.intent),
+                "attempts": d.attempts, "actions": d.actions,
+            }))
+        }
+        .await,
+    )
+}
+
+async fn failures(State(app): State<Arc<App>>, Extension(caller): Extension<Caller>) -> Response {
+    reply(
+        async {
+            reader(&caller)?;
+            let groups: Vec<Value> = app
+                .store
+                .failure_groups()
+                .await?
+                .into_iter()
+                .map(GroupRow::new)
+                .map(|g| {
+                    let mut v = to_json(&g.group).unwrap_or(Value::Null);
+                    v["filter"] =
+                        to_json(FilterParams::of(&g.group.search())).unwrap_or(Value::Null);
+                    v["query"] = Value::String(g.query);
+                    v
+                })
+                .collect();
+            Ok(Value::Array(groups))
+        }
+        .await,
+    )
+}
+
+async fn schedules(State(app): State<Arc<App>>, Extension(caller): Extension<Caller>) -> Response {
+    reply(
+        async {
+            reader(&caller)?;
+            Ok(Value::Array(schedule_rows(&app).await?))
+        }
+        .await,
+    )
+}
+
+async fn lookup(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<KeyParam>,
+) -> Response {
+    reply(
+        async {
+            reader(&caller)?;
+            if q.key.is_empty() {
+                return Err(Refusal::bad("key is missing: /api/v1/lookup?key=..."));
+            }
+            let known = app.store.lookup_key(&q.key).await?;
+            let a = answer(&known);
+            let mut v = to_json(&known)?;
+            v["verdict"] = Value::String(a.verdict);
+            Ok(v)
+        }
+        .await,
+    )
+}
+
+async fn destinations(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    reply(
+        async {
+            reader(&caller)?;
+            let rows = crate::cli::destinations::list(&app.store, &app.health)
+                .await
+                .map_err(crate::store::StoreError::from)?;
+            to_json(rows)
+        }
+        .await,
+    )
+}
+
+/// A JSON body, with an error that says what is wrong with it.
+fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, Refusal> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| Refusal::bad(format!("the body is not the JSON expected: {e}")))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DestinationBody {
+    destination: String,
+    #[serde(default)]
+    reason: String,
+}
+
+async fn pause_or_resume(
+    app: Arc<App>,
+    caller: Caller,
+    headers: HeaderMap,
+    bytes: Bytes,
+    pause: bool,
+) -> Response {
+    reply(
+        async {
+            check_post(&caller, &headers, None)?;
+            let user = operator(&caller)?;
+            let b: DestinationBody = body(&bytes)?;
+            let name = set_paused(&app, &user, &b.destination, pause, &b.reason).await?;
+            Ok(json!({"destination": name, "paused": pause}))
+        }
+        .await,
+    )
+}
+
+async fn pause(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    pause_or_resume(app, caller, headers, bytes, true).await
+}
+
+async fn resume(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    pause_or_resume(app, caller, headers, bytes, false).await
+}
+
+/// `POST /api/v1/actions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    action: String,
+    #[serde(default)]
+    new_effect: bool,
+    #[serde(default)]
+    force: bool,
+    resolve_as: Option<String>,
+    reference: Option<String>,
+    reason: Option<String>,
+    #[serde(default)]
+    filter: FilterParams,
+    /// Count only (the first step): answers `count` and `up_to`.
+    #[serde(default)]
+    dry_run: bool,
+    /// From the dry run: the set is fixed to intents up to this id...
+    up_to: Option<i64>,
+    /// ...and the dry run counted this many (else 409 with the new count).
+    expected: Option<i64>,
+    /// Optional: the same nonce twice starts one job.
+    nonce: Option<String>,
+}
+
+async fn act(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    let result = async {
+        check_post(&caller, &headers, None)?;
+        let user = operator(&caller)?;
+        let b: ActionBody = body(&bytes)?;
+        let flag = |v: bool| v.then(|| "on".to_string());
+        let params = ActionParams {
+            action: b.action.clone(),
+            new_effect: flag(b.new_effect),
+            force: flag(b.force),
+            resolve_as: b.resolve_as.clone(),
+            reference: b.reference.clone(),
+            reason: b.reason.clone(),
+        };
+        if b.dry_run {
+            let run = dry_run_of(&app, &b.filter, &params, None, false).await?;
+            return Ok((StatusCode::OK, json!({
+                "dry_run": true, "action": label(&run.change), "filter": b.filter.describe(),
+                "count": run.count, "up_to": run.up_to,
+            })));
+        }
+        let (Some(up_to), Some(expected)) = (b.up_to, b.expected) else {
+            return Err(Refusal::bad("up_to and expected come from the dry run: send {\"dry_run\": true, ...} first"));
+        };
+        let run = dry_run_of(&app, &b.filter, &params, Some(up_to), true).await?;
+        if run.count != expected {
+            return Ok((StatusCode::CONFLICT, json!({
+                "error": format!("the count changed from {expected} to {} since the dry run; confirm the new count", run.count),
+                "count": run.count, "up_to": up_to,
+            })));
+        }
+        let nonce = b.nonce.clone().unwrap_or_else(super::auth::random_token);
+        let id = start(&app, &user, &b.filter, run, &format!("api:{nonce}"));
+        Ok((StatusCode::ACCEPTED, to_json(app.jobs.get(id))?))
+    }
+    .await;
+    match result {
+        Ok((status, v)) => (status, Json(v)).into_response(),
+        Err(r) => refusal(r),
+    }
+}
+
+async fn job(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Response {
+    reply(
+        async {
+            reader(&caller)?;
+            let job = id
+                .parse()
+                .ok()
+                .and_then(|id| app.jobs.get(id))
+                .ok_or_else(|| Refusal::new(StatusCode::NOT_FOUND, format!("no action {id}")))?;
+            to_json(job)
+        }
+        .await,
+    )
+}

@@ -1,0 +1,367 @@
+//! Who is asking, and may they: sessions, logins, CSRF tokens, the
+//! same-origin check, and HTTP Basic for the JSON API.
+//!
+//! - A session is a random 256-bit token in an `HttpOnly`, `SameSite=Strict`
+//!   cookie; the server keeps the session (user, role, CSRF token, expiry)
+//!   in memory, so a restart logs everyone out. Every visitor gets one, so
+//!   that the login form has a CSRF token too; logging in replaces it (no
+//!   session fixation).
+//! - Without `[[console.users]]` (loopback only) every session is the
+//!   operator `local`.
+//! - Every POST must carry the session's CSRF token (form field `csrf` or
+//!   header `x-csrf-token`) and, when the browser says where it comes from
+//!   (`Origin`, `Sec-Fetch-Site`), come from this origin. The API may
+//!   instead authenticate with HTTP Basic (no cookie, so no CSRF token),
+//!   and then must send JSON, which a cross-site form cannot.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::http::header::{COOKIE, HOST, ORIGIN};
+use axum::http::{HeaderMap, HeaderValue};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::settings::{verify_password, ConsoleSection, ConsoleUser, Role};
+
+/// The session cookie's name.
+pub const COOKIE_NAME: &str = "outbox_console";
+/// Sessions kept at most; past it, visitors who never logged in go first.
+const MAX_SESSIONS: usize = 10_000;
+/// Failed logins per user name within [`LOCKOUT`] before it is refused for that long.
+const MAX_FAILURES: u32 = 5;
+const LOCKOUT: Duration = Duration::from_secs(60);
+/// How long a verified Basic credential is remembered (Argon2 is slow on purpose).
+const BASIC_CACHE: Duration = Duration::from_secs(300);
+
+/// A logged-in user (or `local`, without login).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    pub role: Role,
+}
+
+impl User {
+    /// How operator actions record this user.
+    pub fn actor(&self) -> String {
+        format!("console:{}", self.name)
+    }
+
+    pub fn can_act(&self) -> bool {
+        self.role == Role::Operator
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub user: Option<User>,
+    pub csrf: String,
+    expires: Instant,
+}
+
+/// The request's session: its token, and what it holds.
+#[derive(Debug, Clone)]
+pub struct Visit {
+    pub token: String,
+    pub session: Session,
+    /// The session is new: the response must set its cookie.
+    pub fresh: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sessions: HashMap<String, Session>,
+    failures: HashMap<String, (u32, Instant)>,
+    basic: HashMap<[u8; 32], (User, Instant)>,
+}
+
+/// The console's authority: its users and sessions.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    users: Arc<Vec<ConsoleUser>>,
+    ttl: Duration,
+    secure: bool,
+    state: Arc<Mutex<State>>,
+}
+
+/// Why a login failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LoginError {
+    Wrong,
+    LockedOut,
+}
+
+impl Auth {
+    pub fn new(section: &ConsoleSection) -> Self {
+        Auth {
+            users: Arc::new(section.users.clone()),
+            ttl: section.session_ttl.0,
+            secure: section.secure_cookies,
+            state: Arc::new(Mutex::new(State::default())),
+        }
+    }
+
+    /// No users configured: no login (the server refuses this off loopback).
+    pub fn open(&self) -> bool {
+        self.users.is_empty()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // its holders only touch maps: a panic cannot leave them half-changed
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn new_session(&self, user: Option<User>) -> (String, Session) {
+        let user = user.or_else(|| {
+            self.open().then(|| User {
+                name: "local".into(),
+                role: Role::Operator,
+            })
+        });
+        let session = Session {
+            user,
+            csrf: random_token(),
+            expires: Instant::now() + self.ttl,
+        };
+        let token = random_token();
+        let mut state = self.lock();
+        let now = Instant::now();
+        state.sessions.retain(|_, s| s.expires > now);
+        if state.sessions.len() >= MAX_SESSIONS {
+            state.sessions.retain(|_, s| s.user.is_some());
+        }
+        if state.sessions.len() < MAX_SESSIONS {
+            state.sessions.insert(token.clone(), session.clone());
+        }
+        (token, session)
+    }
+
+    /// The session the request's cookie names, or a new one.
+    pub fn visit(&self, headers: &HeaderMap) -> Visit {
+        if let Some(token) = cookie(headers, COOKIE_NAME) {
+            let state = self.lock();
+            if let Some(s) = state.sessions.get(&token) {
+                if s.expires > Instant::now() {
+                    return Visit {
+                        token,
+                        session: s.clone(),
+                        fresh: false,
+                    };
+                }
+            }
+        }
+        let (token, session) = self.new_session(None);
+        Visit {
+            token,
+            session,
+            fresh: true,
+        }
+    }
+
+    /// Check a user name and password; on success the old session is
+    /// dropped and a new one (new token, new CSRF token) returned.
+    pub async fn login(
+        &self,
+        old_token: &str,
+        name: &str,
+        password: &str,
+    ) -> Result<(String, Session), LoginError> {
+        {
+            let state = self.lock();
+            if let Some((n, since)) = state.failures.get(name) {
+                if *n >= MAX_FAILURES && since.elapsed() < LOCKOUT {
+                    return Err(LoginError::LockedOut);
+                }
+            }
+        }
+        let user = self.users.iter().find(|u| u.name == name).cloned();
+        // an unknown name costs the same time as a wrong password
+        let hash = user
+            .as_ref()
+            .map(|u| u.password_hash.expose().to_string())
+            .unwrap_or_else(|| DUMMY_HASH.to_string());
+        let password = password.to_string();
+        let ok = tokio::task::spawn_blocking(move || verify_password(&password, &hash))
+            .await
+            .unwrap_or(false);
+        match user.filter(|_| ok) {
+            Some(u) => {
+                let mut state = self.lock();
+                state.failures.remove(name);
+                state.sessions.remove(old_token);
+                drop(state);
+                Ok(self.new_session(Some(User {
+                    name: u.name,
+                    role: u.role,
+                })))
+            }
+            None => {
+                let mut state = self.lock();
+                let now = Instant::now();
+                state.failures.retain(|_, (_, t)| t.elapsed() < LOCKOUT);
+                if state.failures.len() < MAX_SESSIONS {
+                    let entry = state.failures.entry(name.to_string()).or_insert((0, now));
+                    entry.0 += 1;
+                    entry.1 = now;
+                }
+                Err(LoginError::Wrong)
+            }
+        }
+    }
+
+    pub fn logout(&self, token: &str) {
+        self.lock().sessions.remove(token);
+    }
+
+    /// HTTP Basic credentials (`Authorization: Basic ...`), for the API.
+    pub async fn basic(&self, headers: &HeaderMap) -> Option<Result<User, LoginError>> {
+        let value = headers
+            .get(axum::http::header::AUTHORIZATION)?
+            .to_str()
+            .ok()?;
+        let encoded = value.strip_prefix("Basic ")?;
+        let decoded = base64_decode(encoded.trim())?;
+        let text = String::from_utf8(decoded).ok()?;
+        let (name, password) = text.split_once(':')?;
+        let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+        {
+            let state = self.lock();
+            if let Some((user, at)) = state.basic.get(&digest) {
+                if at.elapsed() < BASIC_CACHE {
+                    return Some(Ok(user.clone()));
+                }
+            }
+        }
+        let result = self.login("", name, password).await;
+        Some(result.map(|(token, session)| {
+            self.logout(&token);
+            let user = session.user.expect("a login has a user");
+            let mut state = self.lock();
+            state.basic.retain(|_, (_, at)| at.elapsed() < BASIC_CACHE);
+            if state.basic.len() < MAX_SESSIONS {
+                state.basic.insert(digest, (user.clone(), Instant::now()));
+            }
+            user
+        }))
+    }
+
+    /// The `Set-Cookie` value for a session token.
+    pub fn set_cookie(&self, token: &str) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        HeaderValue::from_str(&format!(
+            "{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+            self.ttl.as_secs()
+        ))
+        .expect("a hex token is a valid header value")
+    }
+}
+
+/// A hash no password matches in practice, verified for unknown user names.
+const DUMMY_HASH: &str =
+    "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$RdescudvJCsgt3ub+b+dWRWJTmaaJObG4mDGTxzTQHo";
+
+/// 32 random bytes from the OS, hex.
+pub fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    // without the OS's randomness there is no safe session: refuse to go on
+    getrandom::fill(&mut bytes).expect("the OS random number generator failed");
+    hex::encode(bytes)
+}
+
+/// Constant-time equality of two tokens.
+pub fn same_token(a: &str, b: &str) -> bool {
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// The named cookie's value.
+pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+}
+
+/// Whether a state-changing request comes from this origin, as far as the
+/// browser says: `Sec-Fetch-Site` must be `same-origin` (or `none`, typed by
+/// the user), and `Origin`, when sent, must be this host. A client that
+/// sends neither (curl, a script) is judged by its token alone.
+pub fn same_origin(headers: &HeaderMap) -> bool {
+    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        if site != "same-origin" && site != "none" {
+            return false;
+        }
+    }
+    match headers.get(ORIGIN).and_then(|v| v.to_str().ok()) {
+        None => true,
+        Some(origin) => {
+            let host = headers
+                .get(HOST)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            !host.is_empty()
+                && (origin == format!("http://{host}") || origin == format!("https://{host}"))
+        }
+    }
+}
+
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_origin_check_refuses_other_sites() {
+        assert!(same_origin(&headers(&[])));
+        assert!(same_origin(&headers(&[
+            ("host", "127.0.0.1:9188"),
+            ("origin", "http://127.0.0.1:9188")
+        ])));
+        assert!(!same_origin(&headers(&[
+            ("host", "127.0.0.1:9188"),
+            ("origin", "http://evil.example")
+        ])));
+        assert!(!same_origin(&headers(&[("sec-fetch-site", "cross-site")])));
+        assert!(!same_origin(&headers(&[("sec-fetch-site", "same-site")])));
+        assert!(same_origin(&headers(&[("sec-fetch-site", "same-origin")])));
+        assert!(
+            !same_origin(&headers(&[("origin", "http://127.0.0.1:9188")])),
+            "no host"
+        );
+    }
+
+    #[test]
+    fn cookies_and_tokens() {
+        let h = headers(&[("cookie", "a=1; outbox_console=abc; b=2")]);
+        assert_eq!(cookie(&h, COOKIE_NAME).as_deref(), Some("abc"));
+        assert_eq!(cookie(&h, "c"), None);
+        assert!(same_token("abc", "abc"));
+        assert!(!same_token("abc", "abd"));
+        assert!(!same_token("abc", "ab"));
+        assert_eq!(random_token().len(), 64);
+        assert_ne!(random_token(), random_token());
+        assert_eq!(base64_decode("YWxpY2U6cHc=").unwrap(), b"alice:pw");
+        assert!(base64_decode("**").is_none());
+    }
+
+    #[test]
+    fn the_dummy_hash_parses() {
+        assert!(argon2::password_hash::PasswordHash::new(DUMMY_HASH).is_ok());
+    }
+}

@@ -1,0 +1,298 @@
+//! `outbox-relay console`: the operator web UI, organised around incidents.
+//!
+//! A process of its own (it can run under its own database role), serving
+//! server-rendered pages (askama templates, which escape everything they
+//! print) and the same data and actions as JSON under `/api/v1/`. Reads
+//! work without JavaScript; the little there is (`static/console.js`) only
+//! refreshes a bulk action's progress in place.
+//!
+//! - [`settings`]: `[console]` and its users, password hashes.
+//! - [`auth`]: sessions, logins, CSRF tokens, the same-origin check.
+//! - [`params`]: the filter as query parameters.
+//! - [`pages`]: the HTML pages.
+//! - [`actions`]: dry run, confirmation, bulk jobs, single-intent actions.
+//! - [`jobs`]: bulk actions running in batches.
+//! - [`api`]: the JSON API.
+//! - [`view`]: masking, ages, charts.
+//!
+//! Every change goes through the store's operator functions, the same as
+//! the CLI's, recorded in `outbox.operator_actions` as `console:<user>`.
+
+pub mod actions;
+pub mod api;
+pub mod auth;
+pub mod jobs;
+pub mod pages;
+pub mod params;
+pub mod settings;
+pub mod view;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header::{
+    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, REFERRER_POLICY, SET_COOKIE,
+    X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
+};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+
+pub use settings::{ConsoleSection, ConsoleUser, Role};
+
+use crate::config::Config;
+use crate::health::HealthSettings;
+use crate::store::Store;
+use auth::{Auth, User};
+
+/// What every handler is handed.
+pub struct App {
+    pub store: Store,
+    pub config: Arc<Config>,
+    pub health: HealthSettings,
+    pub auth: Auth,
+    pub jobs: jobs::Jobs,
+}
+
+impl App {
+    pub fn new(store: Store, config: Config) -> anyhow::Result<Arc<App>> {
+        let health = config.health()?;
+        let auth = Auth::new(&config.console);
+        Ok(Arc::new(App {
+            store,
+            config: Arc::new(config),
+            health,
+            auth,
+            jobs: jobs::Jobs::default(),
+        }))
+    }
+
+    fn mask(&self) -> &[String] {
+        &self.config.console.mask
+    }
+}
+
+/// Who is asking (set by the gate for every request).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// Logged in (or `local` without login); None: must log in.
+    pub user: Option<User>,
+    /// The session's token and CSRF token; None for an API call without a
+    /// session cookie.
+    pub session: Option<(String, String)>,
+    /// Authenticated by HTTP Basic (API only): no cookie, so no CSRF token.
+    pub basic: bool,
+}
+
+impl Caller {
+    pub fn csrf(&self) -> String {
+        self.session
+            .as_ref()
+            .map(|(_, c)| c.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Why a request is refused, as a page or as JSON.
+#[derive(Debug)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Refusal {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad(message: impl Into<String>) -> Self {
+        Refusal::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl From<crate::store::StoreError> for Refusal {
+    fn from(e: crate::store::StoreError) -> Self {
+        use crate::store::StoreError;
+        match &e {
+            StoreError::NotFound(_) => Refusal::new(StatusCode::NOT_FOUND, e.to_string()),
+            StoreError::InvalidState { .. } => Refusal::new(StatusCode::CONFLICT, e.to_string()),
+            _ => {
+                tracing::warn!(error = %e, "console: database error");
+                Refusal::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the database could not answer; see the console's log",
+                )
+            }
+        }
+    }
+}
+
+/// Check a state-changing request: same origin, and either the session's
+/// CSRF token or (API only) Basic credentials with a JSON body.
+pub fn check_post(
+    caller: &Caller,
+    headers: &HeaderMap,
+    token: Option<&str>,
+) -> Result<(), Refusal> {
+    if !auth::same_origin(headers) {
+        return Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "refused: the request comes from another site",
+        ));
+    }
+    let json = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let header_token = headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
+    match (&caller.session, token.or(header_token)) {
+        (Some((_, expected)), Some(given)) if auth::same_token(expected, given) => Ok(()),
+        // Basic credentials, or no session on the open (loopback) console:
+        // a JSON body needs a CORS preflight no other site gets through
+        (None, _) if json => Ok(()),
+        _ if caller.basic && json => Ok(()),
+        _ => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "refused: this request carries no valid CSRF token (reload the page and try again)",
+        )),
+    }
+}
+
+/// The caller must be an operator.
+pub fn operator(caller: &Caller) -> Result<User, Refusal> {
+    match &caller.user {
+        Some(u) if u.can_act() => Ok(u.clone()),
+        Some(u) => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} is a viewer: viewers cannot change intents or destinations",
+                u.name
+            ),
+        )),
+        None => Err(Refusal::new(StatusCode::UNAUTHORIZED, "log in first")),
+    }
+}
+
+/// Sessions, Basic credentials and the response headers every answer carries.
+async fn gate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let api = path.starts_with("/api/");
+    let mut set_cookie = None;
+    let caller = if path.starts_with("/static/") {
+        Caller {
+            user: None,
+            session: None,
+            basic: false,
+        }
+    } else if api && auth::cookie(req.headers(), auth::COOKIE_NAME).is_none() {
+        // an API client: Basic credentials, or nothing (open console only)
+        match app.auth.basic(req.headers()).await {
+            Some(Ok(user)) => Caller {
+                user: Some(user),
+                session: None,
+                basic: true,
+            },
+            Some(Err(_)) => {
+                return api::refusal(Refusal::new(
+                    StatusCode::UNAUTHORIZED,
+                    "wrong user name or password",
+                ))
+            }
+            None => Caller {
+                user: app.auth.open().then(|| User {
+                    name: "local".into(),
+                    role: Role::Operator,
+                }),
+                session: None,
+                basic: false,
+            },
+        }
+    } else {
+        let visit = app.auth.visit(req.headers());
+        if visit.fresh {
+            set_cookie = Some(app.auth.set_cookie(&visit.token));
+        }
+        Caller {
+            user: visit.session.user.clone(),
+            session: Some((visit.token, visit.session.csrf)),
+            basic: false,
+        }
+    };
+    req.extensions_mut().insert(caller);
+    let mut response = next.run(req).await;
+    let h = response.headers_mut();
+    if let Some(cookie) = set_cookie {
+        h.append(SET_COOKIE, cookie);
+    }
+    h.insert(
+        CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    if !path.starts_with("/static/") {
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+/// The console's routes.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/intents", get(pages::intents))
+        .route("/intents/{id}", get(pages::intent))
+        .route("/failures", get(pages::failures))
+        .route("/schedules", get(pages::schedules))
+        .route("/lookup", get(pages::lookup))
+        .route("/destinations", get(pages::destinations))
+        .route("/destinations/pause", post(actions::pause))
+        .route("/destinations/resume", post(actions::resume))
+        .route("/actions", get(actions::recent).post(actions::confirm))
+        .route("/actions/new", get(actions::dry_run))
+        .route("/actions/{job}", get(actions::progress))
+        .route("/login", get(pages::login_form).post(pages::login))
+        .route("/logout", post(pages::logout))
+        .route("/static/console.css", get(pages::css))
+        .route("/static/console.js", get(pages::js))
+        .nest("/api/v1", api::router())
+        .fallback(pages::not_found)
+        .layer(axum::middleware::from_fn_with_state(app.clone(), gate))
+        .with_state(app)
+}
+
+/// Serve the console on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Whether the console may listen on `addr` with these settings: without
+/// users, only on loopback.
+pub fn check_exposure(section: &ConsoleSection, addr: SocketAddr) -> anyhow::Result<()> {
+    if section.users.is_empty() && !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "console.addr {addr} is not a loopback address and no [[console.users]] are configured: \
+             anyone who can reach it could act as an operator. Add users (with password hashes from \
+             `outbox-relay console --hash-password`) or listen on 127.0.0.1"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,803 @@
+//! The HTML pages (contract paths: `/`, `/intents`, `/intents/{id}`,
+//! `/failures`, `/schedules`, `/lookup`), and `/destinations`, `/login`.
+
+use std::sync::Arc;
+
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use axum::http::header::{CONTENT_TYPE, LOCATION, SET_COOKIE};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{Html, IntoResponse, Response};
+use axum::{Extension, Form};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::auth::{LoginError, User};
+use super::params::FilterParams;
+use super::view::{self, Chart};
+use super::{check_post, App, Caller, Refusal};
+use crate::store::console::{FailureGroup, Page, SCAN_WINDOW};
+use crate::store::operator::{Action, Attempt, Intent, Known};
+use crate::store::{IntentState, STATES};
+
+/// What the frame of every page shows.
+pub struct Layout {
+    pub nav: &'static str,
+    pub user: Option<String>,
+    pub role: &'static str,
+    pub can_act: bool,
+    pub csrf: String,
+    pub open: bool,
+}
+
+impl Layout {
+    pub fn new(app: &App, caller: &Caller, nav: &'static str) -> Layout {
+        Layout {
+            nav,
+            user: caller.user.as_ref().map(|u| u.name.clone()),
+            role: caller.user.as_ref().map(|u| u.role.as_str()).unwrap_or(""),
+            can_act: caller.user.as_ref().is_some_and(User::can_act),
+            csrf: caller.csrf(),
+            open: app.auth.open(),
+        }
+    }
+}
+
+/// Helpers the templates call.
+pub trait Helpers {
+    fn ago(&self, t: &DateTime<Utc>) -> String {
+        view::ago(*t)
+    }
+    fn when(&self, t: &DateTime<Utc>) -> String {
+        view::when(*t)
+    }
+}
+
+/// A template as a response (a failure to render is a 500 and a log line).
+pub fn render(t: impl Template) -> Response {
+    match t.render() {
+        Ok(html) => Html(html).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "console: a template failed to render");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the page failed to render",
+            )
+                .into_response()
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorPage {
+    layout: Layout,
+    status: String,
+    message: String,
+}
+
+/// A refusal as a page.
+pub fn refuse(app: &App, caller: &Caller, r: Refusal) -> Response {
+    let status = r.status;
+    let mut response = render(ErrorPage {
+        layout: Layout::new(app, caller, ""),
+        status: status.to_string(),
+        message: r.message,
+    });
+    *response.status_mut() = status;
+    response
+}
+
+/// The signed-in user, or a redirect to the login page.
+pub fn signed_in(caller: &Caller, uri: &Uri) -> Result<User, Response> {
+    caller.user.clone().ok_or_else(|| {
+        let next = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let target = format!(
+            "/login?{}",
+            serde_urlencoded::to_string([("next", next)]).unwrap_or_default()
+        );
+        (StatusCode::SEE_OTHER, [(LOCATION, target)]).into_response()
+    })
+}
+
+macro_rules! sign_in {
+    ($caller:expr, $uri:expr) => {
+        match signed_in(&$caller, &$uri) {
+            Ok(user) => user,
+            Err(redirect) => return redirect,
+        }
+    };
+}
+pub(crate) use sign_in;
+
+macro_rules! or_refuse {
+    ($app:expr, $caller:expr, $result:expr) => {
+        match $result {
+            Ok(v) => v,
+            Err(e) => return refuse(&$app, &$caller, Refusal::from(e)),
+        }
+    };
+}
+
+// ---- overview ----------------------------------------------------------
+
+pub struct CountCell {
+    pub state: &'static str,
+    pub count: i64,
+}
+
+pub struct CountRow {
+    pub kind: String,
+    pub cells: Vec<CountCell>,
+}
+
+#[derive(Template)]
+#[template(path = "overview.html")]
+struct OverviewPage {
+    layout: Layout,
+    states: Vec<&'static str>,
+    counts: Vec<CountRow>,
+    due: i64,
+    oldest_due: String,
+    expired_leases: i64,
+    blocked_keys: i64,
+    duplicates: i64,
+    failures: i64,
+    charts: Vec<Chart>,
+}
+
+/// Counts by kind × state, one row per kind.
+pub fn count_rows(stats: &crate::store::operator::Stats) -> Vec<CountRow> {
+    let mut kinds: Vec<String> = stats.by_state.iter().map(|r| r.kind.clone()).collect();
+    kinds.dedup();
+    kinds
+        .into_iter()
+        .map(|kind| CountRow {
+            cells: STATES
+                .iter()
+                .map(|s| CountCell {
+                    state: s,
+                    count: stats
+                        .by_state
+                        .iter()
+                        .find(|r| r.kind == kind && r.state.as_sql() == *s)
+                        .map_or(0, |r| r.count),
+                })
+                .collect(),
+            kind,
+        })
+        .collect()
+}
+
+/// The two attempt charts: the last hour by minute, the last day by 15 minutes.
+pub async fn charts(app: &App) -> Result<Vec<Chart>, crate::store::StoreError> {
+    let hour = app.store.attempt_buckets(3600, 60).await?;
+    let day = app.store.attempt_buckets(86_400, 900).await?;
+    Ok(vec![
+        Chart::new("Attempts, last hour (per minute)", &hour, 60),
+        Chart::new("Attempts, last day (per 15 minutes)", &day, 900),
+    ])
+}
+
+pub async fn overview(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> Response {
+    sign_in!(caller, uri);
+    let stats = or_refuse!(app, caller, app.store.stats().await);
+    let charts = or_refuse!(app, caller, charts(&app).await);
+    let failures = stats
+        .by_state
+        .iter()
+        .filter(|r| matches!(r.state, IntentState::Dead | IntentState::Ambiguous))
+        .map(|r| r.count)
+        .sum();
+    render(OverviewPage {
+        layout: Layout::new(&app, &caller, "overview"),
+        states: STATES.to_vec(),
+        counts: count_rows(&stats),
+        due: stats.due.iter().map(|d| d.due).sum(),
+        oldest_due: stats
+            .due
+            .iter()
+            .map(|d| d.oldest_due_seconds)
+            .fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.max(s))))
+            .map_or("—".into(), view::seconds),
+        expired_leases: stats.expired_leases,
+        blocked_keys: stats.blocked_ordering_keys,
+        duplicates: stats.duplicate_enqueues,
+        failures,
+        charts,
+    })
+}
+
+// ---- intents -----------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "intents.html")]
+struct IntentsPage {
+    layout: Layout,
+    states: Vec<&'static str>,
+    filter: FilterParams,
+    query: String,
+    problem: String,
+    page: Page,
+    window: i64,
+}
+impl Helpers for IntentsPage {}
+
+impl IntentsPage {
+    fn selected(&self, state: &str) -> bool {
+        self.filter.state.as_deref() == Some(state)
+    }
+}
+
+/// `before` beside the filter.
+#[derive(Debug, Default, Deserialize)]
+pub struct Cursor {
+    pub before: Option<String>,
+    pub limit: Option<String>,
+}
+
+impl Cursor {
+    pub fn parse(&self) -> Result<(Option<i64>, i64), String> {
+        let before = match self.before.as_deref().filter(|s| !s.is_empty()) {
+            None => None,
+            Some(b) => Some(
+                b.parse()
+                    .map_err(|_| format!("before {b:?} is not an id"))?,
+            ),
+        };
+        let limit = match self.limit.as_deref().filter(|s| !s.is_empty()) {
+            None => 50,
+            Some(l) => l
+                .parse::<i64>()
+                .ok()
+                .filter(|l| (1..=500).contains(l))
+                .ok_or_else(|| format!("limit {l:?} must be a number from 1 to 500"))?,
+        };
+        Ok((before, limit))
+    }
+}
+
+pub async fn intents(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Query(filter): Query<FilterParams>,
+    Query(cursor): Query<Cursor>,
+) -> Response {
+    sign_in!(caller, uri);
+    let empty = Page {
+        intents: Vec::new(),
+        next_before: None,
+        window_ended_at: None,
+    };
+    let (page, problem) = match (filter.search(), cursor.parse()) {
+        (Ok(search), Ok((before, limit))) => (
+            or_refuse!(app, caller, app.store.search(&search, before, limit).await),
+            String::new(),
+        ),
+        (Err(e), _) | (_, Err(e)) => (empty, e),
+    };
+    let query = filter.query();
+    render(IntentsPage {
+        layout: Layout::new(&app, &caller, "intents"),
+        states: STATES.to_vec(),
+        filter,
+        query,
+        problem,
+        page,
+        window: SCAN_WINDOW,
+    })
+}
+
+#[derive(Template)]
+#[template(path = "intent.html")]
+struct IntentPage {
+    layout: Layout,
+    intent: Intent,
+    delivered: bool,
+    provider_key: String,
+    destination: String,
+    effects: usize,
+    replays: usize,
+    attempts: Vec<Attempt>,
+    actions: Vec<Action>,
+    payload: String,
+    response: Option<String>,
+}
+impl Helpers for IntentPage {}
+
+impl IntentPage {
+    fn took(&self, a: &Attempt) -> String {
+        a.finished_at
+            .map(|f| format!("{} ms", (f - a.started_at).num_milliseconds()))
+            .unwrap_or_else(|| "—".into())
+    }
+    fn detail(&self, a: &Action) -> String {
+        a.detail.as_ref().map(|d| d.to_string()).unwrap_or_default()
+    }
+}
+
+/// The key the provider sees for this intent, as the provider names it.
+pub fn provider_key(intent: &Intent) -> String {
+    use outbox_providers::keys;
+    let (key, generation) = (intent.key.as_str(), intent.key_generation);
+    match intent.kind.as_str() {
+        "webhook" => format!("webhook-id {}", keys::webhook_id(key, generation)),
+        "email" => format!(
+            "Message-ID <{}@…>",
+            &keys::effect_key(key, "email", generation)[..32]
+        ),
+        "charge" => format!(
+            "Idempotency-Key {}",
+            keys::effect_key(key, "charge", generation)
+        ),
+        "nats" => format!("Nats-Msg-Id {}", keys::effect_key(key, "nats", generation)),
+        "amqp" => format!("message_id {}", keys::effect_key(key, "amqp", generation)),
+        _ => "— (no relay delivers this kind)".into(),
+    }
+}
+
+/// An intent, its attempts and its operator actions, payload masked.
+pub struct Detail {
+    pub intent: Intent,
+    pub attempts: Vec<Attempt>,
+    pub actions: Vec<Action>,
+}
+
+pub async fn detail(app: &App, id: i64) -> Result<Detail, crate::store::StoreError> {
+    let mut intent = app.store.find_id(id).await?;
+    intent.payload.0 = view::mask(&intent.payload.0, app.mask());
+    intent.response = intent.response.as_ref().map(|r| view::mask(r, app.mask()));
+    Ok(Detail {
+        attempts: app.store.attempts(id).await?,
+        actions: app.store.actions(id).await?,
+        intent,
+    })
+}
+
+pub async fn intent(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> Response {
+    sign_in!(caller, uri);
+    let Ok(id) = id.parse::<i64>() else {
+        return refuse(
+            &app,
+            &caller,
+            Refusal::new(StatusCode::NOT_FOUND, format!("{id:?} is not an intent id")),
+        );
+    };
+    let d = or_refuse!(app, caller, detail(&app, id).await);
+    let destination = crate::health::destination_of(
+        &d.intent.kind,
+        d.intent.destination.as_deref(),
+        &d.intent.payload.0,
+        &app.health.endpoints,
+    )
+    .or(d.intent.destination.clone())
+    .unwrap_or_else(|| "—".into());
+    render(IntentPage {
+        layout: Layout::new(&app, &caller, "intents"),
+        delivered: d.intent.state == IntentState::Delivered,
+        provider_key: provider_key(&d.intent),
+        destination,
+        effects: d
+            .attempts
+            .iter()
+            .filter(|a| a.outcome == "delivered" && a.accepted && !a.replayed)
+            .count(),
+        replays: d.attempts.iter().filter(|a| a.replayed).count(),
+        payload: view::pretty(&d.intent.payload.0),
+        response: d.intent.response.as_ref().map(view::pretty),
+        attempts: d.attempts,
+        actions: d.actions,
+        intent: d.intent,
+    })
+}
+
+// ---- failures ----------------------------------------------------------
+
+/// A failure group with its links.
+pub struct GroupRow {
+    pub group: FailureGroup,
+    pub label: &'static str,
+    pub query: String,
+    pub action: String,
+    pub action_label: &'static str,
+}
+
+impl GroupRow {
+    pub fn new(group: FailureGroup) -> GroupRow {
+        let query = FilterParams::of(&group.search()).query();
+        let (label, action, action_label) = match group.state {
+            IntentState::Ambiguous => (
+                "ambiguous",
+                "resolve&resolve_as=redeliver".to_string(),
+                "Redeliver all",
+            ),
+            IntentState::Pending => ("failing", "retry".to_string(), "Retry all now"),
+            _ => ("dead", "retry".to_string(), "Retry all"),
+        };
+        GroupRow {
+            group,
+            label,
+            query,
+            action,
+            action_label,
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "failures.html")]
+struct FailuresPage {
+    layout: Layout,
+    groups: Vec<GroupRow>,
+}
+impl Helpers for FailuresPage {}
+
+pub async fn failures(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> Response {
+    sign_in!(caller, uri);
+    let groups = or_refuse!(app, caller, app.store.failure_groups().await);
+    render(FailuresPage {
+        layout: Layout::new(&app, &caller, "failures"),
+        groups: groups.into_iter().map(GroupRow::new).collect(),
+    })
+}
+
+// ---- schedules, destinations, lookup -----------------------------------
+
+pub struct ScheduleRow {
+    pub name: String,
+    pub cron: String,
+    pub kind: String,
+    pub last: String,
+    pub next: String,
+}
+
+#[derive(Template)]
+#[template(path = "schedules.html")]
+struct SchedulesPage {
+    layout: Layout,
+    rows: Vec<ScheduleRow>,
+}
+
+/// The configured schedules with their last and next ticks.
+pub async fn schedule_rows(app: &App) -> Result<Vec<serde_json::Value>, Refusal> {
+    let schedules = app
+        .config
+        .schedules()
+        .map_err(|e| Refusal::bad(format!("{e:#}")))?;
+    let marks = app.store.schedule_watermarks().await?;
+    let now = Utc::now();
+    Ok(schedules
+        .iter()
+        .map(|s| {
+            let last = marks.iter().find(|(n, _)| *n == s.name).map(|(_, t)| *t);
+            serde_json::json!({
+                "name": s.name, "cron": s.expression, "kind": s.kind,
+                "destination": s.destination, "last_tick": last, "next": s.upcoming(now, 3),
+            })
+        })
+        .collect())
+}
+
+pub async fn schedules(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> Response {
+    sign_in!(caller, uri);
+    let rows = match schedule_rows(&app).await {
+        Ok(r) => r,
+        Err(e) => return refuse(&app, &caller, e),
+    };
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+    let time = |v: &serde_json::Value| {
+        v.as_str()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| view::when(t.with_timezone(&Utc)))
+            .unwrap_or_else(|| "—".into())
+    };
+    render(SchedulesPage {
+        layout: Layout::new(&app, &caller, "schedules"),
+        rows: rows
+            .iter()
+            .map(|r| ScheduleRow {
+                name: text(&r["name"]),
+                cron: text(&r["cron"]),
+                kind: text(&r["kind"]),
+                last: time(&r["last_tick"]),
+                next: r["next"]
+                    .as_array()
+                    .map(|a| a.iter().map(time).collect::<Vec<_>>().join(", "))
+                    .unwrap_or_default(),
+            })
+            .collect(),
+    })
+}
+
+#[derive(Template)]
+#[template(path = "destinations.html")]
+struct DestinationsPage {
+    layout: Layout,
+    rows: Vec<crate::cli::destinations::Destination>,
+}
+impl Helpers for DestinationsPage {}
+
+pub async fn destinations(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> Response {
+    sign_in!(caller, uri);
+    let rows = match crate::cli::destinations::list(&app.store, &app.health).await {
+        Ok(r) => r,
+        Err(e) => return refuse(&app, &caller, crate::store::StoreError::from(e).into()),
+    };
+    render(DestinationsPage {
+        layout: Layout::new(&app, &caller, "destinations"),
+        rows,
+    })
+}
+
+/// The "did it happen?" answer.
+pub struct Answer {
+    pub verdict: String,
+    pub verdict_class: &'static str,
+    pub state: String,
+    pub kind: String,
+    pub provider_ref: String,
+    pub source: &'static str,
+    pub link: Option<i64>,
+}
+
+pub fn answer(known: &Known) -> Answer {
+    let (state, kind, provider_ref, source, link) = match known {
+        Known::Live(i) => (
+            i.state,
+            i.kind.clone(),
+            i.provider_ref.clone(),
+            "the live table",
+            Some(i.id),
+        ),
+        Known::Ledger(e) => (
+            e.state,
+            e.kind.clone(),
+            e.provider_ref.clone(),
+            "the ledger (the intent was purged)",
+            None,
+        ),
+    };
+    let (verdict, class) = match state {
+        IntentState::Delivered => ("Yes: the effect happened.", "yes"),
+        IntentState::Rejected => (
+            "No: the provider refused it, and it will not be tried again.",
+            "no",
+        ),
+        IntentState::Cancelled => ("No: an operator cancelled it.", "no"),
+        IntentState::Dead => (
+            "No: it failed until its retries ran out; an operator can retry it.",
+            "no",
+        ),
+        IntentState::Ambiguous => (
+            "Unknown: the outcome was lost; an operator must check at the provider.",
+            "maybe",
+        ),
+        IntentState::Pending | IntentState::Claimed => {
+            ("Not yet: it is queued or in flight.", "maybe")
+        }
+    };
+    Answer {
+        verdict: verdict.into(),
+        verdict_class: class,
+        state: state.as_sql().into(),
+        kind,
+        provider_ref: provider_ref.unwrap_or_else(|| "—".into()),
+        source,
+        link,
+    }
+}
+
+#[derive(Template)]
+#[template(path = "lookup.html")]
+struct LookupPage {
+    layout: Layout,
+    key: String,
+    answer: Option<Answer>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct KeyParam {
+    #[serde(default)]
+    pub key: String,
+}
+
+pub async fn lookup(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Query(q): Query<KeyParam>,
+) -> Response {
+    sign_in!(caller, uri);
+    let answer = if q.key.is_empty() {
+        None
+    } else {
+        match app.store.lookup_key(&q.key).await {
+            Ok(known) => Some(answer(&known)),
+            Err(crate::store::StoreError::NotFound(_)) => None,
+            Err(e) => return refuse(&app, &caller, e.into()),
+        }
+    };
+    render(LookupPage {
+        layout: Layout::new(&app, &caller, "lookup"),
+        key: q.key,
+        answer,
+    })
+}
+
+// ---- login -------------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage {
+    layout: Layout,
+    next: String,
+    failure: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct NextParam {
+    #[serde(default)]
+    pub next: String,
+}
+
+/// Only a path on this site (never `//host` or a scheme).
+fn local_path(next: &str) -> String {
+    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+        next.to_string()
+    } else {
+        "/".into()
+    }
+}
+
+pub async fn login_form(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<NextParam>,
+) -> Response {
+    if caller.user.is_some() {
+        return (StatusCode::SEE_OTHER, [(LOCATION, local_path(&q.next))]).into_response();
+    }
+    render(LoginPage {
+        layout: Layout::new(&app, &caller, ""),
+        next: local_path(&q.next),
+        failure: String::new(),
+    })
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    user: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    next: String,
+}
+
+pub async fn login(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    if let Err(r) = check_post(&caller, &headers, Some(&form.csrf)) {
+        return refuse(&app, &caller, r);
+    }
+    let old = caller
+        .session
+        .as_ref()
+        .map(|(t, _)| t.clone())
+        .unwrap_or_default();
+    match app.auth.login(&old, &form.user, &form.password).await {
+        Ok((token, _)) => {
+            tracing::info!(user = %form.user, "console: logged in");
+            (
+                StatusCode::SEE_OTHER,
+                [
+                    (LOCATION, local_path(&form.next)),
+                    (
+                        SET_COOKIE,
+                        app.auth
+                            .set_cookie(&token)
+                            .to_str()
+                            .unwrap_or("")
+                            .to_string(),
+                    ),
+                ],
+            )
+                .into_response()
+        }
+        Err(e) => {
+            tracing::info!(user = %form.user, "console: a login failed");
+            let failure = match e {
+                LoginError::Wrong => "Wrong user name or password.",
+                LoginError::LockedOut => "Too many failed logins for this user: wait a minute.",
+            };
+            let mut r = render(LoginPage {
+                layout: Layout::new(&app, &caller, ""),
+                next: local_path(&form.next),
+                failure: failure.into(),
+            });
+            *r.status_mut() = StatusCode::UNAUTHORIZED;
+            r
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct CsrfForm {
+    #[serde(default)]
+    pub csrf: String,
+}
+
+pub async fn logout(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if let Err(r) = check_post(&caller, &headers, Some(&form.csrf)) {
+        return refuse(&app, &caller, r);
+    }
+    if let Some((token, _)) = &caller.session {
+        app.auth.logout(token);
+    }
+    (StatusCode::SEE_OTHER, [(LOCATION, "/login")]).into_response()
+}
+
+// ---- static ------------------------------------------------------------
+
+pub async fn css() -> Response {
+    (
+        [(CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("static/console.css"),
+    )
+        .into_response()
+}
+
+pub async fn js() -> Response {
+    (
+        [(CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("static/console.js"),
+    )
+        .into_response()
+}
+
+pub async fn not_found(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> Response {
+    if uri.path().starts_with("/api/") {
+        return super::api::refusal(Refusal::new(StatusCode::NOT_FOUND, "no such path"));
+    }
+    refuse(
+        &app,
+        &caller,
+        Refusal::new(StatusCode::NOT_FOUND, format!("no page at {}", uri.path())),
+    )
+}
