@@ -317,6 +317,14 @@ pub async fn confirm(
             Refusal::bad("the confirmation has no nonce: start from the dry run"),
         );
     }
+    // submitted twice (a double click, a reload that resends): the first job
+    if let Some(job) = app.jobs.by_nonce(&nonce) {
+        return (
+            StatusCode::SEE_OTHER,
+            [(LOCATION, format!("/actions/{job}"))],
+        )
+            .into_response();
+    }
     let run = match dry_run_of(&app, &filter, &action, Some(up_to), true).await {
         Ok(run) => run,
         Err(r) => return refuse(&app, &caller, r),

@@ -289,6 +289,10 @@ async fn act(
         let (Some(up_to), Some(expected)) = (b.up_to, b.expected) else {
             return Err(Refusal::bad("up_to and expected come from the dry run: send {\"dry_run\": true, ...} first"));
         };
+        let nonce = format!("api:{}", b.nonce.clone().unwrap_or_else(super::auth::random_token));
+        if let Some(id) = app.jobs.by_nonce(&nonce) {
+            return Ok((StatusCode::ACCEPTED, to_json(app.jobs.get(id))?));
+        }
         let run = dry_run_of(&app, &b.filter, &params, Some(up_to), true).await?;
         if run.count != expected {
             return Ok((StatusCode::CONFLICT, json!({
@@ -296,8 +300,7 @@ async fn act(
                 "count": run.count, "up_to": up_to,
             })));
         }
-        let nonce = b.nonce.clone().unwrap_or_else(super::auth::random_token);
-        let id = start(&app, &user, &b.filter, run, &format!("api:{nonce}"));
+        let id = start(&app, &user, &b.filter, run, &nonce);
         Ok((StatusCode::ACCEPTED, to_json(app.jobs.get(id))?))
     }
     .await;

@@ -166,6 +166,11 @@ impl Jobs {
         }
     }
 
+    /// The job a confirmation's nonce started, if one did.
+    pub fn by_nonce(&self, nonce: &str) -> Option<u64> {
+        self.lock().nonces.get(nonce).copied()
+    }
+
     pub fn get(&self, id: u64) -> Option<Job> {
         self.lock().jobs.iter().find(|j| j.id == id).cloned()
     }

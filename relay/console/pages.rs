@@ -89,14 +89,14 @@ pub fn refuse(app: &App, caller: &Caller, r: Refusal) -> Response {
 }
 
 /// The signed-in user, or a redirect to the login page.
-pub fn signed_in(caller: &Caller, uri: &Uri) -> Result<User, Response> {
+pub fn signed_in(caller: &Caller, uri: &Uri) -> Result<User, Box<Response>> {
     caller.user.clone().ok_or_else(|| {
         let next = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let target = format!(
             "/login?{}",
             serde_urlencoded::to_string([("next", next)]).unwrap_or_default()
         );
-        (StatusCode::SEE_OTHER, [(LOCATION, target)]).into_response()
+        Box::new((StatusCode::SEE_OTHER, [(LOCATION, target)]).into_response())
     })
 }
 
@@ -104,7 +104,7 @@ macro_rules! sign_in {
     ($caller:expr, $uri:expr) => {
         match signed_in(&$caller, &$uri) {
             Ok(user) => user,
-            Err(redirect) => return redirect,
+            Err(redirect) => return *redirect,
         }
     };
 }

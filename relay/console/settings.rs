@@ -183,8 +183,10 @@ mod tests {
             password_hash: Secret::new(hash),
         };
         let good = hash_password("pw").unwrap();
-        let mut c = ConsoleSection::default();
-        c.users = vec![user("alice", &good)];
+        let mut c = ConsoleSection {
+            users: vec![user("alice", &good)],
+            ..ConsoleSection::default()
+        };
         c.validate().unwrap();
         c.users = vec![user("alice", &good), user("alice", &good)];
         assert!(c.validate().unwrap_err().to_string().contains("twice"));

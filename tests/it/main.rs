@@ -14,6 +14,7 @@ mod bad_input;
 mod chaos;
 mod charge;
 mod cli;
+mod console;
 mod delivery;
 mod email;
 mod enqueue;

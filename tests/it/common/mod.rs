@@ -4,6 +4,7 @@
 
 pub mod amqp;
 pub mod cluster;
+pub mod console;
 pub mod nats;
 pub mod proxy;
 pub mod smtp;
