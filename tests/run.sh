@@ -6,7 +6,8 @@
 # Uses $DATABASE_URL when it is set and its server answers; otherwise starts a
 # scratch PostgreSQL cluster on 127.0.0.1 (installing the server binaries with
 # apt-get when run as root) and removes it on exit. Makes sure the SMTP test
-# peer (python3 + aiosmtpd), nats-server and a RabbitMQ broker (a private
+# peer (python3 + aiosmtpd), nats-server, Chromium with ChromeDriver (the
+# console's browser test) and a RabbitMQ broker (a private
 # node, stopped on exit; deploy/lib/scratch-rabbit.sh) are available, then
 # runs the whole workspace suite.
 # The integration tests are one binary (tests/it); nextest's test groups and
@@ -119,6 +120,21 @@ ensure_nats_server() {
 	fi
 }
 
+# Chromium and ChromeDriver (the console's browser tests drive a real
+# headless Chromium over WebDriver): Debian's chromium and chromium-driver.
+ensure_chromium() {
+	if { ! have chromium || ! have chromedriver; } && can_apt; then
+		say "chromium or chromedriver is missing; installing Debian's chromium and chromium-driver"
+		apt_install chromium chromium-driver || true
+	fi
+	if have chromium && have chromedriver; then
+		say "browser test peer: $(chromium --version 2>/dev/null | head -n 1), $(chromedriver --version 2>/dev/null | cut -d' ' -f1-2)"
+	else
+		say "warning: chromium and chromedriver are unavailable; the console's browser test will fail"
+		say "warning: saying so. Install them: apt-get install chromium chromium-driver (as root)"
+	fi
+}
+
 # Best effort: drop test databases left by runs that were killed. A database
 # still in use (a concurrent run) refuses DROP and is left alone.
 drop_leftover_test_dbs() {
@@ -140,6 +156,7 @@ have cargo || die "cargo is not on PATH: install Rust (rustup) first"
 ensure_aiosmtpd
 ensure_orm_peer
 ensure_nats_server
+ensure_chromium
 scratch_rabbit_setup
 scratch_pg_setup pg-test
 drop_leftover_test_dbs

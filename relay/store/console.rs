@@ -29,8 +29,9 @@ pub struct Search {
     pub kind: Option<String>,
     /// The key starts with this.
     pub key_prefix: Option<String>,
-    /// The destination: an origin (`https://api.example`), its host
-    /// (`api.example`), an endpoint name, or `smtp`, `charge`, `nats`, `amqp`.
+    /// The destination: an origin (`https://api.example:8443`), its
+    /// `host:port` or host alone, an endpoint name, or `smtp`, `charge`,
+    /// `nats`, `amqp`.
     pub host: Option<String>,
     /// `last_error` contains this, ignoring case.
     pub error: Option<String>,
@@ -101,11 +102,18 @@ impl Search {
                 .push_bind(prefix.clone());
         }
         if let Some(host) = &self.host {
-            q.push(" AND (outbox.destination_of(kind, destination, payload) = ")
-                .push_bind(host.clone())
-                .push(" OR regexp_replace(outbox.destination_of(kind, destination, payload), '^[a-z0-9+.-]*://|:[0-9]+$', '', 'g') = ")
-                .push_bind(host.to_lowercase())
-                .push(")");
+            // the origin, host:port, or the host alone
+            let host = host.to_lowercase();
+            q.push(
+                " AND EXISTS (SELECT 1 FROM (SELECT outbox.destination_of(kind, destination, payload) AS d) x
+                   WHERE x.d = ",
+            )
+            .push_bind(host.clone())
+            .push(" OR regexp_replace(x.d, '^[a-z0-9+.-]*://', '') = ")
+            .push_bind(host.clone())
+            .push(" OR regexp_replace(x.d, '^[a-z0-9+.-]*://|:[0-9]+$', '', 'g') = ")
+            .push_bind(host)
+            .push(")");
         }
         if let Some(error) = &self.error {
             q.push(" AND strpos(lower(last_error), ")

@@ -438,6 +438,10 @@ async fn filters_page_by_keyset_and_refuse_bad_input_clearly() {
     )
     .await;
     assert_eq!(count(&by_origin), 43);
+    let by_host_port = json_of(&s.get("/api/v1/intents?limit=500&host=127.0.0.2:8080").await).await;
+    assert_eq!(count(&by_host_port), 43);
+    let other_port = json_of(&s.get("/api/v1/intents?limit=500&host=127.0.0.2:8081").await).await;
+    assert_eq!(count(&other_port), 0);
     let by_error = json_of(
         &s.get("/api/v1/intents?limit=500&error=COULD%20NOT%20connect")
             .await,

@@ -15,6 +15,7 @@ mod chaos;
 mod charge;
 mod cli;
 mod console;
+mod console_browser;
 mod delivery;
 mod email;
 mod enqueue;

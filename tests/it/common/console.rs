@@ -272,6 +272,7 @@ impl Browser {
                 ],
             }),
         );
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = fantoccini::ClientBuilder::rustls()
             .expect("rustls")
             .capabilities(caps)
