@@ -18,6 +18,7 @@ AS $$
                                  '[0-9]+', 'N', 'g'), 60)
     END
 $$;
+REVOKE ALL ON FUNCTION outbox.error_class(text) FROM PUBLIC;
 
 -- The overview's charts read the last hour and day of attempts. Attempts
 -- are appended in time order, so a BRIN index finds that range for the

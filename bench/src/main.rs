@@ -17,6 +17,7 @@
 
 mod bench;
 mod brokers;
+mod console;
 mod drains;
 mod peers;
 mod receiver;
@@ -118,6 +119,10 @@ struct BenchArgs {
     /// OUTBOX_BENCH_AMQP_PASSWORD, default guest).
     #[arg(long, default_value = "amqp://guest@127.0.0.1:5672/%2f")]
     amqp_url: String,
+    /// Measure the console's pages beside this many delivered history rows
+    /// instead of the engine (e.g. 1000000); 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    console_history: u64,
     /// Keep the scratch database afterwards.
     #[arg(long)]
     keep: bool,
@@ -155,6 +160,19 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
         .unwrap_or(config.relay.concurrency / 8 + 4);
     let store = Store::connect(&url, connections).await?;
     let a = cli.bench;
+    if a.console_history > 0 {
+        drop(store);
+        let report = console::run(&url, &config, a.console_history, a.keep).await?;
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serializable")
+            );
+        } else {
+            console::print(&report);
+        }
+        return Ok(());
+    }
     let args = bench::BenchArgs {
         intents: a.intents.max(1),
         in_flight: a.in_flight.clamp(1, 10_000),

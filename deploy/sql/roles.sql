@@ -7,6 +7,11 @@
 --                    cannot read payloads, cannot change states
 --   outbox_relay     the daemon: read and write the outbox tables
 --   outbox_operator  read-only: list, show, stats, schedules
+--   outbox_console   `outbox-relay console`: reads what outbox_operator reads,
+--                    and changes only what operator actions change (the
+--                    state columns of intents, operator_actions rows,
+--                    pause/resume): never a payload, never a new intent,
+--                    never a delete
 --
 -- Migrations are applied by the database owner (outbox-relay migrate), not
 -- by these roles; `outbox-relay run` skips migrating when the schema is
@@ -15,7 +20,7 @@
 DO $$
 DECLARE r text;
 BEGIN
-    FOREACH r IN ARRAY ARRAY['outbox_app', 'outbox_relay', 'outbox_operator'] LOOP
+    FOREACH r IN ARRAY ARRAY['outbox_app', 'outbox_relay', 'outbox_operator', 'outbox_console'] LOOP
         BEGIN
             EXECUTE format('CREATE ROLE %I NOLOGIN', r);
         EXCEPTION WHEN duplicate_object THEN
@@ -25,7 +30,7 @@ BEGIN
 END
 $$;
 
-GRANT USAGE ON SCHEMA outbox TO outbox_app, outbox_relay, outbox_operator;
+GRANT USAGE ON SCHEMA outbox TO outbox_app, outbox_relay, outbox_operator, outbox_console;
 
 GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, text, timestamptz, text, text)
     TO outbox_app, outbox_relay;
@@ -57,11 +62,21 @@ GRANT EXECUTE ON FUNCTION
     outbox.pause_destination(text, text),
     outbox.resume_destination(text),
     outbox.destination_of(text, text, jsonb)
-    TO outbox_relay, outbox_operator;
+    TO outbox_relay, outbox_operator, outbox_console;
+
+-- the console (0008): the failure groups' error class; retry, cancel and
+-- resolve update only these columns of intents (the promotion trigger of an
+-- ordering key sets `waiting` on the next intent), and record each action
+GRANT EXECUTE ON FUNCTION outbox.error_class(text) TO outbox_relay, outbox_operator, outbox_console;
+GRANT SELECT ON ALL TABLES IN SCHEMA outbox TO outbox_console;
+GRANT UPDATE (state, run_after, attempts_base, owner, lease_expires_at, fence, key_generation,
+              updated_at, last_error, delivered_at, provider_ref, waiting)
+    ON outbox.intents TO outbox_console;
+GRANT INSERT ON outbox.operator_actions TO outbox_console;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA outbox TO outbox_relay;
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA outbox TO outbox_relay;
 GRANT SELECT ON ALL TABLES IN SCHEMA outbox TO outbox_operator;
 
 -- readiness checks read which migrations are applied
-GRANT SELECT ON public._sqlx_migrations TO outbox_relay, outbox_operator;
+GRANT SELECT ON public._sqlx_migrations TO outbox_relay, outbox_operator, outbox_console;

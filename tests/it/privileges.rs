@@ -21,7 +21,8 @@ async fn roles(db: &TestDb) {
     sqlx::raw_sql(
         "DO $$ DECLARE r text[]; BEGIN
            FOREACH r SLICE 1 IN ARRAY ARRAY[['t_outbox_app','outbox_app'],['t_outbox_relay','outbox_relay'],
-                                           ['t_outbox_operator','outbox_operator']] LOOP
+                                           ['t_outbox_operator','outbox_operator'],
+                                           ['t_outbox_console','outbox_console']] LOOP
              BEGIN EXECUTE format('CREATE ROLE %I LOGIN IN ROLE %I', r[1], r[2]);
              EXCEPTION WHEN duplicate_object THEN NULL; END;
            END LOOP;
@@ -157,4 +158,118 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read_a
 
     app.pool().close().await;
     operator.pool().close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_role_reads_and_acts_but_never_touches_payloads_or_creates_intents() {
+    use outbox_relay::console::Role;
+    use outbox_relay::store::console::Search;
+    use outbox_relay::store::operator::Change;
+
+    let db = TestDb::new().await;
+    roles(&db).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            db.enqueue(
+                &format!("con:{i}"),
+                "webhook",
+                json!({"url": "http://127.0.0.1:9/h", "body": i}),
+            )
+            .await,
+        );
+    }
+    sqlx::query(
+        "UPDATE outbox.intents SET state = 'dead', last_error = 'receiver answered HTTP 502'",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let console = Store::connect(&url_as(&db, "t_outbox_console"), 4)
+        .await
+        .unwrap();
+    // every read the pages make
+    assert!(console.stats().await.is_ok());
+    assert_eq!(console.failure_groups().await.unwrap()[0].count, 3);
+    assert_eq!(console.attempt_buckets(3600, 60).await.unwrap().len(), 60);
+    let page = console
+        .search(
+            &Search {
+                host: Some("127.0.0.1".into()),
+                payload: Some(json!({"body": 1})),
+                ..Search::default()
+            },
+            None,
+            50,
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.intents.len(), 1);
+    assert!(console.lookup_key("con:0").await.is_ok());
+    // and through a console served under the role: a dry run and its confirmation
+    let served = common::console::ConsoleServer::start_on(
+        console.clone(),
+        &[("ops", Role::Operator, "ops-password-1")],
+    )
+    .await;
+    let mut s = common::console::Session::new(&served);
+    s.login("ops", "ops-password-1").await;
+    let dry = s
+        .get("/actions/new?action=retry&state=dead&key=con:1")
+        .await;
+    assert!(dry.body.contains("id=\"count\">1<"), "{}", dry.body);
+    let field = |n: &str| common::console::field_of(&dry.body, n).unwrap();
+    let ok = s
+        .post_form(
+            "/actions",
+            &[
+                ("action", "retry"),
+                ("state", "dead"),
+                ("key", "con:1"),
+                ("up_to", &field("up_to")),
+                ("expected", "1"),
+                ("nonce", &field("nonce")),
+                ("csrf", &field("csrf")),
+            ],
+        )
+        .await;
+    assert_eq!(ok.status, 303, "{}", ok.body);
+    assert!(
+        common::wait_for(std::time::Duration::from_secs(10), || async {
+            db.state("con:1").await == "pending"
+        })
+        .await
+    );
+    // the store's own changes, recorded as the console's user
+    let acting = console.acting_as("console:ops");
+    assert_eq!(
+        acting.change_ids(&ids[2..], &Change::Cancel).await.unwrap(),
+        1
+    );
+    let actors: Vec<String> =
+        sqlx::query_scalar("SELECT actor FROM outbox.operator_actions ORDER BY id")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(actors, vec!["console:ops", "console:ops"]);
+    sqlx::query("SELECT outbox.pause_destination('http://127.0.0.1:9', 'console test')")
+        .execute(console.pool())
+        .await
+        .expect("the console role pauses");
+    for sql in [
+        "UPDATE outbox.intents SET payload = '{}'",
+        "UPDATE outbox.intents SET key = 'x'",
+        "INSERT INTO outbox.intents (key, kind, payload) VALUES ('x', 'webhook', '{}')",
+        "DELETE FROM outbox.intents",
+        "DELETE FROM outbox.operator_actions",
+        "UPDATE outbox.operator_actions SET actor = 'someone else'",
+        "SELECT * FROM outbox.enqueue('x', 'webhook', '{}')",
+        "INSERT INTO outbox.outbox (key, kind, payload) VALUES ('x', 'webhook', '{}')",
+        "UPDATE outbox.attempts SET accepted = false",
+        "SELECT outbox.raise_alert('x', 'y', now(), NULL, 'https://attacker.example/', NULL)",
+    ] {
+        let err = sqlx::query(sql).execute(console.pool()).await.unwrap_err();
+        assert!(denied(err), "the console role must not run: {sql}");
+    }
+    console.pool().close().await;
 }

@@ -33,6 +33,22 @@ impl ConsoleServer {
         users: &[(&str, Role, &str)],
         adjust: impl FnOnce(&mut Config),
     ) -> ConsoleServer {
+        Self::serve(db.another_store().await, users, adjust).await
+    }
+
+    /// Serve through `store` (a pool under another database role).
+    pub async fn start_on(
+        store: outbox_relay::store::Store,
+        users: &[(&str, Role, &str)],
+    ) -> ConsoleServer {
+        Self::serve(store, users, |_| {}).await
+    }
+
+    async fn serve(
+        store: outbox_relay::store::Store,
+        users: &[(&str, Role, &str)],
+        adjust: impl FnOnce(&mut Config),
+    ) -> ConsoleServer {
         let mut config = super::config();
         config.console.users = users
             .iter()
@@ -44,7 +60,7 @@ impl ConsoleServer {
             .collect();
         adjust(&mut config);
         config.console.validate().expect("console settings");
-        let app = App::new(db.another_store().await, config).expect("console app");
+        let app = App::new(store, config).expect("console app");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
