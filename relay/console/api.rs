@@ -67,8 +67,8 @@ async fn overview(State(app): State<Arc<App>>, Extension(caller): Extension<Call
         async {
             reader(&caller)?;
             let stats = app.store.stats().await?;
-            let hour = app.store.attempt_buckets(3600, 60).await?;
-            let day = app.store.attempt_buckets(86_400, 900).await?;
+            let hour = app.charts.buckets(&app.store, 3600, 60).await?;
+            let day = app.charts.buckets(&app.store, 86_400, 900).await?;
             Ok(json!({"stats": stats, "attempts_last_hour": hour, "attempts_last_day": day}))
         }
         .await,

@@ -13,7 +13,8 @@
 //! - [`actions`]: dry run, confirmation, bulk jobs, single-intent actions.
 //! - [`jobs`]: bulk actions running in batches.
 //! - [`api`]: the JSON API.
-//! - [`view`]: masking, ages, charts.
+//! - [`view`]: masking, ages, chart bars.
+//! - [`charts`]: the attempt charts, settled buckets kept.
 //!
 //! Every change goes through the store's operator functions, the same as
 //! the CLI's, recorded in `outbox.operator_actions` as `console:<user>`.
@@ -21,6 +22,7 @@
 pub mod actions;
 pub mod api;
 pub mod auth;
+pub mod charts;
 pub mod jobs;
 pub mod pages;
 pub mod params;
@@ -57,6 +59,7 @@ pub struct App {
     pub health: HealthSettings,
     pub auth: Auth,
     pub jobs: jobs::Jobs,
+    pub charts: charts::ChartCache,
 }
 
 impl App {
@@ -69,6 +72,7 @@ impl App {
             health,
             auth,
             jobs: jobs::Jobs::default(),
+            charts: charts::ChartCache::default(),
         }))
     }
 

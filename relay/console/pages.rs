@@ -171,8 +171,8 @@ pub fn count_rows(stats: &crate::store::operator::Stats) -> Vec<CountRow> {
 
 /// The two attempt charts: the last hour by minute, the last day by 15 minutes.
 pub async fn charts(app: &App) -> Result<Vec<Chart>, crate::store::StoreError> {
-    let hour = app.store.attempt_buckets(3600, 60).await?;
-    let day = app.store.attempt_buckets(86_400, 900).await?;
+    let hour = app.charts.buckets(&app.store, 3600, 60).await?;
+    let day = app.charts.buckets(&app.store, 86_400, 900).await?;
     Ok(vec![
         Chart::new("Attempts, last hour (per minute)", &hour, 60),
         Chart::new("Attempts, last day (per 15 minutes)", &day, 900),

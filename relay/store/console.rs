@@ -194,8 +194,8 @@ impl FailureGroup {
     }
 }
 
-/// Attempts finished per bucket.
-#[derive(Debug, Clone, Serialize, FromRow)]
+/// Attempts started in one bucket of time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Bucket {
     pub at: DateTime<Utc>,
     pub delivered: i64,
@@ -351,33 +351,27 @@ impl Store {
         .await?)
     }
 
-    /// Attempts finished per `step_secs` bucket over the last `span_secs`,
-    /// oldest first, every bucket present: delivered (accepted), and failed
-    /// (transient, ambiguous, rejected or lost). Reads the span's attempts
-    /// through the BRIN index on `started_at`.
-    pub async fn attempt_buckets(
+    /// Attempts per `step_secs` bucket (delivered and accepted; failed:
+    /// transient, ambiguous, rejected or lost) started at or after the
+    /// epoch second `from`, which is a multiple of `step_secs`: the
+    /// buckets that have any, oldest first, as (bucket start in epoch
+    /// seconds, delivered, failed). Reads that span of attempts through the
+    /// BRIN index on `started_at`.
+    pub async fn attempt_counts(
         &self,
-        span_secs: i64,
+        from: i64,
         step_secs: i64,
-    ) -> Result<Vec<Bucket>, StoreError> {
+    ) -> Result<Vec<(i64, i64, i64)>, StoreError> {
         Ok(sqlx::query_as(
-            "WITH b AS (
-                 SELECT generate_series(
-                     to_timestamp(floor(extract(epoch FROM now()) / $2) * $2) - ($1 - $2) * interval '1 second',
-                     to_timestamp(floor(extract(epoch FROM now()) / $2) * $2),
-                     $2 * interval '1 second') AS at),
-             a AS (
-                 SELECT to_timestamp(floor(extract(epoch FROM started_at) / $2) * $2) AS at,
-                        count(*) FILTER (WHERE outcome = 'delivered' AND accepted) AS delivered,
-                        count(*) FILTER (WHERE outcome IN ('transient', 'ambiguous', 'rejected', 'lost')) AS failed
-                   FROM outbox.attempts
-                  WHERE started_at >= now() - $1 * interval '1 second' - $2 * interval '1 second'
-                  GROUP BY 1)
-             SELECT b.at, coalesce(a.delivered, 0) AS delivered, coalesce(a.failed, 0) AS failed
-               FROM b LEFT JOIN a USING (at) ORDER BY b.at",
+            "SELECT (extract(epoch FROM started_at)::bigint / $2) * $2 AS at,
+                    count(*) FILTER (WHERE outcome = 'delivered' AND accepted) AS delivered,
+                    count(*) FILTER (WHERE outcome IN ('transient', 'ambiguous', 'rejected', 'lost')) AS failed
+               FROM outbox.attempts
+              WHERE started_at >= to_timestamp($1)
+              GROUP BY 1 ORDER BY 1",
         )
-        .bind(span_secs as f64)
-        .bind(step_secs as f64)
+        .bind(from)
+        .bind(step_secs)
         .fetch_all(&self.pool)
         .await?)
     }

@@ -678,3 +678,55 @@ async fn lookup_answers_from_the_ledger_after_a_purge_and_payload_secrets_are_ma
     assert_eq!(api["source"], "ledger");
     assert_eq!(s.get("/api/v1/lookup?key=never").await.status, 404);
 }
+
+#[tokio::test]
+async fn the_overview_charts_count_every_attempt_and_keep_up_with_new_ones() {
+    let db = TestDb::new().await;
+    let id = db
+        .enqueue(
+            "chart:1",
+            "webhook",
+            json!({"url": "http://127.0.0.1:9/h", "body": {}}),
+        )
+        .await;
+    let attempt = |fence: i64, outcome: &'static str, ago_secs: i64| {
+        sqlx::query(
+            "INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at, finished_at, outcome)
+             VALUES ($1, $2, $2, 't', now() - $3 * interval '1 second', now(), $4)",
+        )
+        .bind(id)
+        .bind(fence)
+        .bind(ago_secs)
+        .bind(outcome)
+        .execute(db.pool())
+    };
+    // two hours ago (the day chart only), 40 minutes ago (settled), now
+    attempt(1, "transient", 7200).await.unwrap();
+    attempt(2, "transient", 2400).await.unwrap();
+    attempt(3, "delivered", 5).await.unwrap();
+    let console = ConsoleServer::start(&db, &[]).await;
+    let mut s = Session::new(&console);
+    let sums = |v: &Value, field: &str| -> (i64, i64) {
+        let b = v[field].as_array().unwrap();
+        (
+            b.iter().map(|x| x["delivered"].as_i64().unwrap()).sum(),
+            b.iter().map(|x| x["failed"].as_i64().unwrap()).sum(),
+        )
+    };
+    let first = json_of(&s.get("/api/v1/overview").await).await;
+    assert_eq!(first["attempts_last_hour"].as_array().unwrap().len(), 60);
+    assert_eq!(first["attempts_last_day"].as_array().unwrap().len(), 96);
+    assert_eq!(sums(&first, "attempts_last_hour"), (1, 1));
+    assert_eq!(sums(&first, "attempts_last_day"), (1, 2));
+    // a new attempt shows at once; the settled buckets are not reread wrong
+    attempt(4, "ambiguous", 1).await.unwrap();
+    let second = json_of(&s.get("/api/v1/overview").await).await;
+    assert_eq!(sums(&second, "attempts_last_hour"), (1, 2));
+    assert_eq!(sums(&second, "attempts_last_day"), (1, 3));
+    let page = s.get("/").await;
+    assert!(
+        page.body.contains("delivered 1") && page.body.contains("failed 3"),
+        "{}",
+        page.body
+    );
+}

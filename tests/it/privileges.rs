@@ -191,7 +191,7 @@ async fn the_console_role_reads_and_acts_but_never_touches_payloads_or_creates_i
     // every read the pages make
     assert!(console.stats().await.is_ok());
     assert_eq!(console.failure_groups().await.unwrap()[0].count, 3);
-    assert_eq!(console.attempt_buckets(3600, 60).await.unwrap().len(), 60);
+    assert!(console.attempt_counts(0, 60).await.unwrap().is_empty());
     let page = console
         .search(
             &Search {
