@@ -203,17 +203,17 @@ pub async fn run(
 
 pub fn print(r: &ConsoleReport) {
     println!(
-        "console pages beside {} delivered history rows (30 warm fetches each, one run):",
+        "console pages beside {} delivered history rows (the first fetch, then 30 warm ones; one run):",
         r.history_rows
     );
     println!(
-        "{:<75} {:>8} {:>8} {:>8} {:>9}",
-        "page", "p50 ms", "p95 ms", "max ms", "bytes"
+        "{:<75} {:>9} {:>8} {:>8} {:>8} {:>9}",
+        "page", "first ms", "p50 ms", "p95 ms", "max ms", "bytes"
     );
     for p in &r.pages {
         println!(
-            "{:<75} {:>8.1} {:>8.1} {:>8.1} {:>9}",
-            p.page, p.p50_ms, p.p95_ms, p.max_ms, p.bytes
+            "{:<75} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>9}",
+            p.page, p.first_ms, p.p50_ms, p.p95_ms, p.max_ms, p.bytes
         );
     }
 }

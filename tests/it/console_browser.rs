@@ -226,6 +226,21 @@ async fn an_operator_finds_an_incident_retries_it_in_bulk_and_sees_it_delivered(
     assert_eq!(pwned, json!("undefined"));
     assert_eq!(rows(b, "#payload script, #payload img").await, 0);
 
+    // a POST from the page without its CSRF token is refused, and changes nothing
+    let refused = b
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch('/actions', {method: 'POST',
+                 headers: {'content-type': 'application/x-www-form-urlencoded'},
+                 body: 'action=cancel&state=dead&up_to=999999&expected=31&nonce=browser-without-csrf-0'})
+               .then(r => done(r.status), e => done(String(e)));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused, json!(403));
+    assert_eq!(db.count("state = 'dead'").await, 31);
+
     // the partner is back: retry the whole group, after its dry-run count
     healthy.store(true, Ordering::SeqCst);
     b.goto(&console.url("/failures")).await.unwrap();
