@@ -130,8 +130,15 @@ pub async fn dry_run_of(
     up_to: Option<i64>,
     final_step: bool,
 ) -> Result<DryRun, Refusal> {
-    let search = filter.search().map_err(Refusal::bad)?;
+    let search = app.search(filter).map_err(Refusal::bad)?;
     let change = action.change(final_step).map_err(Refusal::bad)?;
+    if search.id.is_none() && search.states.is_empty() {
+        // "retry everything of kind email" would also re-send what was
+        // cancelled or rejected on purpose, and pull scheduled intents forward
+        return Err(Refusal::bad(
+            "a bulk action needs the states it acts on in its filter (state=dead, or state=dead,ambiguous)",
+        ));
+    }
     let narrowed = search.for_change(&change);
     let up_to = match up_to {
         Some(u) => u,
@@ -176,8 +183,13 @@ fn confirm_page(
     run: &DryRun,
     moved_from: Option<i64>,
 ) -> Response {
+    // relative times (since=90m) as the instants the dry run counted with
+    let fixed = filter
+        .search()
+        .map(|s| FilterParams::of(&s))
+        .unwrap_or_else(|_| filter.clone());
     let mut hidden: Vec<(String, String)> =
-        serde_urlencoded::from_str(&filter.query()).unwrap_or_default();
+        serde_urlencoded::from_str(&fixed.query()).unwrap_or_default();
     for (name, value) in [
         ("action", Some(action.action.clone())),
         ("new_effect", action.new_effect.clone()),
@@ -189,6 +201,13 @@ fn confirm_page(
         }
     }
     let mut note = note(&run.change).to_string();
+    if let Some(s) = &run.search {
+        let states: Vec<&str> = s.states.iter().map(|s| s.as_sql()).collect();
+        note = format!(
+            "It acts on intents that are {}. {note}",
+            states.join(" or ")
+        );
+    }
     if let Some(before) = moved_from {
         note = format!(
             "The count changed from {before} to {} since the dry run (intents changed state meanwhile). Confirm again. {note}",
@@ -247,14 +266,17 @@ fn number(v: &Option<String>, name: &str) -> Result<i64, Refusal> {
         .ok_or_else(|| Refusal::bad(format!("{name} is missing: start from the dry run")))
 }
 
-/// Start a confirmed job as `user`: the job's id.
+/// Start a confirmed job as `user`: the job's id, or None when the dry run
+/// found nothing the action applies to (a job over no search would be a
+/// job over everything).
 pub fn start(
     app: &App,
     user: &super::auth::User,
     filter: &FilterParams,
     run: DryRun,
     nonce: &str,
-) -> u64 {
+) -> Option<u64> {
+    let search = run.search.filter(|_| run.count > 0)?;
     let store = app.store.acting_as(&user.actor());
     let plan = Plan {
         action: label(&run.change),
@@ -263,7 +285,7 @@ pub fn start(
         expected: run.count,
         up_to: run.up_to,
         batch: i64::from(app.config.console.batch_size),
-        search: run.search.unwrap_or_default(),
+        search,
         change: run.change,
     };
     tracing::info!(
@@ -273,7 +295,7 @@ pub fn start(
         count = plan.expected,
         "console: bulk action confirmed"
     );
-    app.jobs.start(store, plan, nonce)
+    Some(app.jobs.start(store, plan, nonce))
 }
 
 /// `POST /actions`: count again, then start the job (or ask again).
@@ -332,12 +354,18 @@ pub async fn confirm(
     if run.count != expected {
         return confirm_page(&app, &caller, &filter, &action, &run, Some(expected));
     }
-    let job = start(&app, &user, &filter, run, &nonce);
-    (
-        StatusCode::SEE_OTHER,
-        [(LOCATION, format!("/actions/{job}"))],
-    )
-        .into_response()
+    match start(&app, &user, &filter, run, &nonce) {
+        Some(job) => (
+            StatusCode::SEE_OTHER,
+            [(LOCATION, format!("/actions/{job}"))],
+        )
+            .into_response(),
+        None => refuse(
+            &app,
+            &caller,
+            Refusal::new(StatusCode::CONFLICT, "nothing to do: no intent matches"),
+        ),
+    }
 }
 
 #[derive(Template)]

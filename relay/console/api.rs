@@ -19,7 +19,9 @@ use super::actions::{dry_run_of, label, set_paused, start, ActionParams};
 use super::auth::User;
 use super::pages::{answer, detail, provider_key, schedule_rows, Cursor, GroupRow, KeyParam};
 use super::params::FilterParams;
+use super::view::mask;
 use super::{check_post, operator, App, Caller, Refusal};
+use crate::store::operator::Known;
 
 pub fn router() -> Router<Arc<App>> {
     Router::new()
@@ -84,7 +86,7 @@ async fn intents(
     reply(
         async {
             reader(&caller)?;
-            let search = filter.search().map_err(Refusal::bad)?;
+            let search = app.search(&filter).map_err(Refusal::bad)?;
             let (before, limit) = cursor.parse().map_err(Refusal::bad)?;
             to_json(app.store.search(&search, before, limit).await?)
         }
@@ -159,10 +161,17 @@ async fn lookup(
                 return Err(Refusal::bad("key is missing: /api/v1/lookup?key=..."));
             }
             let known = app.store.lookup_key(&q.key).await?;
-            let a = answer(&known);
-            let mut v = to_json(&known)?;
-            v["verdict"] = Value::String(a.verdict);
-            Ok(v)
+            let verdict = answer(&known).verdict;
+            Ok(match known {
+                Known::Live(mut intent) => {
+                    intent.payload.0 = mask(&intent.payload.0, app.mask());
+                    intent.response = intent.response.as_ref().map(|r| mask(r, app.mask()));
+                    json!({"source": "live", "verdict": verdict, "intent": intent})
+                }
+                Known::Ledger(entry) => {
+                    json!({"source": "ledger", "verdict": verdict, "entry": entry})
+                }
+            })
         }
         .await,
     )
@@ -281,15 +290,28 @@ async fn act(
         };
         if b.dry_run {
             let run = dry_run_of(&app, &b.filter, &params, None, false).await?;
+            // the filter as counted: relative times as instants, to send back
+            let fixed = b.filter.search().map(|s| FilterParams::of(&s)).unwrap_or_default();
+            let states: Vec<&str> = run
+                .search
+                .as_ref()
+                .map(|s| s.states.iter().map(|s| s.as_sql()).collect())
+                .unwrap_or_default();
             return Ok((StatusCode::OK, json!({
-                "dry_run": true, "action": label(&run.change), "filter": b.filter.describe(),
-                "count": run.count, "up_to": run.up_to,
+                "dry_run": true, "action": label(&run.change), "description": b.filter.describe(),
+                "filter": fixed, "states": states, "count": run.count, "up_to": run.up_to,
             })));
         }
         let (Some(up_to), Some(expected)) = (b.up_to, b.expected) else {
             return Err(Refusal::bad("up_to and expected come from the dry run: send {\"dry_run\": true, ...} first"));
         };
-        let nonce = format!("api:{}", b.nonce.clone().unwrap_or_else(super::auth::random_token));
+// a nonce names one request of one user: the same nonce with another
+            // body (or from another user) is another request
+            let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            let nonce = match &b.nonce {
+                Some(n) => format!("api:{}:{n}:{digest}", user.name),
+                None => format!("api:{}", super::auth::random_token()),
+            };
         if let Some(id) = app.jobs.by_nonce(&nonce) {
             return Ok((StatusCode::ACCEPTED, to_json(app.jobs.get(id))?));
         }
@@ -300,7 +322,8 @@ async fn act(
                 "count": run.count, "up_to": up_to,
             })));
         }
-        let id = start(&app, &user, &b.filter, run, &nonce);
+        let id = start(&app, &user, &b.filter, run, &nonce)
+            .ok_or_else(|| Refusal::new(StatusCode::CONFLICT, "nothing to do: no intent matches"))?;
         Ok((StatusCode::ACCEPTED, to_json(app.jobs.get(id))?))
     }
     .await;

@@ -34,6 +34,8 @@ const MAX_FAILURES: u32 = 5;
 const LOCKOUT: Duration = Duration::from_secs(60);
 /// How long a verified Basic credential is remembered (Argon2 is slow on purpose).
 const BASIC_CACHE: Duration = Duration::from_secs(300);
+/// How long a password check may wait for its turn before it is refused.
+const CHECK_WAIT: Duration = Duration::from_secs(5);
 
 /// A logged-in user (or `local`, without login).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +60,8 @@ pub struct Session {
     pub user: Option<User>,
     pub csrf: String,
     expires: Instant,
+    /// Made by a login (not a visitor's, nor the open console's `local`).
+    logged_in: bool,
 }
 
 /// The request's session: its token, and what it holds.
@@ -79,6 +83,9 @@ struct State {
 /// The console's authority: its users and sessions.
 #[derive(Debug, Clone)]
 pub struct Auth {
+    /// Password checks at once (each Argon2 check takes 19 MiB and a core
+    /// for tens of milliseconds): more wait, up to [`CHECK_WAIT`].
+    checks: Arc<tokio::sync::Semaphore>,
     users: Arc<Vec<ConsoleUser>>,
     ttl: Duration,
     secure: bool,
@@ -90,11 +97,14 @@ pub struct Auth {
 pub enum LoginError {
     Wrong,
     LockedOut,
+    /// Too many password checks are waiting: try again shortly.
+    Busy,
 }
 
 impl Auth {
     pub fn new(section: &ConsoleSection) -> Self {
         Auth {
+            checks: Arc::new(tokio::sync::Semaphore::new(2)),
             users: Arc::new(section.users.clone()),
             ttl: section.session_ttl.0,
             secure: section.secure_cookies,
@@ -113,6 +123,7 @@ impl Auth {
     }
 
     fn new_session(&self, user: Option<User>) -> (String, Session) {
+        let logged_in = user.is_some();
         let user = user.or_else(|| {
             self.open().then(|| User {
                 name: "local".into(),
@@ -123,17 +134,28 @@ impl Auth {
             user,
             csrf: random_token(),
             expires: Instant::now() + self.ttl,
+            logged_in,
         };
         let token = random_token();
         let mut state = self.lock();
-        let now = Instant::now();
-        state.sessions.retain(|_, s| s.expires > now);
         if state.sessions.len() >= MAX_SESSIONS {
-            state.sessions.retain(|_, s| s.user.is_some());
+            let now = Instant::now();
+            state.sessions.retain(|_, s| s.expires > now);
         }
-        if state.sessions.len() < MAX_SESSIONS {
-            state.sessions.insert(token.clone(), session.clone());
+        if state.sessions.len() >= MAX_SESSIONS {
+            // full of live sessions: the oldest tenth of the visitors' go
+            // first (a flood of cookie-less requests), then the oldest logins
+            let mut by_age: Vec<(bool, Instant, String)> = state
+                .sessions
+                .iter()
+                .map(|(t, s)| (s.logged_in, s.expires, t.clone()))
+                .collect();
+            by_age.sort();
+            for (_, _, t) in by_age.into_iter().take(MAX_SESSIONS / 10) {
+                state.sessions.remove(&t);
+            }
         }
+        state.sessions.insert(token.clone(), session.clone());
         (token, session)
     }
 
@@ -167,13 +189,26 @@ impl Auth {
         name: &str,
         password: &str,
     ) -> Result<(String, Session), LoginError> {
+        // the attempt counts before it is checked, so that parallel guesses
+        // cannot all pass the lockout while the first is being verified
         {
-            let state = self.lock();
-            if let Some((n, since)) = state.failures.get(name) {
-                if *n >= MAX_FAILURES && since.elapsed() < LOCKOUT {
-                    return Err(LoginError::LockedOut);
-                }
+            let mut state = self.lock();
+            let now = Instant::now();
+            if state.failures.len() >= MAX_SESSIONS {
+                state.failures.retain(|_, (_, t)| t.elapsed() < LOCKOUT);
             }
+            if state.failures.len() >= MAX_SESSIONS && !state.failures.contains_key(name) {
+                return Err(LoginError::LockedOut);
+            }
+            let entry = state.failures.entry(name.to_string()).or_insert((0, now));
+            if entry.1.elapsed() >= LOCKOUT {
+                *entry = (0, now);
+            }
+            if entry.0 >= MAX_FAILURES {
+                return Err(LoginError::LockedOut);
+            }
+            entry.0 += 1;
+            entry.1 = now;
         }
         let user = self.users.iter().find(|u| u.name == name).cloned();
         // an unknown name costs the same time as a wrong password
@@ -182,6 +217,11 @@ impl Auth {
             .map(|u| u.password_hash.expose().to_string())
             .unwrap_or_else(|| DUMMY_HASH.to_string());
         let password = password.to_string();
+        let Ok(Ok(_permit)) =
+            tokio::time::timeout(CHECK_WAIT, self.checks.clone().acquire_owned()).await
+        else {
+            return Err(LoginError::Busy);
+        };
         let ok = tokio::task::spawn_blocking(move || verify_password(&password, &hash))
             .await
             .unwrap_or(false);
@@ -196,17 +236,7 @@ impl Auth {
                     role: u.role,
                 })))
             }
-            None => {
-                let mut state = self.lock();
-                let now = Instant::now();
-                state.failures.retain(|_, (_, t)| t.elapsed() < LOCKOUT);
-                if state.failures.len() < MAX_SESSIONS {
-                    let entry = state.failures.entry(name.to_string()).or_insert((0, now));
-                    entry.0 += 1;
-                    entry.1 = now;
-                }
-                Err(LoginError::Wrong)
-            }
+            None => Err(LoginError::Wrong),
         }
     }
 
@@ -309,6 +339,28 @@ pub fn same_origin(headers: &HeaderMap) -> bool {
     }
 }
 
+/// Whether the request's Host names this machine's loopback (127.0.0.0/8,
+/// [::1] or localhost, any port).
+pub fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(n, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                n
+            } else {
+                host
+            }
+        }),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn base64_decode(text: &str) -> Option<Vec<u8>> {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.decode(text).ok()
@@ -344,6 +396,30 @@ mod tests {
             !same_origin(&headers(&[("origin", "http://127.0.0.1:9188")])),
             "no host"
         );
+    }
+
+    #[test]
+    fn only_loopback_names_are_loopback_hosts() {
+        for ok in [
+            "127.0.0.1:9188",
+            "127.1.2.3",
+            "localhost:80",
+            "LOCALHOST",
+            "[::1]:9188",
+            "[::1]",
+        ] {
+            assert!(loopback_host(&headers(&[("host", ok)])), "{ok}");
+        }
+        for bad in [
+            "evil.example:9188",
+            "127.0.0.1.evil.example",
+            "10.0.0.1:9188",
+            "[::2]:1",
+            "localhost.evil",
+        ] {
+            assert!(!loopback_host(&headers(&[("host", bad)])), "{bad}");
+        }
+        assert!(!loopback_host(&headers(&[])));
     }
 
     #[test]

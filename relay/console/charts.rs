@@ -4,7 +4,10 @@
 //! longest timeout), so its counts are kept, and each refresh reads only
 //! the attempts since the oldest bucket not yet kept. The first view of a
 //! day with a million attempts reads them once; every later one reads the
-//! last few minutes.
+//! last few minutes. A lost attempt may still be written long after it
+//! started (the sweeper writes it when the lease has expired, later still
+//! after a relay outage), so everything kept is forgotten every
+//! [`REREAD`] and read again.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -17,10 +20,14 @@ use crate::store::{Store, StoreError};
 /// How long after its end a bucket may still gain attempts.
 pub const SETTLED: i64 = 15 * 60;
 
-/// Settled buckets: (step, start) → (delivered, failed).
+/// How often the kept buckets are read again from the attempts.
+pub const REREAD: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Settled buckets: (step, start) → (delivered, failed), and when the
+/// first of them was kept.
 #[derive(Debug, Default)]
 pub struct ChartCache {
-    kept: Mutex<BTreeMap<(i64, i64), (i64, i64)>>,
+    kept: Mutex<(BTreeMap<(i64, i64), (i64, i64)>, Option<std::time::Instant>)>,
 }
 
 impl ChartCache {
@@ -37,7 +44,11 @@ impl ChartCache {
         let first = last - span + step;
         let settled = |start: i64| start + step + SETTLED <= now;
         let from = {
-            let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+            if guard.1.is_some_and(|t| t.elapsed() >= REREAD) {
+                *guard = (BTreeMap::new(), None);
+            }
+            let kept = &guard.0;
             let mut from = first;
             while from <= last && settled(from) && kept.contains_key(&(step, from)) {
                 from += step;
@@ -45,7 +56,9 @@ impl ChartCache {
             from
         };
         let fresh = store.attempt_counts(from, step).await?;
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        guard.1.get_or_insert_with(std::time::Instant::now);
+        let kept = &mut guard.0;
         let mut at = from;
         let mut fresh_at: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
         for (start, delivered, failed) in fresh {

@@ -40,7 +40,7 @@ use axum::http::header::{
 };
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
@@ -76,8 +76,39 @@ impl App {
         }))
     }
 
-    fn mask(&self) -> &[String] {
+    pub(crate) fn mask(&self) -> &[String] {
         &self.config.console.mask
+    }
+
+    /// The search `filter` asks for, as this console reads it: a host also
+    /// matches the webhook endpoints whose origin it is, and a payload
+    /// filter may not name a masked field (it would let anyone who can read
+    /// the console test a masked value, one guess at a time).
+    pub fn search(
+        &self,
+        filter: &params::FilterParams,
+    ) -> Result<crate::store::console::Search, String> {
+        let mut search = filter.search()?;
+        if let Some(host) = search.host.as_deref() {
+            let host = host.to_lowercase();
+            search.host_names = self
+                .health
+                .endpoints
+                .iter()
+                .filter(|(_, origin)| view::host_forms(origin).contains(&host))
+                .map(|(name, _)| name.clone())
+                .collect();
+        }
+        if let Some(field) = search
+            .payload
+            .as_ref()
+            .and_then(|p| view::masked_field_in(p, self.mask()))
+        {
+            return Err(format!(
+                "the payload filter names {field:?}, a masked field (console.mask): it cannot be searched"
+            ));
+        }
+        Ok(search)
     }
 }
 
@@ -188,6 +219,18 @@ pub fn operator(caller: &Caller) -> Result<User, Refusal> {
 /// Sessions, Basic credentials and the response headers every answer carries.
 async fn gate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
+    // Without login the console trusts whoever reaches it on loopback; a
+    // page of another site whose name resolves to 127.0.0.1 (DNS
+    // rebinding) reaches it too, but names itself in Host: only a loopback
+    // name is served.
+    if app.auth.open() && !auth::loopback_host(req.headers()) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this console has no login and answers only to a loopback address \
+             (127.0.0.1, [::1] or localhost) in the Host header",
+        )
+            .into_response();
+    }
     let api = path.starts_with("/api/");
     let mut set_cookie = None;
     let caller = if path.starts_with("/static/") {

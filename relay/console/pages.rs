@@ -274,7 +274,7 @@ pub async fn intents(
         next_before: None,
         window_ended_at: None,
     };
-    let (page, problem) = match (filter.search(), cursor.parse()) {
+    let (page, problem) = match (app.search(&filter), cursor.parse()) {
         (Ok(search), Ok((before, limit))) => (
             or_refuse!(app, caller, app.store.search(&search, before, limit).await),
             String::new(),
@@ -662,9 +662,12 @@ pub struct NextParam {
     pub next: String,
 }
 
-/// Only a path on this site (never `//host` or a scheme).
+/// Only a path on this site: never `//host`, a scheme, a backslash, or a
+/// control or space character (a browser drops tabs and newlines from a
+/// Location, which can turn `/\t/host` into `//host`).
 fn local_path(next: &str) -> String {
-    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+    let plain = next.chars().all(|c| c.is_ascii_graphic() && c != '\\');
+    if plain && next.starts_with('/') && !next.starts_with("//") {
         next.to_string()
     } else {
         "/".into()
@@ -736,6 +739,7 @@ pub async fn login(
             let failure = match e {
                 LoginError::Wrong => "Wrong user name or password.",
                 LoginError::LockedOut => "Too many failed logins for this user: wait a minute.",
+                LoginError::Busy => "The console is busy checking other logins: try again.",
             };
             let mut r = render(LoginPage {
                 layout: Layout::new(&app, &caller, ""),
@@ -800,4 +804,26 @@ pub async fn not_found(
         &caller,
         Refusal::new(StatusCode::NOT_FOUND, format!("no page at {}", uri.path())),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_path;
+
+    #[test]
+    fn a_login_redirects_only_within_the_site() {
+        assert_eq!(local_path("/intents?state=dead"), "/intents?state=dead");
+        for bad in [
+            "//evil.example",
+            "/\t/evil.example",
+            "/\\evil.example",
+            "https://evil.example",
+            "/\n/x",
+            "",
+            "intents",
+            "/é",
+        ] {
+            assert_eq!(local_path(bad), "/", "{bad:?}");
+        }
+    }
 }

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::state::IntentState;
 use crate::store::console::Search;
 
+/// `host=(none)`: intents without a destination.
+pub const NO_DESTINATION: &str = "(none)";
+
 /// The filter as a form or query string sends it; empty fields are absent.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default)]
@@ -84,9 +87,14 @@ impl FilterParams {
             states,
             kind: given(&self.kind).map(String::from),
             key_prefix: given(&self.key).map(String::from),
-            host: given(&self.host).map(String::from),
+            host: given(&self.host)
+                .filter(|h| *h != NO_DESTINATION)
+                .map(String::from),
+            host_names: Vec::new(),
+            no_destination: given(&self.host) == Some(NO_DESTINATION),
             error: given(&self.error).map(String::from),
-            class: given(&self.class).map(String::from),
+            // a class is matched as it is: a trimmed one would match nothing
+            class: self.class.clone().filter(|c| !c.is_empty()),
             since: given(&self.since).map(time).transpose()?,
             until: given(&self.until).map(time).transpose()?,
             payload,
@@ -112,7 +120,11 @@ impl FilterParams {
             }),
             kind: search.kind.clone(),
             key: search.key_prefix.clone(),
-            host: search.host.clone(),
+            host: if search.no_destination {
+                Some(NO_DESTINATION.into())
+            } else {
+                search.host.clone()
+            },
             error: search.error.clone(),
             class: search.class.clone(),
             since: search.since.map(|t| t.to_rfc3339()),

@@ -176,6 +176,26 @@ mod tests {
     }
 
     #[test]
+    fn users_come_from_the_environment_as_toml() {
+        let hash = hash_password("pw-of-alice").unwrap();
+        let env = [(
+            "OUTBOX_RELAY__CONSOLE__USERS".to_string(),
+            format!("[{{name = \"alice\", role = \"operator\", password_hash = \"{hash}\"}}]"),
+        )];
+        let c = crate::config::Config::load(None, env).unwrap();
+        assert_eq!(c.console.users.len(), 1);
+        assert_eq!(c.console.users[0].role, Role::Operator);
+        assert!(verify_password(
+            "pw-of-alice",
+            c.console.users[0].password_hash.expose()
+        ));
+        assert!(
+            !format!("{:?}", c.console).contains("argon2"),
+            "the hash never prints"
+        );
+    }
+
+    #[test]
     fn users_are_checked() {
         let user = |name: &str, hash: &str| ConsoleUser {
             name: name.into(),

@@ -42,6 +42,40 @@ pub fn mask(value: &Value, fields: &[String]) -> Value {
     walk(value, &names)
 }
 
+/// The first object key in `value` (at any depth) that `fields` masks.
+pub fn masked_field_in(value: &Value, fields: &[String]) -> Option<String> {
+    let names: Vec<String> = fields.iter().map(|f| normal(f)).collect();
+    fn walk(v: &Value, names: &[String]) -> Option<String> {
+        match v {
+            Value::Object(map) => map.iter().find_map(|(k, v)| {
+                if names.contains(&normal(k)) {
+                    Some(k.clone())
+                } else {
+                    walk(v, names)
+                }
+            }),
+            Value::Array(items) => items.iter().find_map(|i| walk(i, names)),
+            _ => None,
+        }
+    }
+    walk(value, &names)
+}
+
+/// The forms a `host` filter may give an origin in: the origin, without
+/// its scheme, and its host alone (lowercase).
+pub fn host_forms(origin: &str) -> [String; 3] {
+    let origin = origin.to_lowercase();
+    let no_scheme = origin
+        .split_once("://")
+        .map_or(origin.as_str(), |(_, rest)| rest)
+        .to_string();
+    let host = match no_scheme.rsplit_once(':') {
+        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h.to_string(),
+        _ => no_scheme.clone(),
+    };
+    [origin, no_scheme, host]
+}
+
 /// Pretty-printed JSON (escaped by the template like any text).
 pub fn pretty(value: &Value) -> String {
     serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
@@ -160,6 +194,25 @@ mod tests {
         assert_eq!(m["body"]["users"][0]["Password"], MASKED);
         assert_eq!(m["body"]["users"][0]["name"], "n");
         assert!(!pretty(&m).contains("k1"));
+    }
+
+    #[test]
+    fn masked_fields_are_found_and_origins_have_three_forms() {
+        let fields = vec!["cvc".to_string()];
+        assert_eq!(
+            masked_field_in(&json!({"body": {"card": {"CVC": "1"}}}), &fields).as_deref(),
+            Some("CVC")
+        );
+        assert_eq!(masked_field_in(&json!({"body": {"n": 1}}), &fields), None);
+        assert_eq!(
+            host_forms("https://Pay.Example:8443"),
+            [
+                "https://pay.example:8443",
+                "pay.example:8443",
+                "pay.example"
+            ]
+            .map(String::from)
+        );
     }
 
     #[test]

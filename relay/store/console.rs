@@ -33,6 +33,11 @@ pub struct Search {
     /// `host:port` or host alone, an endpoint name, or `smtp`, `charge`,
     /// `nats`, `amqp`.
     pub host: Option<String>,
+    /// Webhook endpoint names that are `host` too (their origin is it).
+    pub host_names: Vec<String>,
+    /// Intents without a destination (a webhook whose URL cannot be read):
+    /// `host=(none)`.
+    pub no_destination: bool,
     /// `last_error` contains this, ignoring case.
     pub error: Option<String>,
     /// `outbox.error_class(last_error)` is this (a failure group's class).
@@ -52,6 +57,7 @@ impl Search {
     pub fn scans(&self) -> bool {
         self.key_prefix.is_some()
             || self.host.is_some()
+            || self.no_destination
             || self.error.is_some()
             || self.class.is_some()
             || self.since.is_some()
@@ -102,10 +108,10 @@ impl Search {
                 .push_bind(prefix.clone());
         }
         if let Some(host) = &self.host {
-            // the origin, host:port, or the host alone
+            // the origin, host:port, the host alone, or an endpoint name
             let host = host.to_lowercase();
             q.push(
-                " AND EXISTS (SELECT 1 FROM (SELECT outbox.destination_of(kind, destination, payload) AS d) x
+                " AND EXISTS (SELECT 1 FROM (SELECT lower(outbox.destination_of(kind, destination, payload)) AS d) x
                    WHERE x.d = ",
             )
             .push_bind(host.clone())
@@ -113,7 +119,12 @@ impl Search {
             .push_bind(host.clone())
             .push(" OR regexp_replace(x.d, '^[a-z0-9+.-]*://|:[0-9]+$', '', 'g') = ")
             .push_bind(host)
-            .push(")");
+            .push(" OR x.d = ANY(")
+            .push_bind(self.host_names.iter().map(|n| n.to_lowercase()).collect::<Vec<_>>())
+            .push("))");
+        }
+        if self.no_destination {
+            q.push(" AND outbox.destination_of(kind, destination, payload) IS NULL");
         }
         if let Some(error) = &self.error {
             q.push(" AND strpos(lower(last_error), ")
@@ -188,6 +199,7 @@ impl FailureGroup {
             states: vec![self.state],
             kind: Some(self.kind.clone()),
             host: self.destination.clone(),
+            no_destination: self.destination.is_none(),
             class: Some(self.class.clone()),
             ..Search::default()
         }
@@ -322,7 +334,9 @@ impl Store {
         let Some(&last) = ids.last() else {
             return Ok(None);
         };
-        let changed = self.change_ids(&ids, change).await?;
+        // the states are checked again under the row locks: an intent that
+        // left the search's states since it was read is left alone
+        let changed = self.change_ids_in(&ids, change, &search.states).await?;
         Ok(Some((last, changed)))
     }
 
@@ -363,7 +377,7 @@ impl Store {
         step_secs: i64,
     ) -> Result<Vec<(i64, i64, i64)>, StoreError> {
         Ok(sqlx::query_as(
-            "SELECT (extract(epoch FROM started_at)::bigint / $2) * $2 AS at,
+            "SELECT (floor(extract(epoch FROM started_at))::bigint / $2) * $2 AS at,
                     count(*) FILTER (WHERE outcome = 'delivered' AND accepted) AS delivered,
                     count(*) FILTER (WHERE outcome IN ('transient', 'ambiguous', 'rejected', 'lost')) AS failed
                FROM outbox.attempts

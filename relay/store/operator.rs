@@ -437,6 +437,19 @@ impl Store {
         ids: &[i64],
         how: RetryOptions,
     ) -> Result<u64, StoreError> {
+        let states: Vec<IntentState> = RETRYABLE
+            .into_iter()
+            .filter(|s| how.force || *s != Delivered)
+            .collect();
+        self.retry_ids_in(ids, how, &states).await
+    }
+
+    async fn retry_ids_in(
+        &self,
+        ids: &[i64],
+        how: RetryOptions,
+        states: &[IntentState],
+    ) -> Result<u64, StoreError> {
         let n: i64 = sqlx::query_scalar(
             "WITH old AS (
                  SELECT id, state FROM outbox.intents
@@ -459,7 +472,7 @@ impl Store {
         )
         .bind(ids)
         .bind(how.new_effect)
-        .bind(retryable(how))
+        .bind(sql_names(states))
         .bind(self.actor())
         .fetch_one(&self.pool)
         .await?;
@@ -505,11 +518,29 @@ impl Store {
     /// Returns how many changed. Used one id at a time by `retry`, `cancel`
     /// and `resolve`, and in batches by the console's bulk actions.
     pub async fn change_ids(&self, ids: &[i64], change: &Change) -> Result<u64, StoreError> {
+        self.change_ids_in(ids, change, &[]).await
+    }
+
+    /// [`Store::change_ids`], for those of `ids` also in one of `states`
+    /// (none: any state the change applies to).
+    pub async fn change_ids_in(
+        &self,
+        ids: &[i64],
+        change: &Change,
+        states: &[IntentState],
+    ) -> Result<u64, StoreError> {
+        let within = |applies: &[IntentState]| -> Vec<IntentState> {
+            applies
+                .iter()
+                .copied()
+                .filter(|s| states.is_empty() || states.contains(s))
+                .collect()
+        };
         let cancel =
             "state = 'cancelled', last_error = coalesce(last_error, 'cancelled by an operator')";
         let (from, set, action, detail, arg): (&[IntentState], &str, &str, Value, Option<String>) =
             match change {
-                Change::Retry(how) => return self.retry_ids(ids, *how).await,
+                Change::Retry(how) => return self.retry_ids_in(ids, *how, &within(&change.applies_to())).await,
                 Change::Cancel => (&CANCELLABLE, cancel, "cancel", json!({}), None),
                 Change::Resolve(Resolution::Delivered { reference }) => (
                     &RESOLVABLE,
@@ -550,7 +581,7 @@ impl Store {
         );
         let n: i64 = sqlx::query_scalar(&sql)
             .bind(ids)
-            .bind(sql_names(from))
+            .bind(sql_names(&within(from)))
             .bind(action)
             .bind(detail)
             .bind(arg)
