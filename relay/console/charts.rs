@@ -27,8 +27,11 @@ pub const REREAD: std::time::Duration = std::time::Duration::from_secs(300);
 /// first of them was kept.
 #[derive(Debug, Default)]
 pub struct ChartCache {
-    kept: Mutex<(BTreeMap<(i64, i64), (i64, i64)>, Option<std::time::Instant>)>,
+    kept: Mutex<(Kept, Option<std::time::Instant>)>,
 }
+
+/// (step, bucket start) → (delivered, failed).
+type Kept = BTreeMap<(i64, i64), (i64, i64)>;
 
 impl ChartCache {
     /// Every bucket of `step` seconds over the last `span` seconds, oldest
