@@ -264,16 +264,18 @@ impl Auth {
             }
         }
         let result = self.login("", name, password).await;
-        Some(result.map(|(token, session)| {
-            self.logout(&token);
-            let user = session.user.expect("a login has a user");
-            let mut state = self.lock();
-            state.basic.retain(|_, (_, at)| at.elapsed() < BASIC_CACHE);
-            if state.basic.len() < MAX_SESSIONS {
-                state.basic.insert(digest, (user.clone(), Instant::now()));
-            }
-            user
-        }))
+        let (token, session) = match result {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        self.logout(&token);
+        let user = session.user?;
+        let mut state = self.lock();
+        state.basic.retain(|_, (_, at)| at.elapsed() < BASIC_CACHE);
+        if state.basic.len() < MAX_SESSIONS {
+            state.basic.insert(digest, (user.clone(), Instant::now()));
+        }
+        Some(Ok(user))
     }
 
     /// The `Set-Cookie` value for a session token.
