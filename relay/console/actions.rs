@@ -214,6 +214,16 @@ fn confirm_page(
             run.count
         );
     }
+    let Some(nonce) = super::auth::random_token() else {
+        return refuse(
+            app,
+            caller,
+            Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no randomness for the confirmation's nonce",
+            ),
+        );
+    };
     render(ConfirmPage {
         layout: Layout::new(app, caller, "actions"),
         label: label(&run.change),
@@ -223,7 +233,7 @@ fn confirm_page(
         count: run.count,
         batch: i64::from(app.config.console.batch_size),
         up_to: run.up_to,
-        nonce: super::auth::random_token(),
+        nonce,
         hidden,
         needs_reason: matches!(run.change, Change::Resolve(Resolution::Reject { .. })),
         needs_reference: matches!(run.change, Change::Resolve(Resolution::Delivered { .. })),

@@ -19,7 +19,6 @@ use super::actions::{dry_run_of, label, set_paused, start, ActionParams};
 use super::auth::User;
 use super::pages::{answer, detail, provider_key, schedule_rows, Cursor, GroupRow, KeyParam};
 use super::params::FilterParams;
-use super::view::mask;
 use super::{check_post, operator, App, Caller, Refusal};
 use crate::store::operator::Known;
 
@@ -69,8 +68,7 @@ async fn overview(State(app): State<Arc<App>>, Extension(caller): Extension<Call
         async {
             reader(&caller)?;
             let stats = app.store.stats().await?;
-            let hour = app.charts.buckets(&app.store, 3600, 60).await?;
-            let day = app.charts.buckets(&app.store, 86_400, 900).await?;
+            let (hour, day) = app.attempt_charts().await?;
             Ok(json!({"stats": stats, "attempts_last_hour": hour, "attempts_last_day": day}))
         }
         .await,
@@ -163,9 +161,8 @@ async fn lookup(
             let known = app.store.lookup_key(&q.key).await?;
             let verdict = answer(&known).verdict;
             Ok(match known {
-                Known::Live(mut intent) => {
-                    intent.payload.0 = mask(&intent.payload.0, app.mask());
-                    intent.response = intent.response.as_ref().map(|r| mask(r, app.mask()));
+                Known::Live(intent) => {
+                    let intent = app.masked(*intent);
                     json!({"source": "live", "verdict": verdict, "intent": intent})
                 }
                 Known::Ledger(entry) => {
@@ -310,7 +307,15 @@ async fn act(
             let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
             let nonce = match &b.nonce {
                 Some(n) => format!("api:{}:{n}:{digest}", user.name),
-                None => format!("api:{}", super::auth::random_token()),
+                None => match super::auth::random_token() {
+                    Some(t) => format!("api:{t}"),
+                    None => {
+                        return Err(Refusal::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "no randomness for the job's nonce",
+                        ))
+                    }
+                },
             };
         if let Some(id) = app.jobs.by_nonce(&nonce) {
             return Ok((StatusCode::ACCEPTED, to_json(app.jobs.get(id))?));

@@ -122,7 +122,8 @@ impl Auth {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn new_session(&self, user: Option<User>) -> (String, Session) {
+    /// A new session, or None when the OS gives no randomness for its tokens.
+    fn new_session(&self, user: Option<User>) -> Option<(String, Session)> {
         let logged_in = user.is_some();
         let user = user.or_else(|| {
             self.open().then(|| User {
@@ -132,11 +133,11 @@ impl Auth {
         });
         let session = Session {
             user,
-            csrf: random_token(),
+            csrf: random_token()?,
             expires: Instant::now() + self.ttl,
             logged_in,
         };
-        let token = random_token();
+        let token = random_token()?;
         let mut state = self.lock();
         if state.sessions.len() >= MAX_SESSIONS {
             let now = Instant::now();
@@ -156,29 +157,30 @@ impl Auth {
             }
         }
         state.sessions.insert(token.clone(), session.clone());
-        (token, session)
+        Some((token, session))
     }
 
     /// The session the request's cookie names, or a new one.
-    pub fn visit(&self, headers: &HeaderMap) -> Visit {
+    /// None: no new session can be made (see [`random_token`]).
+    pub fn visit(&self, headers: &HeaderMap) -> Option<Visit> {
         if let Some(token) = cookie(headers, COOKIE_NAME) {
             let state = self.lock();
             if let Some(s) = state.sessions.get(&token) {
                 if s.expires > Instant::now() {
-                    return Visit {
+                    return Some(Visit {
                         token,
                         session: s.clone(),
                         fresh: false,
-                    };
+                    });
                 }
             }
         }
-        let (token, session) = self.new_session(None);
-        Visit {
+        let (token, session) = self.new_session(None)?;
+        Some(Visit {
             token,
             session,
             fresh: true,
-        }
+        })
     }
 
     /// Check a user name and password; on success the old session is
@@ -231,10 +233,11 @@ impl Auth {
                 state.failures.remove(name);
                 state.sessions.remove(old_token);
                 drop(state);
-                Ok(self.new_session(Some(User {
+                self.new_session(Some(User {
                     name: u.name,
                     role: u.role,
-                })))
+                }))
+                .ok_or(LoginError::Busy)
             }
             None => Err(LoginError::Wrong),
         }
@@ -285,7 +288,8 @@ impl Auth {
             "{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
             self.ttl.as_secs()
         ))
-        .expect("a hex token is a valid header value")
+        // a token is hex (random_token): were it not, the cookie is cleared
+        .unwrap_or_else(|_| HeaderValue::from_static("outbox_console=; Path=/; Max-Age=0"))
     }
 }
 
@@ -293,12 +297,18 @@ impl Auth {
 const DUMMY_HASH: &str =
     "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$RdescudvJCsgt3ub+b+dWRWJTmaaJObG4mDGTxzTQHo";
 
-/// 32 random bytes from the OS, hex.
-pub fn random_token() -> String {
+/// 32 random bytes from the OS, hex; None (and a log line) when the OS
+/// gives none: without its randomness there is no safe token, and the
+/// request that wanted one is refused.
+pub fn random_token() -> Option<String> {
     let mut bytes = [0u8; 32];
-    // without the OS's randomness there is no safe session: refuse to go on
-    getrandom::fill(&mut bytes).expect("the OS random number generator failed");
-    hex::encode(bytes)
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => Some(hex::encode(bytes)),
+        Err(e) => {
+            tracing::error!(error = %e, "console: the OS random number generator failed");
+            None
+        }
+    }
 }
 
 /// Constant-time equality of two tokens.
@@ -432,7 +442,7 @@ mod tests {
         assert!(same_token("abc", "abc"));
         assert!(!same_token("abc", "abd"));
         assert!(!same_token("abc", "ab"));
-        assert_eq!(random_token().len(), 64);
+        assert_eq!(random_token().unwrap().len(), 64);
         assert_ne!(random_token(), random_token());
         assert_eq!(base64_decode("YWxpY2U6cHc=").unwrap(), b"alice:pw");
         assert!(base64_decode("**").is_none());

@@ -49,6 +49,8 @@ pub use settings::{ConsoleSection, ConsoleUser, Role};
 
 use crate::config::Config;
 use crate::health::HealthSettings;
+use crate::store::console::Bucket;
+use crate::store::operator::Intent;
 use crate::store::Store;
 use auth::{Auth, User};
 
@@ -78,6 +80,25 @@ impl App {
 
     pub(crate) fn mask(&self) -> &[String] {
         &self.config.console.mask
+    }
+
+    /// `intent` with its payload and the provider's answer masked
+    /// (`console.mask`), as every page and API answer shows it.
+    pub(crate) fn masked(&self, mut intent: Intent) -> Intent {
+        intent.payload.0 = view::mask(&intent.payload.0, self.mask());
+        intent.response = intent.response.as_ref().map(|r| view::mask(r, self.mask()));
+        intent
+    }
+
+    /// Attempts per minute over the last hour, and per 15 minutes over the
+    /// last day.
+    pub(crate) async fn attempt_charts(
+        &self,
+    ) -> Result<(Vec<Bucket>, Vec<Bucket>), crate::store::StoreError> {
+        Ok((
+            self.charts.buckets(&self.store, 3600, 60).await?,
+            self.charts.buckets(&self.store, 86_400, 900).await?,
+        ))
     }
 
     /// The search `filter` asks for, as this console reads it: a host also
@@ -263,7 +284,13 @@ async fn gate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Resp
             },
         }
     } else {
-        let visit = app.auth.visit(req.headers());
+        let Some(visit) = app.auth.visit(req.headers()) else {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the console cannot make a session: the OS random number generator failed",
+            )
+                .into_response();
+        };
         if visit.fresh {
             set_cookie = Some(app.auth.set_cookie(&visit.token));
         }

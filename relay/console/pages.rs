@@ -171,8 +171,7 @@ pub fn count_rows(stats: &crate::store::operator::Stats) -> Vec<CountRow> {
 
 /// The two attempt charts: the last hour by minute, the last day by 15 minutes.
 pub async fn charts(app: &App) -> Result<Vec<Chart>, crate::store::StoreError> {
-    let hour = app.charts.buckets(&app.store, 3600, 60).await?;
-    let day = app.charts.buckets(&app.store, 86_400, 900).await?;
+    let (hour, day) = app.attempt_charts().await?;
     Ok(vec![
         Chart::new("Attempts, last hour (per minute)", &hour, 60),
         Chart::new("Attempts, last day (per 15 minutes)", &day, 900),
@@ -349,9 +348,7 @@ pub struct Detail {
 }
 
 pub async fn detail(app: &App, id: i64) -> Result<Detail, crate::store::StoreError> {
-    let mut intent = app.store.find_id(id).await?;
-    intent.payload.0 = view::mask(&intent.payload.0, app.mask());
-    intent.response = intent.response.as_ref().map(|r| view::mask(r, app.mask()));
+    let intent = app.masked(app.store.find_id(id).await?);
     Ok(Detail {
         attempts: app.store.attempts(id).await?,
         actions: app.store.actions(id).await?,

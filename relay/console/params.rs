@@ -171,7 +171,7 @@ fn time(text: &str) -> Result<DateTime<Utc>, String> {
         }
     }
     if let Ok(d) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
-        return Ok(d.and_hms_opt(0, 0, 0).expect("midnight exists").and_utc());
+        return Ok(d.and_time(chrono::NaiveTime::MIN).and_utc());
     }
     if let Ok(ago) = crate::config::parse_duration(text) {
         let ago = chrono::Duration::from_std(ago).map_err(|e| e.to_string())?;

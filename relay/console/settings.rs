@@ -8,7 +8,7 @@ use argon2::Argon2;
 use outbox_providers::Secret;
 use serde::Deserialize;
 
-use crate::config::{parse_duration, Dur};
+use crate::config::Dur;
 
 /// `[console]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -35,7 +35,7 @@ impl Default for ConsoleSection {
         ConsoleSection {
             addr: "127.0.0.1:9188".into(),
             users: Vec::new(),
-            session_ttl: Dur(parse_duration("12h").expect("valid default")),
+            session_ttl: Dur(std::time::Duration::from_secs(12 * 3600)),
             secure_cookies: false,
             mask: [
                 "password",

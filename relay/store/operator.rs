@@ -183,6 +183,17 @@ pub struct Filter {
     pub kind: Option<String>,
 }
 
+impl Filter {
+    /// The same as a console search.
+    pub fn search(&self) -> super::console::Search {
+        super::console::Search {
+            states: vec![self.state],
+            kind: self.kind.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 /// How an operator retry goes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RetryOptions {
@@ -229,20 +240,11 @@ fn purgeable(include_dead: bool) -> Vec<&'static str> {
     sql_names(&states)
 }
 
-/// States an operator retry applies to (a delivered intent only when forced).
-fn retryable(how: RetryOptions) -> Vec<&'static str> {
-    let states: Vec<IntentState> = RETRYABLE
-        .into_iter()
-        .filter(|s| how.force || *s != Delivered)
-        .collect();
-    sql_names(&states)
-}
-
 /// Why `intent` cannot be retried `how`, if it cannot.
 fn retry_refusal(intent: &Intent, how: RetryOptions) -> Option<StoreError> {
     let why = match intent.state {
         Delivered if !how.force => RESEND_DELIVERED,
-        s if retryable(how).contains(&s.as_sql()) => return None,
+        s if Change::Retry(how).applies_to().contains(&s) => return None,
         _ => "a delivery is in flight; wait for it, or cancel it first",
     };
     Some(StoreError::InvalidState {
@@ -396,26 +398,17 @@ impl Store {
         batch: i64,
         mut progress: impl FnMut(u64),
     ) -> Result<u64, StoreError> {
-        if !retryable(how).contains(&filter.state.as_sql()) {
+        let change = Change::Retry(how);
+        let Some(search) = filter.search().for_change(&change) else {
             return Ok(0);
-        }
-        let mut done = 0u64;
-        let mut after = 0i64;
-        loop {
-            let ids: Vec<i64> = sqlx::query_scalar(
-                "SELECT id FROM outbox.intents
-                  WHERE state = $1 AND ($2::text IS NULL OR kind = $2) AND id > $3
-                  ORDER BY id LIMIT $4",
-            )
-            .bind(filter.state.as_sql())
-            .bind(&filter.kind)
-            .bind(after)
-            .bind(batch)
-            .fetch_all(&self.pool)
-            .await?;
-            let Some(&last) = ids.last() else { break };
+        };
+        let (mut done, mut after) = (0u64, 0i64);
+        while let Some((last, changed)) = self
+            .change_batch(&search, &change, after, i64::MAX, batch)
+            .await?
+        {
             after = last;
-            done += self.retry_ids(&ids, how).await?;
+            done += changed;
             progress(done);
         }
         Ok(done)
@@ -423,13 +416,7 @@ impl Store {
 
     /// How many intents a bulk retry would touch.
     pub async fn count_matching(&self, filter: &Filter) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM outbox.intents WHERE state = $1 AND ($2::text IS NULL OR kind = $2)",
-        )
-        .bind(filter.state.as_sql())
-        .bind(&filter.kind)
-        .fetch_one(&self.pool)
-        .await?)
+        self.count_search(&filter.search(), i64::MAX).await
     }
 
     pub(crate) async fn retry_ids(
@@ -437,11 +424,8 @@ impl Store {
         ids: &[i64],
         how: RetryOptions,
     ) -> Result<u64, StoreError> {
-        let states: Vec<IntentState> = RETRYABLE
-            .into_iter()
-            .filter(|s| how.force || *s != Delivered)
-            .collect();
-        self.retry_ids_in(ids, how, &states).await
+        self.retry_ids_in(ids, how, &Change::Retry(how).applies_to())
+            .await
     }
 
     async fn retry_ids_in(
