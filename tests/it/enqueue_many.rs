@@ -361,3 +361,89 @@ async fn an_orm_writes_intents_through_the_outbox_view() {
     assert_eq!(db.count("state = 'delivered'").await, 4);
     assert_eq!(rx.requests().len(), 4);
 }
+
+/// The payload checks skip their walks when the payload's text shows they
+/// cannot find anything (fewer than 64 `{`/`[`, fewer than 309 characters):
+/// at exactly those edges both functions still refuse what they refused.
+#[tokio::test]
+async fn the_payload_checks_shortcuts_hold_at_their_edges() {
+    let db = TestDb::new().await;
+    let nest =
+        |levels: usize, inner: &str| format!("{}{inner}{}", "[".repeat(levels), "]".repeat(levels));
+    // (payload text, refused?) — 1.5e308 prints as 309 digits, the least
+    // text a number beyond 1e308 can have
+    let cases = [
+        (nest(64, ""), false),
+        (nest(64, "1"), true),
+        (nest(65, ""), true),
+        (format!("[\"{}\"]", "[".repeat(100)), false),
+        ("1e308".to_string(), false),
+        ("1.5e308".to_string(), true),
+        ("-1.5e308".to_string(), true),
+        ("{\"n\": 1e309}".to_string(), true),
+    ];
+    for (i, (text, refused)) in cases.iter().enumerate() {
+        let key = format!("edge:{i}");
+        let single = sqlx::query("SELECT * FROM outbox.enqueue($1, 'webhook', $2::jsonb)")
+            .bind(&key)
+            .bind(text)
+            .execute(db.pool())
+            .await;
+        let set = sqlx::query(
+            "SELECT * FROM outbox.enqueue_many(ARRAY[$1 || ':many'], ARRAY['webhook'], ARRAY[$2::jsonb])",
+        )
+        .bind(&key)
+        .bind(text)
+        .execute(db.pool())
+        .await;
+        for (how, got) in [("enqueue", single), ("enqueue_many", set)] {
+            match got {
+                Ok(_) => assert!(!refused, "{how} accepted {text:.80}"),
+                Err(err) => {
+                    assert!(refused, "{how} refused {text:.80}: {err}");
+                    let (code, message) = sqlstate(&err);
+                    assert_eq!(code, "22023", "{how}: {message}");
+                    assert!(
+                        message.contains("nested more than 63 levels")
+                            || message.contains("number beyond +/-1e308"),
+                        "{how}: {message}"
+                    );
+                }
+            }
+        }
+    }
+    let accepted = cases.iter().filter(|c| !c.1).count() as i64;
+    assert_eq!(db.count("true").await, 2 * accepted);
+}
+
+/// A key repeated within a batch that has ordering keys: the first row is
+/// written, the repeat is answered as a duplicate of it, and only the
+/// first row of each ordering key is claimable.
+#[tokio::test]
+async fn a_repeated_key_in_an_ordered_batch_is_a_duplicate_of_its_first_row() {
+    let db = TestDb::new().await;
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, NULL, NULL, $4)",
+    )
+    .bind(vec!["r1", "r2", "r1", "r3"])
+    .bind(vec!["webhook"; 4])
+    .bind(vec![p(1), p(2), p(1), p(3)])
+    .bind(vec![Some("acct"), Some("acct"), Some("acct"), None])
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        rows.iter().map(|r| (r.0, r.2)).collect::<Vec<_>>(),
+        [(1, false), (2, false), (3, true), (4, false)]
+    );
+    assert_eq!(rows[2].1, rows[0].1);
+    let waiting: Vec<(String, bool)> =
+        sqlx::query_as("SELECT key, waiting FROM outbox.intents ORDER BY id")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        waiting,
+        [("r1", false), ("r2", true), ("r3", false)].map(|(k, w)| (k.to_string(), w))
+    );
+}
