@@ -514,3 +514,60 @@ async fn many_intents_in_one_statement_through_unnest() {
     assert!(dbe.message().contains("batch:2"), "{}", dbe.message());
     assert_eq!(db.count("key = 'batch:3'").await, 0);
 }
+
+/// The kind's shape is tested as `length <= 64` and an unbounded pattern
+/// (0010), a cheaper equal of the bounded pattern it replaced: the CHECK,
+/// `outbox.enqueue` and `outbox.enqueue_many` each accept exactly the kinds
+/// `^[a-z][a-z0-9_.-]{0,63}$` accepts, at the length edge and around it.
+#[tokio::test]
+async fn the_kind_shape_accepts_exactly_what_the_bounded_pattern_accepted() {
+    let db = TestDb::new().await;
+    let kinds = [
+        "webhook".to_string(),
+        "a".to_string(),
+        format!("a{}", "b".repeat(63)),
+        format!("a{}", "b".repeat(64)),
+        format!("a{}", "9".repeat(62)) + "-",
+        "amqp.orders_v2-x".to_string(),
+        "Webhook".to_string(),
+        "9lives".to_string(),
+        "_x".to_string(),
+        "web hook".to_string(),
+        "webhook\n".to_string(),
+        "\nwebhook".to_string(),
+        "wébhook".to_string(),
+        String::new(),
+    ];
+    for (i, kind) in kinds.iter().enumerate() {
+        let expected: bool = sqlx::query_scalar("SELECT $1 ~ '^[a-z][a-z0-9_.-]{0,63}$'")
+            .bind(kind)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+        let check =
+            sqlx::query("INSERT INTO outbox.intents (key, kind, payload) VALUES ($1, $2, '{}')")
+                .bind(format!("direct:{i}"))
+                .bind(kind)
+                .execute(db.pool())
+                .await;
+        let single = sqlx::query("SELECT * FROM outbox.enqueue($1, $2, '{}')")
+            .bind(format!("single:{i}"))
+            .bind(kind)
+            .execute(db.pool())
+            .await;
+        let many = sqlx::query(
+            "SELECT * FROM outbox.enqueue_many(ARRAY[$1], ARRAY[$2], ARRAY['{}'::jsonb])",
+        )
+        .bind(format!("many:{i}"))
+        .bind(kind)
+        .execute(db.pool())
+        .await;
+        for (how, got) in [
+            ("CHECK", check),
+            ("enqueue", single),
+            ("enqueue_many", many),
+        ] {
+            assert_eq!(got.is_ok(), expected, "{how} on {kind:?}: {got:?}");
+        }
+    }
+}
