@@ -18,13 +18,13 @@
 // fetch, and a worker waits out the rest of its interval after a batch
 // that took less: one worker runs at most batchSize per 0.5 s, so the sweep
 // goes to large batches (a first sweep of 1000/2000/5000 was best at its
-// top). Each job is a POST of the bench's body to the same
+// top), and to 4 workers (a sweep of 1 and 2 was best with 2). Each job is a POST of the bench's body to the same
 // receiver over keep-alive connections, at most CONCURRENCY in flight
 // across all workers (one agent). Prints one JSON line.
 import PgBoss from "pg-boss";
 import { answerSweep, body, env, poster, sleep, timeEnqueue, versionOf } from "./shared.js";
 
-answerSweep({ BATCH_SIZE: [2000, 5000, 10000], WORKERS: [1, 2] });
+answerSweep({ BATCH_SIZE: [2000, 5000, 10000], WORKERS: [1, 2, 4] });
 
 const connectionString = env("DATABASE_URL");
 const hook = env("HOOK_URL");
