@@ -7,7 +7,12 @@ use outbox_relay::engine::Batches;
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct HistoryPoint {
     pub history_rows: u64,
+    /// The median of `rounds`.
     pub claim_complete_per_s: f64,
+    /// Claim + complete of 5,000 fresh intents, three times in a row at
+    /// this history size (a round is a fraction of a second, so one alone
+    /// is at the mercy of the machine's noise).
+    pub rounds: Vec<f64>,
     /// Over the smallest history of this run.
     pub relative: f64,
     /// EXPLAIN (ANALYZE, BUFFERS) of one claim of 100.
@@ -263,13 +268,17 @@ pub fn print(r: &Report) {
         println!();
         println!("history: claim + complete (batches of 100, no network) beside delivered history");
         println!(
-            "{:<14} {:>16} {:>9}",
+            "{:<14} {:>16} {:>9}  rounds",
             "history rows", "claim+complete/s", "relative"
         );
         for h in &r.history {
+            let rounds: Vec<String> = h.rounds.iter().map(|x| format!("{x:.0}")).collect();
             println!(
-                "{:<14} {:>16.0} {:>8.2}x",
-                h.history_rows, h.claim_complete_per_s, h.relative
+                "{:<14} {:>16.0} {:>8.2}x  {}",
+                h.history_rows,
+                h.claim_complete_per_s,
+                h.relative,
+                rounds.join(" / ")
             );
         }
         for h in [r.history.first(), r.history.last()].into_iter().flatten() {

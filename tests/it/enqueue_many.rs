@@ -362,9 +362,9 @@ async fn an_orm_writes_intents_through_the_outbox_view() {
     assert_eq!(rx.requests().len(), 4);
 }
 
-/// The payload checks skip their walks when the payload's text shows they
-/// cannot find anything (fewer than 64 `{`/`[`, fewer than 309 characters):
-/// at exactly those edges both functions still refuse what they refused.
+/// The payload checks at their edges: the depth limit (64 levels), and the
+/// number walk, skipped when the text is too short to hold a number beyond
+/// 1e308 (309 characters). Both functions refuse what they refused.
 #[tokio::test]
 async fn the_payload_checks_shortcuts_hold_at_their_edges() {
     let db = TestDb::new().await;
