@@ -281,6 +281,12 @@ pub(crate) async fn enqueue_many_statements(
     prefix: &str,
     payload: &impl Fn(usize) -> serde_json::Value,
 ) -> anyhow::Result<()> {
+    // One connection for every statement, as an application's loop (and
+    // each peer's client, which hands its one busy connection back and
+    // takes it again) would use: the pool hands out its idle connections
+    // in turn, and each one's first call pays for preparing the statement
+    // and compiling the function.
+    let mut conn = store.pool().acquire().await?;
     let mut start = 0;
     while start < n {
         let end = (start + per).min(n);
@@ -292,7 +298,7 @@ pub(crate) async fn enqueue_many_statements(
                 .bind(&keys)
                 .bind(&kinds)
                 .bind(&payloads)
-                .fetch_all(store.pool())
+                .fetch_all(&mut *conn)
                 .await?;
         anyhow::ensure!(
             rows.len() == keys.len() && rows.iter().all(|r| !r.2),
