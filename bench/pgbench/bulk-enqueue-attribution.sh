@@ -20,25 +20,9 @@ set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SECONDS_PER_STEP=${1:-8}
-: "${DATABASE_URL:?set DATABASE_URL to a server the scratch database can be made on}"
-command -v pgbench >/dev/null || { echo "pgbench is missing (Debian: postgresql-client)" >&2; exit 2; }
-RELAY="$REPO_ROOT/target/release/outbox-relay"
-[ -x "$RELAY" ] || RELAY="$REPO_ROOT/target/debug/outbox-relay"
-[ -x "$RELAY" ] || { echo "build the relay first: cargo build --release" >&2; exit 2; }
-
-DB="outbox_bulk_attribution_$$"
-BASE_URL=${DATABASE_URL%/*}
-URL="$BASE_URL/$DB"
-WORK=$(mktemp -d)
-# shellcheck disable=SC2317 # called by the EXIT trap
-cleanup() {
-	psql -X -q "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-psql -X -q "$DATABASE_URL" -c "CREATE DATABASE $DB"
-DATABASE_URL="$URL" "$RELAY" migrate >/dev/null
+# shellcheck source=bench/pgbench/scratch.sh
+. "$REPO_ROOT/bench/pgbench/scratch.sh"
+scratch_database bulk_attribution
 psql -X -q -v ON_ERROR_STOP=1 "$URL" <<'SQL'
 CREATE TABLE plain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, key text UNIQUE NOT NULL,
                     kind text NOT NULL, payload jsonb NOT NULL, created_at timestamptz DEFAULT now());

@@ -1,0 +1,29 @@
+# shellcheck shell=bash
+# bench/pgbench/scratch.sh: sourced by the pgbench scripts beside it. Checks
+# for pgbench and a built relay, makes a scratch database named
+# outbox_<NAME>_<pid> on the server DATABASE_URL points at, migrates it
+# with the relay binary, and drops it (and the work directory) on exit.
+#
+#   scratch_database NAME    sets URL (the scratch database) and WORK
+#
+# REPO_ROOT must be set by the sourcing script.
+
+scratch_database() {
+	: "${DATABASE_URL:?set DATABASE_URL to a server the scratch database can be made on}"
+	command -v pgbench >/dev/null || { echo "pgbench is missing (Debian: postgresql-client)" >&2; exit 2; }
+	local relay="$REPO_ROOT/target/release/outbox-relay"
+	[ -x "$relay" ] || relay="$REPO_ROOT/target/debug/outbox-relay"
+	[ -x "$relay" ] || { echo "build the relay first: cargo build --release" >&2; exit 2; }
+	SCRATCH_DB="outbox_$1_$$"
+	URL="${DATABASE_URL%/*}/$SCRATCH_DB"
+	WORK=$(mktemp -d)
+	trap scratch_cleanup EXIT
+	psql -X -q "$DATABASE_URL" -c "CREATE DATABASE $SCRATCH_DB"
+	DATABASE_URL="$URL" "$relay" migrate >/dev/null
+}
+
+# shellcheck disable=SC2317 # called by the EXIT trap
+scratch_cleanup() {
+	psql -X -q "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $SCRATCH_DB WITH (FORCE)" >/dev/null 2>&1 || true
+	rm -rf "$WORK"
+}
