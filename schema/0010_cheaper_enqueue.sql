@@ -13,10 +13,11 @@
 --    INSERT straight from the arrays: a key repeated within the batch is
 --    left to ON CONFLICT (the first occurrence wins, as before, and the
 --    later ones are answered by outbox.enqueue), the per-key rank is only
---    computed when the batch has ordering keys, the checks use the same
---    shortcut as outbox.enqueue and print each payload once. The CTE that carried every input
---    row through two sorts and a join is gone: it cost about three times
---    the INSERT itself (docs/performance.md, "Bulk enqueue").
+--    computed when the batch has ordering keys, and the checks use the
+--    same shortcut as outbox.enqueue and print each payload once. The CTE
+--    that carried every input row through two sorts and a join is gone:
+--    the 0006 function ran at about a sixth of this one's rate
+--    (docs/performance.md, "Bulk enqueue").
 -- 3. The kind's shape is tested as `length(kind) <= 64 AND kind ~
 --    '^[a-z][a-z0-9_.-]*$'`, which accepts exactly what '^[a-z][a-z0-9_.-]
 --    {0,63}$' accepts: Postgres's regex engine runs the bounded repeat as
