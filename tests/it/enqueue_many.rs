@@ -24,6 +24,31 @@ async fn many(db: &TestDb, keys: &[&str], payloads: &[Value]) -> Result<Vec<Row>
         .await
 }
 
+/// `enqueue_many` with ordering keys (one per row, `None` for none).
+async fn many_ordered(
+    db: &TestDb,
+    keys: &[&str],
+    payloads: &[Value],
+    ordering_keys: &[Option<&str>],
+) -> Vec<Row> {
+    sqlx::query_as("SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, NULL, NULL, $4)")
+        .bind(keys)
+        .bind(vec!["webhook"; keys.len()])
+        .bind(payloads)
+        .bind(ordering_keys)
+        .fetch_all(db.pool())
+        .await
+        .unwrap()
+}
+
+/// Every intent's key and `waiting` flag, in id order.
+async fn waiting(db: &TestDb) -> Vec<(String, bool)> {
+    sqlx::query_as("SELECT key, waiting FROM outbox.intents ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .unwrap()
+}
+
 fn sqlstate(err: &sqlx::Error) -> (String, String) {
     let dbe = err.as_database_error().expect("a database error");
     (
@@ -195,25 +220,17 @@ async fn a_row_enqueue_would_refuse_refuses_the_statement_with_its_error() {
 #[tokio::test]
 async fn rows_of_one_ordering_key_wait_behind_the_first() {
     let db = TestDb::new().await;
-    let okeys = vec![Some("cart"), None, Some("cart"), Some("cart")];
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, NULL, NULL, $4)",
+    let okeys = [Some("cart"), None, Some("cart"), Some("cart")];
+    let rows = many_ordered(
+        &db,
+        &["o1", "free", "o2", "o3"],
+        &[p(1), p(0), p(2), p(3)],
+        &okeys,
     )
-    .bind(vec!["o1", "free", "o2", "o3"])
-    .bind(vec!["webhook"; 4])
-    .bind(vec![p(1), p(0), p(2), p(3)])
-    .bind(&okeys)
-    .fetch_all(db.pool())
-    .await
-    .unwrap();
+    .await;
     assert_eq!(rows.len(), 4);
-    let waiting: Vec<(String, bool)> =
-        sqlx::query_as("SELECT key, waiting FROM outbox.intents ORDER BY id")
-            .fetch_all(db.pool())
-            .await
-            .unwrap();
     assert_eq!(
-        waiting,
+        waiting(&db).await,
         [("o1", false), ("free", false), ("o2", true), ("o3", true)]
             .map(|(k, w)| (k.to_string(), w))
     );
@@ -422,28 +439,20 @@ async fn the_payload_checks_shortcuts_hold_at_their_edges() {
 #[tokio::test]
 async fn a_repeated_key_in_an_ordered_batch_is_a_duplicate_of_its_first_row() {
     let db = TestDb::new().await;
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, NULL, NULL, $4)",
+    let rows = many_ordered(
+        &db,
+        &["r1", "r2", "r1", "r3"],
+        &[p(1), p(2), p(1), p(3)],
+        &[Some("acct"), Some("acct"), Some("acct"), None],
     )
-    .bind(vec!["r1", "r2", "r1", "r3"])
-    .bind(vec!["webhook"; 4])
-    .bind(vec![p(1), p(2), p(1), p(3)])
-    .bind(vec![Some("acct"), Some("acct"), Some("acct"), None])
-    .fetch_all(db.pool())
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         rows.iter().map(|r| (r.0, r.2)).collect::<Vec<_>>(),
         [(1, false), (2, false), (3, true), (4, false)]
     );
     assert_eq!(rows[2].1, rows[0].1);
-    let waiting: Vec<(String, bool)> =
-        sqlx::query_as("SELECT key, waiting FROM outbox.intents ORDER BY id")
-            .fetch_all(db.pool())
-            .await
-            .unwrap();
     assert_eq!(
-        waiting,
+        waiting(&db).await,
         [("r1", false), ("r2", true), ("r3", false)].map(|(k, w)| (k.to_string(), w))
     );
 }
