@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use outbox_relay::store::Store;
 
 use crate::bench::BenchArgs;
+use crate::cpu;
 use crate::peers::ENQUEUE_PER_CALL;
 use crate::receiver::{peak_rss_mb_of, Seen};
 use crate::report::{RelayRun, ScaleOut};
@@ -79,8 +80,27 @@ pub(crate) async fn scale_out_drain(
     .await?;
     // from the commit: the relays see nothing before it
     let t = Instant::now();
+    let relay_ticks = || -> Option<u64> {
+        children
+            .iter()
+            .map(|c| c.id().and_then(cpu::ticks_of))
+            .sum()
+    };
+    let (cpu_from, relay_from) = (cpu::read(), relay_ticks());
     wait_delivered(store, "scale-", args.intents as i64).await?;
     let drain = args.intents as f64 / t.elapsed().as_secs_f64();
+    let (cpu_to, relay_to) = (cpu::read(), relay_ticks());
+    let cpu = match (cpu_from, cpu_to) {
+        (Some(from), Some(to)) => cpu::between(
+            &from,
+            &to,
+            args.intents,
+            relay_to
+                .zip(relay_from)
+                .and_then(|(to, from)| to.checked_sub(from)),
+        ),
+        _ => None,
+    };
     let mut rss: f64 = 0.0;
     for c in children.iter_mut() {
         if let Some(pid) = c.id() {
@@ -101,6 +121,7 @@ pub(crate) async fn scale_out_drain(
         duplicate_requests: requests - distinct,
         attempts,
         relay_peak_rss_mb: rss,
+        cpu,
     })
 }
 
@@ -131,5 +152,6 @@ pub(crate) async fn relay_run(
         drain_per_s: run.drain_per_s,
         requests: run.requests,
         duplicate_requests: run.duplicate_requests,
+        cpu: run.cpu,
     })
 }

@@ -18,6 +18,7 @@
 mod bench;
 mod brokers;
 mod console;
+mod cpu;
 mod drains;
 mod peers;
 mod receiver;
@@ -25,6 +26,7 @@ mod report;
 mod sql;
 
 use std::path::PathBuf;
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -17,6 +17,7 @@ use outbox_relay::store::Store;
 use serde_json::{Map, Value};
 
 use crate::bench::BenchArgs;
+use crate::cpu::{self, CpuUse};
 use crate::receiver::Seen;
 use crate::report::{PeerRun, PeerSetting};
 
@@ -155,7 +156,7 @@ pub(crate) async fn peer_sweep(
         ("MODE".to_string(), "enqueue".to_string()),
         ("ENQUEUE_PER_CALL".to_string(), ENQUEUE_PER_CALL.to_string()),
     ];
-    let enqueued = peer_once(store, args, server_url, hook_url, peer, &enqueue_env).await?;
+    let (enqueued, _) = peer_once(store, args, server_url, hook_url, peer, &enqueue_env).await?;
     let enqueue_per_s = positive(&enqueued, "enqueue_per_s", peer)?;
     let count = enqueued["enqueued"].as_u64().unwrap_or(0);
     anyhow::ensure!(
@@ -182,7 +183,7 @@ pub(crate) async fn peer_sweep(
             }
         );
         seen.reset();
-        let reported = peer_once(store, args, server_url, hook_url, peer, setting).await?;
+        let (reported, cpu) = peer_once(store, args, server_url, hook_url, peer, setting).await?;
         let drain = positive(&reported, "drain_per_s", peer)?;
         let (requests, distinct) = seen.counts();
         if distinct < n as u64 {
@@ -196,6 +197,7 @@ pub(crate) async fn peer_sweep(
             drain_per_s: drain,
             requests,
             duplicate_requests: requests - distinct,
+            cpu,
         });
         lines.push(reported);
     }
@@ -211,6 +213,7 @@ pub(crate) async fn peer_sweep(
         knobs: top.knobs.clone(),
         relay_speedup: 1.0,
         requests: top.requests,
+        cpu: top.cpu.clone(),
         duplicate_requests: top.duplicate_requests,
         enqueue_per_s,
         enqueue_api: enqueued["api"].as_str().unwrap_or("?").to_string(),
@@ -229,7 +232,9 @@ fn positive(reported: &Value, field: &str, peer: &str) -> anyhow::Result<f64> {
 }
 
 /// Run the peer once with `env` beside the workload, in a scratch database
-/// of its own on the same server, and return its result line.
+/// of its own on the same server, and return its result line, and for a
+/// drain the machine's CPU over the window the peer reported
+/// (`drain_started_unix`, `drain_ended_unix`).
 async fn peer_once(
     store: &Store,
     args: &BenchArgs,
@@ -237,7 +242,7 @@ async fn peer_once(
     hook_url: &str,
     peer: &str,
     env: &[(String, String)],
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<(Value, Option<CpuUse>)> {
     let name = format!("outbox_bench_{}_peer", std::process::id());
     sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
         .execute(store.pool())
@@ -250,6 +255,7 @@ async fn peer_once(
     let mut peer_url = url::Url::parse(server_url)?;
     peer_url.set_path(&format!("/{name}"));
     let runner = args.peers_dir.join("run-peer.sh");
+    let sampler = cpu::Sampler::start();
     let child = peer_command(&runner)
         .arg(peer)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -289,8 +295,13 @@ async fn peer_once(
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let line = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-    serde_json::from_str(line)
-        .map_err(|e| anyhow::anyhow!("peer {peer} printed no result line ({e}): {line:?}"))
+    let reported: Value = serde_json::from_str(line)
+        .map_err(|e| anyhow::anyhow!("peer {peer} printed no result line ({e}): {line:?}"))?;
+    let window = reported["drain_started_unix"]
+        .as_f64()
+        .zip(reported["drain_ended_unix"].as_f64());
+    let cpu = window.and_then(|(from, to)| sampler.window(from, to, args.intents));
+    Ok((reported, cpu))
 }
 
 #[cfg(test)]

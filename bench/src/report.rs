@@ -3,6 +3,8 @@
 
 use outbox_relay::engine::Batches;
 
+use crate::cpu::CpuUse;
+
 /// Claim + complete cost beside `history_rows` delivered intents.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct HistoryPoint {
@@ -55,6 +57,8 @@ pub struct ScaleOut {
     pub attempts: i64,
     /// The largest peak RSS among the relay processes.
     pub relay_peak_rss_mb: f64,
+    /// The machine's CPU over the drain (Linux).
+    pub cpu: Option<CpuUse>,
 }
 
 /// One peer job queue against the same workload, receiver and Postgres
@@ -73,6 +77,8 @@ pub struct PeerRun {
     pub relay_speedup: f64,
     /// Requests the receiver saw during the best drain.
     pub requests: u64,
+    /// The machine's CPU over the best drain.
+    pub cpu: Option<CpuUse>,
     pub duplicate_requests: u64,
     /// The peer's bulk API over the same number of jobs, 1,000 per call,
     /// one call after another, no worker running.
@@ -100,6 +106,8 @@ pub struct PeerSetting {
     pub drain_per_s: f64,
     pub requests: u64,
     pub duplicate_requests: u64,
+    /// The machine's CPU over the drain, in the window the peer reported.
+    pub cpu: Option<CpuUse>,
 }
 
 /// The ceiling at one claim batch size.
@@ -121,6 +129,8 @@ pub struct RelayRun {
     pub drain_per_s: f64,
     pub requests: u64,
     pub duplicate_requests: u64,
+    /// The machine's CPU over the drain (Linux).
+    pub cpu: Option<CpuUse>,
 }
 
 /// One run's figures.
@@ -360,6 +370,17 @@ fn knobs(k: &serde_json::Value) -> String {
     }
 }
 
+/// CPU per job and the busy share, for a table; blank when not measured.
+fn cpu_cells(cpu: Option<&CpuUse>) -> (String, String) {
+    match cpu {
+        Some(c) => (
+            format!("{:.0} µs", c.machine_us_per_job),
+            format!("{:.0}%", c.busy_share * 100.0),
+        ),
+        None => ("-".into(), "-".into()),
+    }
+}
+
 fn print_peers(r: &Report) {
     println!();
     println!(
@@ -368,26 +389,39 @@ fn print_peers(r: &Report) {
     );
     println!("each peer's drain is the best of its sweep; bulk enqueue 1,000 per call");
     println!(
-        "{:<34} {:>10} {:>10} {:>11} {:>10} {:>11} {:>10}",
-        "queue", "drain/s", "requests", "duplicates", "relay is", "enqueue/s", "relay is"
+        "{:<34} {:>10} {:>10} {:>11} {:>10} {:>11} {:>10} {:>11} {:>6}",
+        "queue",
+        "drain/s",
+        "requests",
+        "duplicates",
+        "relay is",
+        "enqueue/s",
+        "relay is",
+        "CPU/job",
+        "busy"
     );
     let relay_row = |run: &RelayRun| {
+        let (per_job, busy) = cpu_cells(run.cpu.as_ref());
         println!(
-            "{:<34} {:>10.0} {:>10} {:>11} {:>10} {:>11.0}",
+            "{:<34} {:>10.0} {:>10} {:>11} {:>10} {:>11.0} {:>10} {:>11} {:>6}",
             "outbox-relay (one `run` process)",
             run.drain_per_s,
             run.requests,
             run.duplicate_requests,
             "",
             run.enqueue_many_per_s,
+            "",
+            per_job,
+            busy,
         );
     };
     for (i, p) in r.peers.iter().enumerate() {
         if let Some(run) = r.relay_runs.get(i) {
             relay_row(run);
         }
+        let (per_job, busy) = cpu_cells(p.cpu.as_ref());
         println!(
-            "{:<34} {:>10.0} {:>10} {:>11} {:>9.2}x {:>11.0} {:>9.2}x",
+            "{:<34} {:>10.0} {:>10} {:>11} {:>9.2}x {:>11.0} {:>9.2}x {:>11} {:>6}",
             format!("{} {}", p.peer, p.version),
             p.drain_per_s,
             p.requests,
@@ -395,12 +429,34 @@ fn print_peers(r: &Report) {
             p.relay_speedup,
             p.enqueue_per_s,
             p.relay_enqueue_ratio,
+            per_job,
+            busy,
         );
     }
     if let Some(run) = r.relay_runs.last() {
         relay_row(run);
     }
     println!("(each peer against the mean of the relay runs just before and after it; relay enqueue is outbox.enqueue_many)");
+    println!("(CPU/job: the CPU time of every process on the machine during the drain over its jobs; busy: of all CPUs)");
+    let parts: Vec<String> = r
+        .relay_runs
+        .iter()
+        .filter_map(|run| run.cpu.as_ref())
+        .map(|c| {
+            format!(
+                "relay process {:.0} µs, bench receiver {:.0} µs, the rest (Postgres, kernel) {:.0} µs",
+                c.relay_us_per_job.unwrap_or(f64::NAN),
+                c.bench_us_per_job,
+                c.machine_us_per_job - c.relay_us_per_job.unwrap_or(0.0) - c.bench_us_per_job
+            )
+        })
+        .collect();
+    if !parts.is_empty() {
+        println!("outbox-relay's CPU per intent, run by run:");
+        for p in parts {
+            println!("  {p}");
+        }
+    }
     for p in &r.peers {
         println!();
         println!(
@@ -411,11 +467,14 @@ fn print_peers(r: &Report) {
             p.enqueue_api
         );
         for s in &p.sweep {
+            let (per_job, busy) = cpu_cells(s.cpu.as_ref());
             println!(
-                "  {:>8.0}/s  {:>6} requests {:>4} duplicates  {}",
+                "  {:>8.0}/s  {:>6} requests {:>4} duplicates  {:>9}/job {:>4} busy  {}",
                 s.drain_per_s,
                 s.requests,
                 s.duplicate_requests,
+                per_job,
+                busy,
                 knobs(&s.knobs)
             );
         }

@@ -91,12 +91,15 @@ if os.environ.get("MODE") == "enqueue":
     print(json.dumps({{"peer": "fake", "version": "test", "api": "bulk", "enqueued": jobs, "enqueue_per_s": 1000.0}}))
     raise SystemExit
 slow = int(os.environ["SLOW"])
+import time
+started = time.time()
 for i in range(int(jobs * {share})):
     req = urllib.request.Request(os.environ["HOOK_URL"], data=b"{{}}", method="POST",
                                  headers={{"webhook-id": "job_%d" % i}})
     urllib.request.urlopen(req).read()
 print("a line before the result")
-print(json.dumps({{"peer": "fake", "version": "test", "knobs": {{"slow": slow}}, "drain_per_s": 1000.0 / slow}}))
+window = {{"drain_started_unix": started, "drain_ended_unix": time.time()}} if slow != 3 else {{}}
+print(json.dumps({{"peer": "fake", "version": "test", "knobs": {{"slow": slow}}, "drain_per_s": 1000.0 / slow, **window}}))
 "#
         )
     };
@@ -163,6 +166,27 @@ print(json.dumps({{"peer": "fake", "version": "test", "knobs": {{"slow": slow}},
     for s in sweep {
         assert_eq!(s["requests"], 20, "{s}");
         assert_eq!(s["duplicate_requests"], 0, "{s}");
+        // the machine's CPU over the window the peer reported; none
+        // without one
+        let cpu = &s["cpu"];
+        if s["env"]["SLOW"] == "3" {
+            assert!(cpu.is_null(), "{s}");
+        } else {
+            let busy = cpu["busy_share"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&busy), "{s}");
+            assert!(cpu["seconds"].as_f64().unwrap() > 0.0, "{s}");
+            assert!(cpu["machine_us_per_job"].as_f64().unwrap() >= 0.0, "{s}");
+            assert!(cpu["relay_us_per_job"].is_null(), "{s}");
+        }
+    }
+    assert_eq!(peer["cpu"], sweep[1]["cpu"], "the best setting's CPU: {peer}");
+    // the relay's runs beside it: the machine's CPU and the relay process's
+    for run in report["relay_runs"].as_array().unwrap() {
+        let cpu = &run["cpu"];
+        let machine = cpu["machine_us_per_job"].as_f64().unwrap();
+        let relay = cpu["relay_us_per_job"].as_f64().unwrap();
+        let bench = cpu["bench_us_per_job"].as_f64().unwrap();
+        assert!(machine > 0.0 && relay >= 0.0 && bench >= 0.0, "{run}");
     }
     assert_eq!(peer["drain_per_s"].as_f64().unwrap(), 1000.0, "{peer}");
     assert_eq!(peer["knobs"]["slow"], 1, "{peer}");

@@ -89,6 +89,8 @@ const specs = [];
 for (let j = 0; j < jobs; j++) specs.push(spec(j));
 await utils.addJobs(specs);
 const t0 = performance.now();
+// wall-clock seconds, for the bench's CPU readings of the same window
+const startedUnix = Date.now() / 1000;
 const deadline = t0 + 600_000;
 // every job handled, then its batched completion committed
 while (handled < jobs || (await anyLeft())) {
@@ -99,6 +101,7 @@ while (handled < jobs || (await anyLeft())) {
   await sleep(handled < jobs ? 5 : 20);
 }
 const seconds = (performance.now() - t0) / 1000;
+const endedUnix = Date.now() / 1000;
 await runner.stop();
 await utils.release();
 console.log(JSON.stringify({
@@ -110,6 +113,7 @@ console.log(JSON.stringify({
     concurrency,
   },
   handled, failed, drain_per_s: jobs / seconds,
+  drain_started_unix: startedUnix, drain_ended_unix: endedUnix,
 }));
 // the agent's idle keep-alive connections would hold the process open
 process.exit(0);

@@ -82,6 +82,8 @@ const specs = [];
 for (let j = 0; j < jobs; j++) specs.push(spec(j));
 await boss.insert(specs);
 const t0 = performance.now();
+// wall-clock seconds, for the bench's CPU readings of the same window
+const startedUnix = Date.now() / 1000;
 const deadline = t0 + 600_000;
 // every job handled, then its batch's completion committed
 while (handled < jobs || (await anyOpen())) {
@@ -92,11 +94,13 @@ while (handled < jobs || (await anyOpen())) {
   await sleep(handled < jobs ? 5 : 20);
 }
 const seconds = (performance.now() - t0) / 1000;
+const endedUnix = Date.now() / 1000;
 await boss.stop({ graceful: true, wait: true });
 console.log(JSON.stringify({
   peer: "pg-boss", version, jobs, concurrency,
   knobs: { batchSize, workers, pollingIntervalSeconds },
   handled, failed, drain_per_s: jobs / seconds,
+  drain_started_unix: startedUnix, drain_ended_unix: endedUnix,
 }));
 // the agent's idle keep-alive connections would hold the process open
 process.exit(0);

@@ -131,6 +131,8 @@ async def main() -> None:
     payloads = [json.dumps({"url": hook, "body": body(n)}).encode() for n in range(jobs)]
     await queries.enqueue(["deliver"] * jobs, payloads, [0] * jobs)
     started = time.perf_counter()
+    # wall-clock seconds, for the bench's CPU readings of the same window
+    started_unix = time.time()
     deadline = started + 600
     # every job handled, then its completion written
     while handled < jobs or await setup.fetchval("SELECT EXISTS (SELECT 1 FROM pgqueuer)"):
@@ -142,6 +144,7 @@ async def main() -> None:
             sys.exit(1)
         await asyncio.sleep(0.005 if handled < jobs else 0.02)
     seconds = time.perf_counter() - started
+    ended_unix = time.time()
     qm.shutdown.set()
     await running
     await session.close()
@@ -157,6 +160,7 @@ async def main() -> None:
             "driver": driver_name,
         },
         "handled": handled, "failed": failed, "drain_per_s": jobs / seconds,
+        "drain_started_unix": started_unix, "drain_ended_unix": ended_unix,
     }))
 
 

@@ -9,8 +9,10 @@
 // - MODE=enqueue: add JOBS jobs with the peer's bulk API, ENQUEUE_PER_CALL
 //   (1000) per call, no worker running, and print
 //   {"enqueue_per_s", "enqueued", ...};
-// - otherwise (a drain): print {"drain_per_s", "knobs", ...}, `knobs` naming
-//   the peer's own settings as its API spells them.
+// - otherwise (a drain): print {"drain_per_s", "knobs", "drain_started_unix",
+//   "drain_ended_unix", ...}, `knobs` naming the peer's own settings as its
+//   API spells them, and the two times (wall-clock seconds) bounding the
+//   timed drain, over which the bench reads the machine's CPU.
 import http from "node:http";
 import { readFileSync } from "node:fs";
 
