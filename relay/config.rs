@@ -622,6 +622,7 @@ impl Config {
             let checked = match s.kind.as_str() {
                 "webhook" => webhook::request::parse(
                     &s.payload,
+                    None,
                     s.destination.as_deref(),
                     &self.webhook.endpoints,
                 )

@@ -130,7 +130,7 @@ fn check_amqp(payload: &Value) -> Result<(), String> {
 }
 
 fn check_webhook(payload: &Value, destination: Option<&str>) -> Result<(), String> {
-    let req = webhook::parse(payload, destination, &endpoints())?;
+    let req = webhook::parse(payload, None, destination, &endpoints())?;
     assert!(
         matches!(req.url.scheme(), "http" | "https"),
         "accepted a {} URL: {payload}",

@@ -110,15 +110,13 @@ impl WebhookProvider {
     }
 
     async fn send(&self, d: &Delivery<'_>) -> Outcome {
-        let mut req = match request::parse(d.payload, d.destination, &self.config.endpoints) {
+        // the stored text, not a re-serialization of its parse: big integers
+        // and long decimals arrive with every digit
+        let raw = d.payload_text.and_then(request::raw_body);
+        let req = match request::parse(d.payload, raw, d.destination, &self.config.endpoints) {
             Ok(r) => r,
             Err(reason) => return Outcome::invalid(reason),
         };
-        // the stored text, not a re-serialization of its parse: big integers
-        // and long decimals arrive with every digit
-        if let Some(raw) = d.payload_text.and_then(request::raw_body) {
-            req.body = raw;
-        }
         // IP literals (including numeric forms like http://2130706433/, which
         // the URL parser normalizes) never reach the resolver: check them here.
         if let Some(ip) = resolve::literal_ip(&req.url) {
@@ -159,10 +157,9 @@ impl WebhookProvider {
                 sign::signature_header(&self.keys, &id, timestamp, &req.body),
             );
         }
-        let target = request::redacted(&req.url);
         match builder.body(req.body).send().await {
             Ok(resp) => classify::response(resp, id, &self.config).await,
-            Err(err) => classify::error(&err, &target, self.config.timeout),
+            Err(err) => classify::error(&err, &request::redacted(&req.url), self.config.timeout),
         }
     }
 }

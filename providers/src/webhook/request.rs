@@ -35,8 +35,11 @@ pub struct WebhookRequest {
 
 /// Parse `{"url": "...", "body": <json>, "headers": {...}?}`, or a payload
 /// without `url` whose `destination` names a configured endpoint.
+/// `raw_body` is the body's stored JSON text ([`raw_body`]), sent as it
+/// stands; without it the parsed body is serialized.
 pub fn parse(
     payload: &Value,
+    raw_body: Option<Vec<u8>>,
     destination: Option<&str>,
     endpoints: &HashMap<String, String>,
 ) -> Result<WebhookRequest, String> {
@@ -75,10 +78,7 @@ pub fn parse(
         }
     };
     let url = parse_url(&url_text)?;
-    let body = obj
-        .get("body")
-        .ok_or("webhook payload has no \"body\" (use null for an empty body)")?;
-    let body = serde_json::to_vec(body).map_err(|e| format!("webhook body: {e}"))?;
+    let body = crate::payload_body("webhook", obj, raw_body)?;
     let headers = match obj.get("headers") {
         None | Some(Value::Null) => HeaderMap::new(),
         Some(Value::Object(map)) => {
@@ -182,7 +182,7 @@ mod tests {
     use serde_json::json;
 
     fn p(v: Value) -> Result<WebhookRequest, String> {
-        parse(&v, None, &HashMap::new())
+        parse(&v, None, None, &HashMap::new())
     }
 
     #[test]
@@ -202,10 +202,10 @@ mod tests {
     fn destination_names_an_endpoint() {
         let endpoints =
             HashMap::from([("billing".to_string(), "https://example.com/b".to_string())]);
-        let r = parse(&json!({"body": null}), Some("billing"), &endpoints).unwrap();
+        let r = parse(&json!({"body": null}), None, Some("billing"), &endpoints).unwrap();
         assert_eq!(r.url.as_str(), "https://example.com/b");
         assert_eq!(r.body, b"null");
-        let err = parse(&json!({"body": 1}), Some("nope"), &endpoints).unwrap_err();
+        let err = parse(&json!({"body": 1}), None, Some("nope"), &endpoints).unwrap_err();
         assert!(
             err.contains("\"nope\" is not a configured endpoint"),
             "{err}"
@@ -213,6 +213,7 @@ mod tests {
         // a url and a destination: which one was meant is not guessed
         let err = parse(
             &json!({"url": "https://example.com/x", "body": 1}),
+            None,
             Some("billing"),
             &endpoints,
         )
@@ -230,6 +231,19 @@ mod tests {
         assert_eq!(raw_body(r#"{"url": "x"}"#), None);
         assert_eq!(raw_body("[1]"), None);
         assert_eq!(raw_body(r#"{"body": null}"#).unwrap(), b"null");
+        // given the raw body, the request sends it as it stands; the body
+        // must still be there in the parse
+        let payload: Value = serde_json::from_str(text).unwrap();
+        let r = parse(&payload, raw_body(text), None, &HashMap::new()).unwrap();
+        assert_eq!(r.body, raw_body(text).unwrap());
+        let err = parse(
+            &json!({"url": "http://h/"}),
+            Some(b"1".to_vec()),
+            None,
+            &HashMap::new(),
+        )
+        .unwrap_err();
+        assert!(err.contains("has no \"body\""), "{err}");
     }
 
     #[test]
