@@ -179,7 +179,10 @@ print(json.dumps({{"peer": "fake", "version": "test", "knobs": {{"slow": slow}},
             assert!(cpu["relay_us_per_job"].is_null(), "{s}");
         }
     }
-    assert_eq!(peer["cpu"], sweep[1]["cpu"], "the best setting's CPU: {peer}");
+    assert_eq!(
+        peer["cpu"], sweep[1]["cpu"],
+        "the best setting's CPU: {peer}"
+    );
     // the relay's runs beside it: the machine's CPU and the relay process's
     for run in report["relay_runs"].as_array().unwrap() {
         let cpu = &run["cpu"];
