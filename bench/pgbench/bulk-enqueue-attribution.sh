@@ -51,13 +51,7 @@ done
 
 for round in 1 2; do
 	for step in plain intents many many-0006; do
-		tps=$(pgbench -n -T "$SECONDS_PER_STEP" -c 1 -f "$WORK/$step.sql" "$URL" 2>"$WORK/err" |
-			sed -n 's/^tps = \([0-9.]*\).*/\1/p') || true
-		if [ -z "$tps" ]; then
-			echo "pgbench failed on $step:" >&2
-			tail -n 5 "$WORK/err" >&2
-			exit 1
-		fi
+		tps=$(step_tps "$step" "$SECONDS_PER_STEP")
 		printf 'round %s  %-10s %10.0f rows/s\n' "$round" "$step" "$(awk -v t="$tps" 'BEGIN { print t * 1000 }')"
 	done
 done

@@ -43,13 +43,7 @@ printf '%s\n' '\set n random(1, 2000000000)' \
 
 for round in 1 2; do
 	for step in plain columns indexes intents enqueue; do
-		tps=$(pgbench -n -T "$SECONDS_PER_STEP" -c 1 -f "$WORK/$step.sql" "$URL" 2>"$WORK/err" |
-			sed -n 's/^tps = \([0-9.]*\).*/\1/p') || true
-		if [ -z "$tps" ]; then
-			echo "pgbench failed on $step:" >&2
-			tail -n 5 "$WORK/err" >&2
-			exit 1
-		fi
+		tps=$(step_tps "$step" "$SECONDS_PER_STEP")
 		printf 'round %s  %-8s %10.0f tps\n' "$round" "$step" "$tps"
 	done
 done

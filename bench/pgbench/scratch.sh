@@ -5,6 +5,8 @@
 # with the relay binary, and drops it (and the work directory) on exit.
 #
 #   scratch_database NAME    sets URL (the scratch database) and WORK
+#   step_tps STEP SECONDS    runs $WORK/STEP.sql with pgbench (one client)
+#                            and prints its tps, or says why and exits
 #
 # REPO_ROOT must be set by the sourcing script.
 
@@ -26,4 +28,16 @@ scratch_database() {
 scratch_cleanup() {
 	psql -X -q "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $SCRATCH_DB WITH (FORCE)" >/dev/null 2>&1 || true
 	rm -rf "$WORK"
+}
+
+step_tps() {
+	local tps
+	tps=$(pgbench -n -T "$2" -c 1 -f "$WORK/$1.sql" "$URL" 2>"$WORK/err" |
+		sed -n 's/^tps = \([0-9.]*\).*/\1/p') || true
+	if [ -z "$tps" ]; then
+		echo "pgbench failed on $1:" >&2
+		tail -n 5 "$WORK/err" >&2
+		exit 1
+	fi
+	echo "$tps"
 }
