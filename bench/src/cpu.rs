@@ -32,12 +32,14 @@ pub struct CpuUse {
 }
 
 /// One reading: wall-clock seconds, the machine's busy and total ticks
-/// (all CPUs), and this process's ticks.
+/// (all CPUs), how many CPUs they are summed over, and this process's
+/// ticks.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Reading {
     unix: f64,
     busy: u64,
     total: u64,
+    cpus: f64,
     own: u64,
 }
 
@@ -86,19 +88,20 @@ pub(crate) fn ticks_of(pid: u32) -> Option<u64> {
 }
 
 pub(crate) fn read() -> Option<Reading> {
-    let (busy, total) = machine_ticks(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let (busy, total) = machine_ticks(&stat)?;
     let own = process_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
     Some(Reading {
         unix: unix_now(),
         busy,
         total,
+        cpus: cpus(&stat)?,
         own,
     })
 }
 
-/// The machine's CPUs, as /proc/stat counts them.
-fn cpus() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+/// The machine's CPUs, as /proc/stat counts them (its `cpuN` lines).
+fn cpus(stat: &str) -> Option<f64> {
     let n = stat
         .lines()
         .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
@@ -114,23 +117,13 @@ pub(crate) fn between(
     jobs: usize,
     relay_ticks: Option<u64>,
 ) -> Option<CpuUse> {
-    between_on(cpus()?, from, to, jobs, relay_ticks)
-}
-
-fn between_on(
-    cpus: f64,
-    from: &Reading,
-    to: &Reading,
-    jobs: usize,
-    relay_ticks: Option<u64>,
-) -> Option<CpuUse> {
     let seconds = to.unix - from.unix;
     let total = to.total.checked_sub(from.total)?;
     if seconds <= 0.0 || total == 0 || jobs == 0 {
         return None;
     }
     // ticks per CPU-second, from the readings themselves
-    let hz = total as f64 / (cpus * seconds);
+    let hz = total as f64 / (to.cpus * seconds);
     let us_per_job = |ticks: u64| ticks as f64 / hz * 1e6 / jobs as f64;
     let busy = to.busy.checked_sub(from.busy)?;
     Some(CpuUse {
@@ -203,6 +196,7 @@ mod tests {
         let stat = "cpu  100 5 50 800 20 3 2 7 0 0\ncpu0 50 2 25 400 10 1 1 3 0 0\n";
         assert_eq!(machine_ticks(stat), Some((160, 987)));
         assert_eq!(machine_ticks("intr 1 2 3\n"), None);
+        assert_eq!(cpus(stat), Some(1.0));
         let proc = "4242 (tokio rt) worker) S 1 4242 4242 0 -1 4194560 100 0 0 0 \
                     123 45 0 0 20 0 9 0 1000 0 0";
         assert_eq!(process_ticks(proc), Some(168));
@@ -214,6 +208,7 @@ mod tests {
             unix: 100.0,
             busy: 1_000,
             total: 10_000,
+            cpus: 2.0,
             own: 10,
         };
         // two seconds of two CPUs at 100 ticks per CPU-second: 400 ticks,
@@ -222,16 +217,17 @@ mod tests {
             unix: 102.0,
             busy: 1_300,
             total: 10_400,
+            cpus: 2.0,
             own: 60,
         };
-        let cpu = between_on(2.0, &from, &to, 1_000, Some(100)).unwrap();
+        let cpu = between(&from, &to, 1_000, Some(100)).unwrap();
         assert!((cpu.seconds - 2.0).abs() < 1e-9);
         assert!((cpu.busy_share - 0.75).abs() < 1e-9);
         // 3 CPU-seconds over 1,000 jobs
         assert!((cpu.machine_us_per_job - 3_000.0).abs() < 1e-6);
         assert!((cpu.bench_us_per_job - 500.0).abs() < 1e-6);
         assert!((cpu.relay_us_per_job.unwrap() - 1_000.0).abs() < 1e-6);
-        assert!(between_on(2.0, &to, &from, 1_000, None).is_none());
-        assert!(between_on(2.0, &from, &to, 0, None).is_none());
+        assert!(between(&to, &from, 1_000, None).is_none());
+        assert!(between(&from, &to, 0, None).is_none());
     }
 }

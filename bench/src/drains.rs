@@ -90,17 +90,12 @@ pub(crate) async fn scale_out_drain(
     wait_delivered(store, "scale-", args.intents as i64).await?;
     let drain = args.intents as f64 / t.elapsed().as_secs_f64();
     let (cpu_to, relay_to) = (cpu::read(), relay_ticks());
-    let cpu = match (cpu_from, cpu_to) {
-        (Some(from), Some(to)) => cpu::between(
-            &from,
-            &to,
-            args.intents,
-            relay_to
-                .zip(relay_from)
-                .and_then(|(to, from)| to.checked_sub(from)),
-        ),
-        _ => None,
-    };
+    let relay_used = relay_to
+        .zip(relay_from)
+        .and_then(|(to, from)| to.checked_sub(from));
+    let cpu = cpu_from
+        .zip(cpu_to)
+        .and_then(|(from, to)| cpu::between(&from, &to, args.intents, relay_used));
     let mut rss: f64 = 0.0;
     for c in children.iter_mut() {
         if let Some(pid) = c.id() {

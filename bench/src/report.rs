@@ -442,13 +442,13 @@ fn print_peers(r: &Report) {
         .relay_runs
         .iter()
         .filter_map(|run| run.cpu.as_ref())
-        .map(|c| {
-            format!(
-                "relay process {:.0} µs, bench receiver {:.0} µs, the rest (Postgres, kernel) {:.0} µs",
-                c.relay_us_per_job.unwrap_or(f64::NAN),
+        .filter_map(|c| {
+            let relay = c.relay_us_per_job?;
+            Some(format!(
+                "relay process {relay:.0} µs, bench receiver {:.0} µs, the rest (Postgres, kernel) {:.0} µs",
                 c.bench_us_per_job,
-                c.machine_us_per_job - c.relay_us_per_job.unwrap_or(0.0) - c.bench_us_per_job
-            )
+                c.machine_us_per_job - relay - c.bench_us_per_job
+            ))
         })
         .collect();
     if !parts.is_empty() {
