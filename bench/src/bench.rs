@@ -31,7 +31,7 @@ use crate::drains::{relay_run, scale_out_drain};
 use crate::peers::{peer_sweep, prepare, Setting};
 use crate::receiver::{peak_rss_mb, receiver};
 pub use crate::report::print;
-use crate::report::{CeilingPoint, Report, ScaleOut};
+use crate::report::{CeilingPoint, LatencySplit, Report, ScaleOut};
 use crate::sql::{
     blocked_backlog, claim_complete_rate, enqueue_batched, enqueue_many_statements,
     enqueue_statements, history_scale, run_sql, wait_delivered,
@@ -253,6 +253,7 @@ async fn measure(
     )
     .fetch_one(store.pool())
     .await?;
+    let latency_split = latency_split(store).await?;
 
     eprintln!("bench: drain beside 100k rows of delivered history, then again while the daemon's paced purge removes them");
     run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
@@ -350,6 +351,7 @@ async fn measure(
         latency_offered_per_s: args.latency_rate,
         latency_p50_ms: p50,
         latency_p99_ms: p99,
+        latency_split,
         drain_beside_history_per_s: beside,
         drain_during_purge_per_s: during,
         purge_impact_ratio: during / beside,
@@ -366,5 +368,36 @@ async fn measure(
         },
         history: history_scale(store, &args.history, &payload).await?,
         blocked_backlog: blocked_backlog(store, args.blocked_backlog, &payload).await?,
+    })
+}
+
+/// The legs of the latency run's enqueue→delivered time, from each
+/// intent's row and its first attempt's (the relay's clock and the
+/// database's are this machine's).
+async fn latency_split(store: &Store) -> anyhow::Result<LatencySplit> {
+    let row: (f64, f64, f64, f64, f64, f64) = sqlx::query_as(
+        "WITH legs AS (
+             SELECT extract(epoch FROM a.started_at - i.created_at) * 1000 AS to_attempt,
+                    extract(epoch FROM a.finished_at - a.started_at) * 1000 AS call,
+                    extract(epoch FROM i.delivered_at - a.finished_at) * 1000 AS to_record
+               FROM outbox.intents i JOIN outbox.attempts a ON a.intent_id = i.id AND a.attempt = 1
+              WHERE i.key LIKE 'latency-%')
+         SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY to_attempt),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY to_attempt),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY call),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY call),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY to_record),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY to_record)
+           FROM legs",
+    )
+    .fetch_one(store.pool())
+    .await?;
+    Ok(LatencySplit {
+        to_attempt_p50_ms: row.0,
+        to_attempt_p99_ms: row.1,
+        call_p50_ms: row.2,
+        call_p99_ms: row.3,
+        to_record_p50_ms: row.4,
+        to_record_p99_ms: row.5,
     })
 }

@@ -111,6 +111,22 @@ pub struct PeerSetting {
 }
 
 /// The ceiling at one claim batch size.
+/// Where the enqueue→delivered time of the latency run goes, per intent
+/// (its first attempt): percentiles of each leg, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct LatencySplit {
+    /// From the enqueue's transaction start to the attempt's start: the
+    /// enqueue's commit, the NOTIFY, the claim and its commit.
+    pub to_attempt_p50_ms: f64,
+    pub to_attempt_p99_ms: f64,
+    /// The attempt itself: the HTTP request and its answer.
+    pub call_p50_ms: f64,
+    pub call_p99_ms: f64,
+    /// From the answer to the completion statement's start.
+    pub to_record_p50_ms: f64,
+    pub to_record_p99_ms: f64,
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CeilingPoint {
     pub batch: i64,
@@ -163,6 +179,7 @@ pub struct Report {
     pub latency_offered_per_s: u32,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
+    pub latency_split: LatencySplit,
     /// Drain rate of the same workload while 100k delivered rows are purged
     /// in batches at the same time, over a drain of the same workload
     /// beside that history without purging (measured in this run).
@@ -242,6 +259,18 @@ pub fn print(r: &Report) {
                 r.latency_p50_ms, r.latency_p99_ms, r.latency_offered_per_s
             ),
         ),
+        ("  to attempt / call / to record, p50 (p99)", {
+            let l = &r.latency_split;
+            format!(
+                "{:.1} ({:.1}) / {:.1} ({:.1}) / {:.1} ({:.1}) ms",
+                l.to_attempt_p50_ms,
+                l.to_attempt_p99_ms,
+                l.call_p50_ms,
+                l.call_p99_ms,
+                l.to_record_p50_ms,
+                l.to_record_p99_ms
+            )
+        }),
         (
             "enqueue+drain beside 100k history rows",
             format!("{:.0}/s", r.drain_beside_history_per_s),
