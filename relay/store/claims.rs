@@ -142,9 +142,9 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
     })
 }
 
-/// One relay's claim statement. The relay's batch size (the cap) and the
+/// One relay's claim statements. The relay's batch size (the cap) and the
 /// kinds it leaves alone are written into the text rather than bound, so
-/// that Postgres can plan the statement once per connection and reuse the
+/// that Postgres can plan each statement once per connection and reuse the
 /// plan.
 ///
 /// Bound, they cost a fresh plan on every call (for a small claim, a large
@@ -155,15 +155,22 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
 /// so Postgres rightly planned each call. With the cap and the kinds in the
 /// text, the generic plan is the index scan in claim order, limited to the
 /// cap; the bound `LIMIT $1` (the free claim slots, at most the cap) above
-/// it stops the scan, and its row locks, at what was asked for. Postgres
-/// switches to that plan after five calls when it does not look dearer than
-/// planning each call, which holds once claims ask for about a tenth of the
-/// cap or more (a busy relay); a relay claiming one row at a time keeps
-/// planning per call, as before, where it costs little.
+/// it stops the scan, and its row locks, at what was asked for.
+///
+/// Postgres switches to the generic plan after five calls only when it does
+/// not look dearer than the plans made per call, and it prices a bound
+/// `LIMIT $1` at a tenth of the rows below it: with a single text limited to
+/// the cap, a claim asking for less than a tenth of the cap (a relay that
+/// is not busy, claiming a few intents per wake-up) was planned on every
+/// call, a fifth to a third of such a claim's time. So there is a ladder of
+/// texts, limited to 1, 2, 4, … and the cap, and a claim of `n` runs the
+/// smallest one limited to `n` or more: `n` is always more than half of that
+/// limit, so every rung's generic plan looks cheaper than a plan made for
+/// `n`, and Postgres plans each rung once per connection (a test checks).
 #[derive(Debug, Clone)]
 pub struct ClaimQuery {
-    sql: String,
-    cap: i64,
+    /// (inner limit, statement), by limit ascending; the last is the cap.
+    rungs: Vec<(i64, String)>,
 }
 
 impl ClaimQuery {
@@ -181,43 +188,67 @@ impl ClaimQuery {
                 .map(|k| k.to_string())
                 .collect::<Vec<_>>(),
         );
-        let sql = format!(
-            "WITH due AS (
-                 SELECT id FROM (
-                     SELECT id FROM outbox.intents c
-                      WHERE state = 'pending' AND NOT waiting AND run_after <= now() {kinds}
-                        -- a kind this relay does not know is claimed (to be
-                        -- rejected) only when no live relay knows it
-                        AND (kind = ANY({known}) OR NOT EXISTS (
-                             SELECT 1 FROM outbox.relays r
-                              WHERE c.kind = ANY(r.known_kinds) AND r.stopped_at IS NULL
-                                AND r.heartbeat_at > now() - interval '{RELAY_TTL_SECS} seconds'))
-                        -- per-key ordering: the key's oldest live intent, and
-                        -- only while no other intent of the key is claimed
-                        AND (c.ordering_key IS NULL OR outbox.ordering_turn(c.ordering_key, c.id))
-                      ORDER BY run_after, id
-                      LIMIT {cap}
-                      FOR UPDATE SKIP LOCKED) capped
-                  LIMIT $1)
-             UPDATE outbox.intents i
-                SET state = 'claimed', owner = $2,
-                    lease_expires_at = now() + $3 * interval '1 millisecond',
-                    fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
-               FROM due WHERE i.id = due.id
-             RETURNING {CLAIMED_COLUMNS}"
-        );
-        ClaimQuery { sql, cap }
+        let mut limits: Vec<i64> = std::iter::successors(Some(1i64), |l| l.checked_mul(2))
+            .take_while(|l| *l < cap)
+            .collect();
+        limits.push(cap);
+        let rungs = limits
+            .into_iter()
+            .map(|limit| (limit, claim_sql(limit, &kinds, &known)))
+            .collect();
+        ClaimQuery { rungs }
     }
 
     /// The most intents one call claims.
     pub fn cap(&self) -> i64 {
-        self.cap
+        self.rungs.last().map_or(1, |r| r.0)
     }
 
-    /// The statement: $1 how many to claim, $2 owner, $3 lease in ms.
-    pub fn sql(&self) -> &str {
-        &self.sql
+    /// The statement for a claim of `n` (clamped to 1 ..= the cap): $1 how
+    /// many to claim (`n`), $2 owner, $3 lease in ms.
+    pub fn sql_for(&self, n: i64) -> &str {
+        let n = n.clamp(1, self.cap());
+        self.rungs
+            .iter()
+            .find(|r| r.0 >= n)
+            .or(self.rungs.last())
+            .map_or("", |r| r.1.as_str())
     }
+
+    /// The statement limited to the cap (what [`ClaimQuery::sql_for`] gives
+    /// for a full batch).
+    pub fn sql(&self) -> &str {
+        self.sql_for(self.cap())
+    }
+}
+
+/// The claim of at most `limit` intents (see [`ClaimQuery`]).
+fn claim_sql(limit: i64, kinds: &str, known: &str) -> String {
+    format!(
+        "WITH due AS (
+             SELECT id FROM (
+                 SELECT id FROM outbox.intents c
+                  WHERE state = 'pending' AND NOT waiting AND run_after <= now() {kinds}
+                    -- a kind this relay does not know is claimed (to be
+                    -- rejected) only when no live relay knows it
+                    AND (kind = ANY({known}) OR NOT EXISTS (
+                         SELECT 1 FROM outbox.relays r
+                          WHERE c.kind = ANY(r.known_kinds) AND r.stopped_at IS NULL
+                            AND r.heartbeat_at > now() - interval '{RELAY_TTL_SECS} seconds'))
+                    -- per-key ordering: the key's oldest live intent, and
+                    -- only while no other intent of the key is claimed
+                    AND (c.ordering_key IS NULL OR outbox.ordering_turn(c.ordering_key, c.id))
+                  ORDER BY run_after, id
+                  LIMIT {limit}
+                  FOR UPDATE SKIP LOCKED) capped
+              LIMIT $1)
+         UPDATE outbox.intents i
+            SET state = 'claimed', owner = $2,
+                lease_expires_at = now() + $3 * interval '1 millisecond',
+                fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
+           FROM due WHERE i.id = due.id
+         RETURNING {CLAIMED_COLUMNS}"
+    )
 }
 
 /// A relay whose heartbeat is older than this is not counted as live when
@@ -360,8 +391,9 @@ impl Store {
         limit: i64,
         lease_ms: i64,
     ) -> Result<Vec<Claimed>, sqlx::Error> {
-        let rows = sqlx::query(&query.sql)
-            .bind(limit.clamp(0, query.cap))
+        let limit = limit.clamp(0, query.cap());
+        let rows = sqlx::query(query.sql_for(limit))
+            .bind(limit)
             .bind(owner)
             .bind(lease_ms)
             .fetch_all(&self.pool)
@@ -375,7 +407,7 @@ impl Store {
         let query = ClaimQuery::new(limit, &[]);
         let mut tx = self.pool.begin().await?;
         let plan: Vec<String> =
-            sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS) {}", query.sql))
+            sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS) {}", query.sql()))
                 .bind(limit)
                 .bind("explain")
                 .bind(60_000i64)
@@ -596,10 +628,43 @@ mod tests {
     #[test]
     fn the_claim_writes_its_cap_and_kinds_into_the_text() {
         let all = ClaimQuery::new(100, &[]);
-        assert!(all.sql().contains("LIMIT 100"));
+        assert!(all.sql().contains("LIMIT 100\n"));
         assert!(!all.sql().contains("kind <> ALL"));
         let some = ClaimQuery::new(0, &["email".to_string()]);
         assert_eq!(some.cap(), 1, "a cap below one would claim nothing");
         assert!(some.sql().contains("kind <> ALL(ARRAY['email']::text[])"));
+        assert!(some.sql_for(5).contains("LIMIT 1\n"));
+    }
+
+    #[test]
+    fn a_claim_runs_the_smallest_rung_that_holds_it() {
+        let q = ClaimQuery::new(100, &["email".to_string()]);
+        let limit = |n: i64| {
+            let sql = q.sql_for(n);
+            assert!(sql.contains("kind <> ALL(ARRAY['email']::text[])"));
+            let at = sql.find("ORDER BY run_after, id").unwrap();
+            sql[at..].split_whitespace().nth(5).unwrap().to_string()
+        };
+        for (n, want) in [
+            (0, "1"),
+            (1, "1"),
+            (2, "2"),
+            (3, "4"),
+            (16, "16"),
+            (17, "32"),
+            (64, "64"),
+            (65, "100"),
+            (100, "100"),
+            (500, "100"),
+        ] {
+            assert_eq!(limit(n), want, "a claim of {n}");
+        }
+        // more than half of every rung's limit is asked for, but for the cap
+        for n in 1..=100i64 {
+            let l: i64 = limit(n).parse().unwrap();
+            assert!(n <= l && 2 * n > l, "{n} runs the rung of {l}");
+        }
+        assert_eq!(ClaimQuery::new(64, &[]).cap(), 64);
+        assert_eq!(ClaimQuery::new(64, &[]).rungs.len(), 7);
     }
 }
