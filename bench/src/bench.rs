@@ -230,16 +230,20 @@ async fn measure(
         args.latency_rate, args.latency_seconds
     );
     run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    // The application enqueues through a pool of its own, as it would in
+    // its own process: sharing the relay's, a burst of enqueues after a
+    // stall would hold every connection the claim and the completion need.
+    let app = Store::connect(db_url, 8).await?;
     let total = args.latency_rate as u64 * args.latency_seconds;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.latency_rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     for i in 0..total {
         tick.tick().await;
-        let store = store.clone();
+        let app = app.clone();
         let p = payload(i as usize);
         tokio::spawn(async move {
             let _ = enqueue(
-                store.pool(),
+                app.pool(),
                 &NewIntent::new(format!("latency-{i}"), "webhook", p),
             )
             .await;
@@ -254,6 +258,7 @@ async fn measure(
     .fetch_one(store.pool())
     .await?;
     let latency_split = latency_split(store).await?;
+    app.pool().close().await;
 
     eprintln!("bench: drain beside 100k rows of delivered history, then again while the daemon's paced purge removes them");
     run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
