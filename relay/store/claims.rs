@@ -160,9 +160,10 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
 /// Postgres switches to the generic plan after five calls only when it does
 /// not look dearer than the plans made per call, and it prices a bound
 /// `LIMIT $1` at a tenth of the rows below it: with a single text limited to
-/// the cap, a claim asking for less than a tenth of the cap (a relay that
-/// is not busy, claiming a few intents per wake-up) was planned on every
-/// call, a fifth to a third of such a claim's time. So there is a ladder of
+/// the cap, a claim asking for less than a tenth of the cap was planned on
+/// every call, a fifth to a third of such a claim's time. (A relay asks for
+/// its free claim slots: an idle one asks for the cap, a busy one, whose
+/// slots are held by claims in flight, for the few that came back.) So there is a ladder of
 /// texts, limited to 1, 2, 4, … and the cap, and a claim of `n` runs the
 /// smallest one limited to `n` or more: `n` is always more than half of that
 /// limit, so every rung's generic plan looks cheaper than a plan made for

@@ -363,8 +363,9 @@ async fn claiming_uses_the_due_index_whatever_the_history() {
 /// The relay claims through prepared statements; after their first few
 /// calls Postgres runs them from the cached generic plan instead of planning
 /// every call (about a third of the time of a claim of 16 rows). That holds
-/// for a relay claiming one intent at a time as much as for a busy one: a
-/// claim runs the rung of the ladder sized for it. With the cap as a bound
+/// for a claim of one intent (a busy relay asking for the one claim slot that
+/// came back) as much as for a full batch: a claim runs the rung of the
+/// ladder sized for it. With the cap as a bound
 /// parameter, or a cap ten times the claims (1000 here, or 100 for a claim
 /// of 1, 3 or 9 before the ladder), this finds 0 generic plans in 10 calls.
 #[tokio::test]
