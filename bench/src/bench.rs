@@ -34,7 +34,7 @@ pub use crate::report::print;
 use crate::report::{CeilingPoint, LatencySplit, Report, ScaleOut};
 use crate::sql::{
     blocked_backlog, claim_complete_rate, enqueue_batched, enqueue_many_statements,
-    enqueue_statements, history_scale, run_sql, wait_delivered,
+    enqueue_statements, history_scale, run_sql, small_claims, wait_delivered,
 };
 
 /// What to run.
@@ -53,6 +53,8 @@ pub struct BenchArgs {
     pub history: Vec<u64>,
     /// Claim batch sizes at which to measure the ceiling as well.
     pub ceiling_batches: Vec<i64>,
+    /// Claim sizes at which to compare the claim statements' two forms.
+    pub small_claims: Vec<i64>,
     /// Intents to queue behind one dead head of an ordering key, to measure
     /// what a blocked key costs the claim (0 skips).
     pub blocked_backlog: u64,
@@ -198,6 +200,14 @@ async fn measure(
         });
         run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     }
+    let small_claims = small_claims(
+        store,
+        &args.small_claims,
+        ceiling_batch,
+        n.min(2000),
+        &payload,
+    )
+    .await?;
 
     eprintln!("bench: enqueue in transactions of 100 ({n})");
     let t = Instant::now();
@@ -348,6 +358,7 @@ async fn measure(
         ceiling_per_s: ceiling,
         ceiling_batch,
         ceiling_by_batch,
+        small_claims,
         drain_per_s: drain,
         drain_ceiling_ratio: drain / ceiling,
         drain_batches,

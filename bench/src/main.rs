@@ -92,6 +92,13 @@ struct BenchArgs {
     /// rows; empty to skip.
     #[arg(long, value_delimiter = ',')]
     ceiling_batches: Vec<u32>,
+    /// Claim sizes, e.g. 1,4,16, at which to compare claim + complete through
+    /// the claim statement sized for the claim (the engine's) with the one
+    /// statement limited to batch_size that a relay ran before: claims of
+    /// fewer than a tenth of batch_size were planned on every call; empty
+    /// to skip.
+    #[arg(long, value_delimiter = ',')]
+    small_claims: Vec<u32>,
     /// Intents to queue behind one dead ordering-key head, to measure what
     /// a blocked key costs the claim and the gauges; 0 to skip.
     #[arg(long, default_value_t = 100_000)]
@@ -195,6 +202,12 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             .iter()
             .filter(|b| **b > 0)
             .map(|b| (*b).min(10_000) as i64)
+            .collect(),
+        small_claims: a
+            .small_claims
+            .iter()
+            .filter(|c| **c > 0)
+            .map(|c| i64::from(*c))
             .collect(),
         peers: a.peers.iter().filter(|p| !p.is_empty()).cloned().collect(),
         peers_dir: a.peers_dir.clone(),

@@ -110,7 +110,6 @@ pub struct PeerSetting {
     pub cpu: Option<CpuUse>,
 }
 
-/// The ceiling at one claim batch size.
 /// Where the enqueue→delivered time of the latency run goes, per intent
 /// (its first attempt): percentiles of each leg, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -127,6 +126,21 @@ pub struct LatencySplit {
     pub to_record_p99_ms: f64,
 }
 
+/// Claim + complete in claims of a few intents, by a relay of the default
+/// `batch_size`: from the claim statement sized for the claim (the
+/// engine's) and from the one limited to `batch_size` (before session 10).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SmallClaims {
+    /// Intents per claim.
+    pub claim: i64,
+    /// Intents per second, one per round.
+    pub ladder_per_s: Vec<f64>,
+    pub single_per_s: Vec<f64>,
+    /// The means' ratio, ladder over single.
+    pub ratio: f64,
+}
+
+/// The ceiling at one claim batch size.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CeilingPoint {
     pub batch: i64,
@@ -169,6 +183,9 @@ pub struct Report {
     pub ceiling_batch: i64,
     /// The ceiling again at each of `--ceiling-batches`.
     pub ceiling_by_batch: Vec<CeilingPoint>,
+    /// Claims of few intents, the engine's statements against the one
+    /// statement before them (`--small-claims`).
+    pub small_claims: Vec<SmallClaims>,
     pub drain_per_s: f64,
     pub drain_ceiling_ratio: f64,
     /// The drain's claim and completion statements and the intents they
@@ -301,6 +318,32 @@ pub fn print(r: &Report) {
         println!("{:<8} {:>12} {:>16}", "batch", "intents/s", "ms per round");
         for c in &r.ceiling_by_batch {
             println!("{:<8} {:>12.0} {:>16.2}", c.batch, c.per_s, c.round_ms);
+        }
+    }
+    if !r.small_claims.is_empty() {
+        println!();
+        println!(
+            "claims of a few intents (claim + complete, no network), batch_size {}: the claim's own rung against the statement limited to the batch",
+            r.ceiling_batch
+        );
+        println!(
+            "{:<8} {:>22} {:>22} {:>7}",
+            "claim", "rung, intents/s", "single, intents/s", "ratio"
+        );
+        let rounds = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        for p in &r.small_claims {
+            println!(
+                "{:<8} {:>22} {:>22} {:>6.2}x",
+                p.claim,
+                rounds(&p.ladder_per_s),
+                rounds(&p.single_per_s),
+                p.ratio
+            );
         }
     }
     if !r.history.is_empty() {

@@ -125,6 +125,8 @@ print(json.dumps({{"peer": "fake", "version": "test", "knobs": {{"slow": slow}},
                     "1",
                     "--ceiling-batches",
                     "7,20",
+                    "--small-claims",
+                    "1,3",
                     "--blocked-backlog",
                     "2000",
                     "--json",
@@ -220,6 +222,31 @@ print(json.dumps({{"peer": "fake", "version": "test", "knobs": {{"slow": slow}},
             per_s > 0.0 && (c["round_ms"].as_f64().unwrap() - expected).abs() < 1e-9 * expected,
             "{c}"
         );
+    }
+    // claims of a few intents, both statement forms in both rounds
+    let small = report["small_claims"].as_array().unwrap();
+    let sizes: Vec<i64> = small.iter().map(|c| c["claim"].as_i64().unwrap()).collect();
+    assert_eq!(sizes, [1, 3], "{report}");
+    for c in small {
+        let rates = |form: &str| -> Vec<f64> {
+            let v = c[form].as_array().unwrap();
+            v.iter().map(|x| x.as_f64().unwrap()).collect()
+        };
+        let (ladder, single) = (rates("ladder_per_s"), rates("single_per_s"));
+        assert!(ladder.len() == 2 && single.len() == 2, "{c}");
+        assert!(ladder.iter().chain(&single).all(|r| *r > 0.0), "{c}");
+        let ratio = ladder.iter().sum::<f64>() / single.iter().sum::<f64>();
+        assert!(
+            (c["ratio"].as_f64().unwrap() - ratio).abs() < 1e-9 * ratio,
+            "{c}"
+        );
+    }
+    // the latency run's legs, each from every intent's first attempt
+    let split = &report["latency_split"];
+    for leg in ["to_attempt", "call", "to_record"] {
+        let p50 = split[format!("{leg}_p50_ms")].as_f64().unwrap();
+        let p99 = split[format!("{leg}_p99_ms")].as_f64().unwrap();
+        assert!(0.0 <= p50 && p50 <= p99, "{leg}: {split}");
     }
     // a key blocked by a dead head: its backlog stays out of the claim
     let blocked = &report["blocked_backlog"];
