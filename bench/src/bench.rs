@@ -252,11 +252,15 @@ async fn measure(
         let app = app.clone();
         let p = payload(i as usize);
         tokio::spawn(async move {
-            let _ = enqueue(
+            // (the wait for delivery below then says how many never arrived)
+            if let Err(e) = enqueue(
                 app.pool(),
                 &NewIntent::new(format!("latency-{i}"), "webhook", p),
             )
-            .await;
+            .await
+            {
+                eprintln!("bench: latency run: enqueue {i} failed: {e}");
+            }
         });
     }
     wait_delivered(store, "latency-", total as i64).await?;

@@ -163,11 +163,13 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
 /// the cap, a claim asking for less than a tenth of the cap was planned on
 /// every call, a fifth to a third of such a claim's time. (A relay asks for
 /// its free claim slots: an idle one asks for the cap, a busy one, whose
-/// slots are held by claims in flight, for the few that came back.) So there is a ladder of
-/// texts, limited to 1, 2, 4, … and the cap, and a claim of `n` runs the
-/// smallest one limited to `n` or more: `n` is always more than half of that
-/// limit, so every rung's generic plan looks cheaper than a plan made for
-/// `n`, and Postgres plans each rung once per connection (a test checks).
+/// slots are held by claims in flight, for the few that came back.)
+///
+/// So there is a ladder of texts, limited to 1, 2, 4, … and the cap, and a
+/// claim of `n` runs the smallest one limited to `n` or more: `n` is always
+/// more than half of that limit, so every rung's generic plan looks cheaper
+/// than a plan made for `n`, and Postgres plans each rung once per
+/// connection (a test checks).
 #[derive(Debug, Clone)]
 pub struct ClaimQuery {
     /// (inner limit, statement), by limit ascending; the last is the cap.
