@@ -72,88 +72,68 @@ SQL
 
 PAYLOAD='{"url": "http://127.0.0.1:9/hook", "body": {"event": "order.created", "order_id": 42, "customer": "cus_0123456789", "amount": 1999, "currency": "usd", "items": [{"sku": "SKU-42", "qty": 1}], "note": "bench payload padded to about three hundred bytes"}}'
 
-# One round: claim 100 (the ids and fences kept by \gset), then complete them.
-cat >"$WORK/today.sql" <<'SQL'
-WITH due AS (
+# One round: claim 100 (the ids and fences kept by \gset), then complete
+# them. Each storage's claim picks its rows its own way into a CTE named
+# `picked`; the rest of the round is the same on every side.
+rest_of_round() { # SCHEMA, then "dequeue" when the completion deletes the queue row
+	local dequeue=""
+	[ "${2:-}" = dequeue ] && dequeue=",
+dequeued AS (DELETE FROM $1.queue q USING done WHERE q.id = done.id)"
+	cat <<SQL
+claimed AS (
+    UPDATE $1.intents i
+       SET state = 'claimed', owner = 'bench', lease_expires_at = now() + interval '60 s',
+           fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
+      FROM picked WHERE i.id = picked.id
+    RETURNING i.id, i.fence, i.attempts, i.payload::text)
+SELECT coalesce(array_agg(id), '{}')::text AS ids, coalesce(array_agg(fence), '{}')::text AS fences
+  FROM claimed \gset
+WITH u AS (SELECT * FROM unnest(:ids::bigint[], :fences::bigint[]) AS u(id, fence)),
+done AS (
+    UPDATE $1.intents i
+       SET state = 'delivered', provider_ref = 'ref-' || i.id, last_error = NULL,
+           owner = NULL, lease_expires_at = NULL, updated_at = now(), delivered_at = now()
+      FROM u WHERE i.id = u.id AND i.fence = u.fence AND (i.state = 'claimed') IS TRUE
+    RETURNING i.id, i.fence, i.attempts)$dequeue
+INSERT INTO $1.attempts (intent_id, attempt, fence, owner, started_at, finished_at, outcome,
+                         status, provider_ref, accepted, key_generation)
+SELECT id, attempts, fence, 'bench', now(), now(), 'delivered', 200, 'ref-' || id, true, 0 FROM done
+ON CONFLICT (intent_id, fence) DO NOTHING;
+SQL
+}
+{
+	cat <<'SQL'
+WITH picked AS (
     SELECT id FROM outbox.intents
      WHERE state = 'pending' AND NOT waiting AND run_after <= now()
      ORDER BY run_after, id LIMIT 100 FOR UPDATE SKIP LOCKED),
-claimed AS (
-    UPDATE outbox.intents i
-       SET state = 'claimed', owner = 'bench', lease_expires_at = now() + interval '60 s',
-           fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
-      FROM due WHERE i.id = due.id
-    RETURNING i.id, i.fence, i.attempts, i.payload::text)
-SELECT coalesce(array_agg(id), '{}')::text AS ids, coalesce(array_agg(fence), '{}')::text AS fences
-  FROM claimed \gset
-WITH u AS (SELECT * FROM unnest(:ids::bigint[], :fences::bigint[]) AS u(id, fence)),
-done AS (
-    UPDATE outbox.intents i
-       SET state = 'delivered', provider_ref = 'ref-' || i.id, last_error = NULL,
-           owner = NULL, lease_expires_at = NULL, updated_at = now(), delivered_at = now()
-      FROM u WHERE i.id = u.id AND i.fence = u.fence AND (i.state = 'claimed') IS TRUE
-    RETURNING i.id, i.fence, i.attempts)
-INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at, finished_at, outcome,
-                             status, provider_ref, accepted, key_generation)
-SELECT id, attempts, fence, 'bench', now(), now(), 'delivered', 200, 'ref-' || id, true, 0 FROM done
-ON CONFLICT (intent_id, fence) DO NOTHING;
 SQL
-cat >"$WORK/narrow.sql" <<'SQL'
+	rest_of_round outbox
+} >"$WORK/today.sql"
+for schema in narrow leased; do
+	{
+		cat <<SQL
 WITH due AS (
-    SELECT id FROM narrow.queue
+    SELECT id FROM $schema.queue
      WHERE lease_expires_at IS NULL AND run_after <= now()
      ORDER BY run_after, id LIMIT 100 FOR UPDATE SKIP LOCKED),
-leased AS (
-    UPDATE narrow.queue q SET lease_expires_at = now() + interval '60 s'
+picked AS (
+    UPDATE $schema.queue q SET lease_expires_at = now() + interval '60 s'
       FROM due WHERE q.id = due.id RETURNING q.id),
-claimed AS (
-    UPDATE narrow.intents i
-       SET state = 'claimed', owner = 'bench', lease_expires_at = now() + interval '60 s',
-           fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
-      FROM leased WHERE i.id = leased.id
-    RETURNING i.id, i.fence, i.attempts, i.payload::text)
-SELECT coalesce(array_agg(id), '{}')::text AS ids, coalesce(array_agg(fence), '{}')::text AS fences
-  FROM claimed \gset
-WITH u AS (SELECT * FROM unnest(:ids::bigint[], :fences::bigint[]) AS u(id, fence)),
-done AS (
-    UPDATE narrow.intents i
-       SET state = 'delivered', provider_ref = 'ref-' || i.id, last_error = NULL,
-           owner = NULL, lease_expires_at = NULL, updated_at = now(), delivered_at = now()
-      FROM u WHERE i.id = u.id AND i.fence = u.fence AND (i.state = 'claimed') IS TRUE
-    RETURNING i.id, i.fence, i.attempts),
-dequeued AS (DELETE FROM narrow.queue q USING done WHERE q.id = done.id)
-INSERT INTO narrow.attempts (intent_id, attempt, fence, owner, started_at, finished_at, outcome,
-                             status, provider_ref, accepted, key_generation)
-SELECT id, attempts, fence, 'bench', now(), now(), 'delivered', 200, 'ref-' || id, true, 0 FROM done
-ON CONFLICT (intent_id, fence) DO NOTHING;
 SQL
-sed 's/narrow\./leased./g' "$WORK/narrow.sql" >"$WORK/leased.sql"
-cat >"$WORK/deleted.sql" <<'SQL'
-WITH due AS (
+		rest_of_round "$schema" dequeue
+	} >"$WORK/$schema.sql"
+done
+{
+	cat <<'SQL'
+WITH picked AS (
     DELETE FROM deleted.queue
      WHERE id IN (SELECT id FROM deleted.queue WHERE run_after <= now()
                    ORDER BY run_after, id LIMIT 100 FOR UPDATE SKIP LOCKED)
     RETURNING id),
-claimed AS (
-    UPDATE deleted.intents i
-       SET state = 'claimed', owner = 'bench', lease_expires_at = now() + interval '60 s',
-           fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
-      FROM due WHERE i.id = due.id
-    RETURNING i.id, i.fence, i.attempts, i.payload::text)
-SELECT coalesce(array_agg(id), '{}')::text AS ids, coalesce(array_agg(fence), '{}')::text AS fences
-  FROM claimed \gset
-WITH u AS (SELECT * FROM unnest(:ids::bigint[], :fences::bigint[]) AS u(id, fence)),
-done AS (
-    UPDATE deleted.intents i
-       SET state = 'delivered', provider_ref = 'ref-' || i.id, last_error = NULL,
-           owner = NULL, lease_expires_at = NULL, updated_at = now(), delivered_at = now()
-      FROM u WHERE i.id = u.id AND i.fence = u.fence AND (i.state = 'claimed') IS TRUE
-    RETURNING i.id, i.fence, i.attempts)
-INSERT INTO deleted.attempts (intent_id, attempt, fence, owner, started_at, finished_at, outcome,
-                              status, provider_ref, accepted, key_generation)
-SELECT id, attempts, fence, 'bench', now(), now(), 'delivered', 200, 'ref-' || id, true, 0 FROM done
-ON CONFLICT (intent_id, fence) DO NOTHING;
 SQL
+	rest_of_round deleted
+} >"$WORK/deleted.sql"
 
 # Empty every storage, then enqueue INTENTS fresh intents into one of them.
 load() {
