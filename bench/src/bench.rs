@@ -33,7 +33,7 @@ use crate::receiver::{peak_rss_mb, receiver};
 pub use crate::report::print;
 use crate::report::{CeilingPoint, LatencySplit, Report, ScaleOut};
 use crate::sql::{
-    blocked_backlog, claim_complete_rate, enqueue_batched, enqueue_many_statements,
+    all_delivered, blocked_backlog, claim_complete_rate, enqueue_batched, enqueue_many_statements,
     enqueue_statements, history_scale, run_sql, small_claims, wait_delivered,
 };
 
@@ -185,14 +185,7 @@ async fn measure(
         run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
         eprintln!("bench: ceiling in claims of {batch} ({n})");
         let per_s = claim_complete_rate(store, batch).await?;
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox.intents WHERE state <> 'delivered'")
-                .fetch_one(store.pool())
-                .await?;
-        anyhow::ensure!(
-            left == 0,
-            "ceiling in claims of {batch}: {left} intents were left undelivered"
-        );
+        all_delivered(store, &format!("ceiling in claims of {batch}")).await?;
         ceiling_by_batch.push(CeilingPoint {
             batch,
             per_s,

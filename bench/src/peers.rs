@@ -255,7 +255,9 @@ async fn peer_once(
     let mut peer_url = url::Url::parse(server_url)?;
     peer_url.set_path(&format!("/{name}"));
     let runner = args.peers_dir.join("run-peer.sh");
-    let sampler = cpu::Sampler::start();
+    // readings only around a drain: an enqueue run reports no window
+    let drain = !env.iter().any(|(k, v)| k == "MODE" && v == "enqueue");
+    let sampler = drain.then(cpu::Sampler::start);
     let child = peer_command(&runner)
         .arg(peer)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -300,7 +302,9 @@ async fn peer_once(
     let window = reported["drain_started_unix"]
         .as_f64()
         .zip(reported["drain_ended_unix"].as_f64());
-    let cpu = window.and_then(|(from, to)| sampler.window(from, to, args.intents));
+    let cpu = window
+        .zip(sampler)
+        .and_then(|((from, to), sampler)| sampler.window(from, to, args.intents));
     Ok((reported, cpu))
 }
 

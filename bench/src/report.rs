@@ -330,18 +330,12 @@ pub fn print(r: &Report) {
             "{:<8} {:>22} {:>22} {:>7}",
             "claim", "rung, intents/s", "single, intents/s", "ratio"
         );
-        let rounds = |v: &[f64]| {
-            v.iter()
-                .map(|x| format!("{x:.0}"))
-                .collect::<Vec<_>>()
-                .join(" / ")
-        };
         for p in &r.small_claims {
             println!(
                 "{:<8} {:>22} {:>22} {:>6.2}x",
                 p.claim,
-                rounds(&p.ladder_per_s),
-                rounds(&p.single_per_s),
+                per_round(&p.ladder_per_s),
+                per_round(&p.single_per_s),
                 p.ratio
             );
         }
@@ -354,13 +348,12 @@ pub fn print(r: &Report) {
             "history rows", "claim+complete/s", "relative"
         );
         for h in &r.history {
-            let rounds: Vec<String> = h.rounds.iter().map(|x| format!("{x:.0}")).collect();
             println!(
                 "{:<14} {:>16.0} {:>8.2}x  {}",
                 h.history_rows,
                 h.claim_complete_per_s,
                 h.relative,
-                rounds.join(" / ")
+                per_round(&h.rounds)
             );
         }
         for h in [r.history.first(), r.history.last()].into_iter().flatten() {
@@ -440,6 +433,15 @@ fn knobs(k: &serde_json::Value) -> String {
             .join(" "),
         _ => "(its defaults)".into(),
     }
+}
+
+/// Rates of several rounds, as "12345 / 12346".
+fn per_round(rates: &[f64]) -> String {
+    rates
+        .iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 /// CPU per job and the busy share, for a table; blank when not measured.

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use outbox_relay::state::{AttemptOutcome, IntentState};
 use outbox_relay::store::{enqueue, ClaimQuery, Completion, NewIntent, Store};
-use sqlx::Row;
 
 use crate::report::{BlockedBacklog, HistoryPoint, SmallClaims};
 
@@ -167,77 +166,35 @@ pub(crate) async fn history_scale(
 /// no network call: the rate at which this database runs the engine's own
 /// SQL. Returns intents per second.
 pub(crate) async fn claim_complete_rate(store: &Store, batch: i64) -> anyhow::Result<f64> {
-    let query = ClaimQuery::new(batch, &[]);
-    claim_complete_rate_as(store, &query, batch, ClaimForm::Ladder).await
+    claim_complete_rate_as(store, &ClaimQuery::new(batch, &[]), batch).await
 }
 
-/// Which of a [`ClaimQuery`]'s statements a claim + complete loop runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ClaimForm {
-    /// The engine's: the rung of the ladder sized for the claim.
-    Ladder,
-    /// The one statement limited to the cap, whatever the claim (the
-    /// engine's claim before session 10).
-    Single,
-}
-
-/// [`claim_complete_rate`] with claims of `n` through `query`, run `form`'s way.
-async fn claim_complete_rate_as(
-    store: &Store,
-    query: &ClaimQuery,
-    n: i64,
-    form: ClaimForm,
-) -> anyhow::Result<f64> {
+/// [`claim_complete_rate`] with claims of `n` through `query`.
+async fn claim_complete_rate_as(store: &Store, query: &ClaimQuery, n: i64) -> anyhow::Result<f64> {
     const OWNER: &str = "bench-ceiling";
-    const LEASE_MS: i64 = 60_000;
     let t = Instant::now();
     let mut done = 0;
     loop {
-        // (id, kind, fence, attempt, key generation) of each claim
-        let claims: Vec<(i64, String, i64, i32, i32)> = match form {
-            ClaimForm::Ladder => store
-                .claim_with(query, OWNER, n, LEASE_MS)
-                .await?
-                .into_iter()
-                .map(|c| (c.id, c.kind, c.fence, c.attempt, c.key_generation))
-                .collect(),
-            ClaimForm::Single => sqlx::query(query.sql())
-                .bind(n)
-                .bind(OWNER)
-                .bind(LEASE_MS)
-                .fetch_all(store.pool())
-                .await?
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.try_get("id")?,
-                        r.try_get("kind")?,
-                        r.try_get("fence")?,
-                        r.try_get("attempts")?,
-                        r.try_get("key_generation")?,
-                    ))
-                })
-                .collect::<Result<_, sqlx::Error>>()?,
-        };
+        let claims = store.claim_with(query, OWNER, n, 60_000).await?;
         if claims.is_empty() {
             break;
         }
         let now = Utc::now();
         let batch: Vec<Completion> = claims
             .into_iter()
-            .map(|(id, kind, fence, attempt, key_generation)| Completion {
-                id,
-                kind,
+            .map(|c| Completion {
+                id: c.id,
+                kind: c.kind,
                 delivered_before: false,
                 operator_replay: false,
-                fence,
-                attempt,
-                key_generation,
+                fence: c.fence,
+                attempt: c.attempt,
+                key_generation: c.key_generation,
                 started_at: now,
                 finished_at: now,
                 outcome: AttemptOutcome::Delivered,
                 status: Some(200),
-                provider_ref: Some(format!("msg_{id}")),
+                provider_ref: Some(format!("msg_{}", c.id)),
                 error: None,
                 replayed: false,
                 uncounted: false,
@@ -251,9 +208,10 @@ async fn claim_complete_rate_as(
     Ok(done as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Claims of few intents, each size run both ways ([`ClaimForm`]) through
-/// the claim statements of a relay whose `batch_size` is `cap`, over `n`
-/// fresh intents per run, in two rounds alternating the two ways.
+/// Claims of few intents, each size run through the ladder of claim
+/// statements of a relay whose `batch_size` is `cap` and through the one
+/// statement limited to `cap` ([`ClaimQuery::single`]), over `n` fresh
+/// intents per run, in two rounds alternating the two.
 pub(crate) async fn small_claims(
     store: &Store,
     sizes: &[i64],
@@ -261,47 +219,44 @@ pub(crate) async fn small_claims(
     n: usize,
     payload: &impl Fn(usize) -> serde_json::Value,
 ) -> anyhow::Result<Vec<SmallClaims>> {
-    let query = ClaimQuery::new(cap, &[]);
+    let (ladder, single) = (ClaimQuery::new(cap, &[]), ClaimQuery::single(cap, &[]));
     let mut points = Vec::new();
     for &size in sizes {
         let size = size.clamp(1, cap);
-        let mut point = SmallClaims {
-            claim: size,
-            ladder_per_s: Vec::new(),
-            single_per_s: Vec::new(),
-            ratio: 0.0,
-        };
-        for round in 0..2 {
-            for form in [ClaimForm::Ladder, ClaimForm::Single] {
-                let prefix = format!("small{size}-{round}-{form:?}");
-                enqueue_statements(store, n, &prefix, payload).await?;
+        let (mut ladder_per_s, mut single_per_s) = (Vec::new(), Vec::new());
+        for round in 1..=2 {
+            for (form, query, rates) in [
+                ("ladder", &ladder, &mut ladder_per_s),
+                ("single", &single, &mut single_per_s),
+            ] {
+                enqueue_statements(store, n, &format!("small{size}-{round}-{form}"), payload)
+                    .await?;
                 run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
-                eprintln!(
-                    "bench: claims of {size} ({form:?}, round {}, {n})",
-                    round + 1
-                );
-                let per_s = claim_complete_rate_as(store, &query, size, form).await?;
-                let left: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM outbox.intents WHERE state <> 'delivered'",
-                )
-                .fetch_one(store.pool())
-                .await?;
-                anyhow::ensure!(
-                    left == 0,
-                    "claims of {size} ({form:?}): {left} intents were left undelivered"
-                );
-                match form {
-                    ClaimForm::Ladder => point.ladder_per_s.push(per_s),
-                    ClaimForm::Single => point.single_per_s.push(per_s),
-                }
+                eprintln!("bench: claims of {size} ({form}, round {round}, {n})");
+                rates.push(claim_complete_rate_as(store, query, size).await?);
+                all_delivered(store, &format!("claims of {size} ({form})")).await?;
                 run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
             }
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        point.ratio = mean(&point.ladder_per_s) / mean(&point.single_per_s);
-        points.push(point);
+        points.push(SmallClaims {
+            claim: size,
+            ratio: mean(&ladder_per_s) / mean(&single_per_s),
+            ladder_per_s,
+            single_per_s,
+        });
     }
     Ok(points)
+}
+
+/// Fails, naming `what`, when an intent was left undelivered.
+pub(crate) async fn all_delivered(store: &Store, what: &str) -> anyhow::Result<()> {
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.intents WHERE state <> 'delivered'")
+            .fetch_one(store.pool())
+            .await?;
+    anyhow::ensure!(left == 0, "{what}: {left} intents were left undelivered");
+    Ok(())
 }
 
 pub(crate) async fn enqueue_batched(

@@ -71,6 +71,15 @@ pub struct Delivery<'a> {
     pub previous_attempt_at: Option<std::time::SystemTime>,
 }
 
+impl Delivery<'_> {
+    /// The payload's `body` as its stored text spells it
+    /// ([`webhook::request::raw_body`]), when the relay handed over that
+    /// text: what the webhook, NATS and AMQP kinds send.
+    pub fn raw_body(&self) -> Option<Vec<u8>> {
+        self.payload_text.and_then(webhook::request::raw_body)
+    }
+}
+
 /// A kind of side effect.
 #[async_trait::async_trait]
 pub trait Provider: Send + Sync {

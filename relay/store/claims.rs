@@ -180,6 +180,22 @@ impl ClaimQuery {
     /// The claim of at most `cap` intents per call, skipping `unserved_kinds`.
     pub fn new(cap: i64, unserved_kinds: &[String]) -> ClaimQuery {
         let cap = cap.max(1);
+        let mut limits: Vec<i64> = std::iter::successors(Some(1i64), |l| l.checked_mul(2))
+            .take_while(|l| *l < cap)
+            .collect();
+        limits.push(cap);
+        ClaimQuery::with_rungs(&limits, unserved_kinds)
+    }
+
+    /// The same claim as one statement limited to `cap`, whatever a claim
+    /// asks for: what a relay ran before the ladder, kept for the bench's
+    /// comparison (`--small-claims`).
+    pub fn single(cap: i64, unserved_kinds: &[String]) -> ClaimQuery {
+        ClaimQuery::with_rungs(&[cap.max(1)], unserved_kinds)
+    }
+
+    /// One statement per limit in `limits` (ascending; the last is the cap).
+    fn with_rungs(limits: &[i64], unserved_kinds: &[String]) -> ClaimQuery {
         let kinds = if unserved_kinds.is_empty() {
             String::new()
         } else {
@@ -191,13 +207,9 @@ impl ClaimQuery {
                 .map(|k| k.to_string())
                 .collect::<Vec<_>>(),
         );
-        let mut limits: Vec<i64> = std::iter::successors(Some(1i64), |l| l.checked_mul(2))
-            .take_while(|l| *l < cap)
-            .collect();
-        limits.push(cap);
         let rungs = limits
-            .into_iter()
-            .map(|limit| (limit, claim_sql(limit, &kinds, &known)))
+            .iter()
+            .map(|&limit| (limit, claim_sql(limit, &kinds, &known)))
             .collect();
         ClaimQuery { rungs }
     }
@@ -669,5 +681,7 @@ mod tests {
         }
         assert_eq!(ClaimQuery::new(64, &[]).cap(), 64);
         assert_eq!(ClaimQuery::new(64, &[]).rungs.len(), 7);
+        let single = ClaimQuery::single(100, &["email".to_string()]);
+        assert_eq!(single.sql_for(1), q.sql());
     }
 }

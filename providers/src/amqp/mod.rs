@@ -286,8 +286,7 @@ impl Provider for AmqpProvider {
         if let Err(reason) = crate::refuse_destination("amqp", d.destination) {
             return Outcome::invalid(reason);
         }
-        let raw = d.payload_text.and_then(crate::webhook::request::raw_body);
-        let publish = match request::parse(d.payload, raw) {
+        let publish = match request::parse(d.payload, d.raw_body()) {
             Ok(p) => p,
             Err(reason) => return Outcome::invalid(reason),
         };

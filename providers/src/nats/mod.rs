@@ -160,8 +160,7 @@ impl Provider for NatsProvider {
         if let Err(reason) = crate::refuse_destination("nats", d.destination) {
             return Outcome::invalid(reason);
         }
-        let raw = d.payload_text.and_then(crate::webhook::request::raw_body);
-        let publish = match request::parse(d.payload, raw) {
+        let publish = match request::parse(d.payload, d.raw_body()) {
             Ok(p) => p,
             Err(reason) => return Outcome::invalid(reason),
         };

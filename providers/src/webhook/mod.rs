@@ -112,8 +112,12 @@ impl WebhookProvider {
     async fn send(&self, d: &Delivery<'_>) -> Outcome {
         // the stored text, not a re-serialization of its parse: big integers
         // and long decimals arrive with every digit
-        let raw = d.payload_text.and_then(request::raw_body);
-        let req = match request::parse(d.payload, raw, d.destination, &self.config.endpoints) {
+        let req = match request::parse(
+            d.payload,
+            d.raw_body(),
+            d.destination,
+            &self.config.endpoints,
+        ) {
             Ok(r) => r,
             Err(reason) => return Outcome::invalid(reason),
         };

@@ -122,9 +122,19 @@ pub fn parse(
 /// there (for a payload read from jsonb: equal to `(payload->'body')::text`).
 /// `None` when the text is not an object with a body.
 pub fn raw_body(payload_text: &str) -> Option<Vec<u8>> {
-    let members: HashMap<String, &serde_json::value::RawValue> =
-        serde_json::from_str(payload_text).ok()?;
-    members.get("body").map(|b| b.get().as_bytes().to_vec())
+    /// Only `body` is kept, borrowed from the text; the other members are
+    /// skipped over without being built.
+    #[derive(serde::Deserialize)]
+    struct WithBody<'a> {
+        #[serde(borrow)]
+        body: &'a serde_json::value::RawValue,
+    }
+    // (a derived struct would read an array's first element as `body`)
+    if !payload_text.trim_start().starts_with('{') {
+        return None;
+    }
+    let p: WithBody = serde_json::from_str(payload_text).ok()?;
+    Some(p.body.get().as_bytes().to_vec())
 }
 
 /// http(s) only, a host, no credentials in the URL.
