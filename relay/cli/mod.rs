@@ -281,6 +281,9 @@ async fn execute(cli: Cli) -> Outcome {
         .relay
         .max_connections
         .unwrap_or(config.relay.concurrency / 8 + 4);
+    // The daemon's signal handlers come before its first connection: a
+    // SIGTERM while it connects and starts is then a clean stop.
+    let shutdown = matches!(cli.command, Command::Run { once: false }).then(run::shutdown_signal);
     let store = Store::connect(&url, connections).await?;
     match cli.command {
         Command::Migrate => {
@@ -288,7 +291,7 @@ async fn execute(cli: Cli) -> Outcome {
             println!("migrations applied");
             Ok(())
         }
-        Command::Run { once } => run::run(store, &config, once).await,
+        Command::Run { once } => run::run(store, &config, once, shutdown).await,
         Command::Enqueue(args) => intents::enqueue(&store, args).await,
         Command::List(args) => intents::list(&store, args).await,
         Command::Show(args) => intents::show(&store, args).await,

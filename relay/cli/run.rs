@@ -11,23 +11,18 @@ use crate::metrics::{self, Health};
 use crate::store::Store;
 use crate::supervisor::Service;
 
-pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
-    // `migrate` does nothing when the schema is current, so a relay role
-    // without DDL rights runs against a schema its owner migrated.
-    store.migrate().await?;
-    let providers = crate::engine::providers(config).map_err(|e| {
-        // the operator's configuration (exit 2), or this machine (exit 1)
-        let setup = matches!(
-            e.downcast_ref::<outbox_providers::Error>(),
-            Some(outbox_providers::Error::Setup(_))
-        );
-        Failure::new(if setup { 1 } else { 2 }, format!("{e:#}"))
-    })?;
+/// `run`, or `run --once`. The daemon stops on `shutdown`, which the caller
+/// makes before it connects ([`shutdown_signal`]); `None`, and it is made
+/// here.
+pub async fn run(store: Store, config: &Config, once: bool, shutdown: Option<Shutdown>) -> Outcome {
     if once {
+        let providers = prepare(&store, config).await?;
         let engine = Engine::new(store, providers, EngineConfig::from_config(config));
         engine.run_once().await?;
         return Ok(());
     }
+    let shutdown = shutdown.unwrap_or_else(shutdown_signal);
+    let providers = prepare(&store, config).await?;
     let health = Arc::new(Health::default());
     let engine_config = EngineConfig::from_config(config);
     let owner = engine_config.owner.clone();
@@ -78,28 +73,60 @@ pub async fn run(store: Store, config: &Config, once: bool) -> Outcome {
         "retention",
         crate::retention::run(store.clone(), config.retention.clone(), stop),
     ));
-    engine.run_with(shutdown_signal(), services, health).await?;
+    engine.run_with(shutdown, services, health).await?;
     Ok(())
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received"),
-        _ = term => tracing::info!("SIGTERM received"),
-    }
+/// Migrate (a no-op when the schema is current, so a relay role without DDL
+/// rights runs against a schema its owner migrated) and build the providers.
+async fn prepare(store: &Store, config: &Config) -> Result<outbox_providers::ProviderSet, Failure> {
+    store.migrate().await?;
+    crate::engine::providers(config).map_err(|e| {
+        // the operator's configuration (exit 2), or this machine (exit 1)
+        let setup = matches!(
+            e.downcast_ref::<outbox_providers::Error>(),
+            Some(outbox_providers::Error::Setup(_))
+        );
+        Failure::new(if setup { 1 } else { 2 }, format!("{e:#}"))
+    })
 }
+
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is
+/// called, not when the future is first polled: the engine polls it only
+/// once its claim loop and services are running, and a signal before that
+/// took the default action, killing the relay mid-start (possibly
+/// mid-claim) instead of stopping it.
+pub fn shutdown_signal() -> Shutdown {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let interrupt = signal(SignalKind::interrupt());
+        let terminate = signal(SignalKind::terminate());
+        Box::pin(async move {
+            // a handler that could not be installed never fires
+            let received = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = received(interrupt) => tracing::info!("SIGINT received"),
+                _ = received(terminate) => tracing::info!("SIGTERM received"),
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    Box::pin(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            tracing::info!("SIGINT received");
+        } else {
+            std::future::pending::<()>().await
+        }
+    })
+}
+
+/// What [`shutdown_signal`] returns: resolves on SIGINT or SIGTERM.
+pub type Shutdown = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;

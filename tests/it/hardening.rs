@@ -745,3 +745,54 @@ async fn reconcile_searches_run_within_the_attempt_budget_the_lease_covers() {
     );
     assert_ne!(i.state, "delivered", "{i:?}");
 }
+
+/// A SIGTERM that arrives while the relay starts (its first connection is
+/// up: migrating, registering, its claim loop starting) stops it cleanly,
+/// exit 0. The handlers used to be installed only when the engine first
+/// waited for a signal, after its claim loop and services had started; a
+/// signal before that took the default action and killed the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_while_the_relay_starts_is_a_clean_stop() {
+    let db = TestDb::new().await;
+    // watched from a connection of no name: the test's own pool carries the
+    // relay's
+    let watcher = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    for round in 0..3 {
+        // connections opened from here on (not the last round's relay's)
+        let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&watcher)
+            .await
+            .unwrap();
+        let relay_connections = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE application_name = 'outbox-relay' AND datname = current_database()
+                    AND backend_start >= $1",
+            )
+            .bind(since)
+            .fetch_one(&watcher)
+            .await
+            .unwrap()
+        };
+        let mut relay = common::relay_command(&db.url)
+            .arg("run")
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap();
+        // as soon as a connection of the relay's shows up
+        let connected = wait_for(Duration::from_secs(15), || async {
+            relay_connections().await >= 1
+        })
+        .await;
+        assert!(connected, "round {round}: the relay connected");
+        let status = common::terminate(&mut relay).await;
+        assert!(
+            status.success(),
+            "round {round}: SIGTERM while starting ends the relay cleanly: {status:?}"
+        );
+    }
+}
