@@ -1,12 +1,31 @@
 #!/usr/bin/env bash
 # deploy/demo.sh: the relay end to end, on this machine, in about a minute.
 #
-# Builds the relay and a demo webhook receiver, uses $DATABASE_URL when it is
-# set and answers (else a scratch PostgreSQL cluster that is removed on exit),
+#   deploy/demo.sh [--keep]
+#
+# Builds the relay and a demo webhook receiver (the binaries alone), uses
+# $DATABASE_URL when it is set and answers (else a scratch PostgreSQL cluster),
 # enqueues three webhooks (one succeeds, one fails twice then succeeds, one is
 # refused with 410) plus a duplicate, runs the relay until they settle, and
-# prints what the operator commands show.
+# prints what the operator commands show. The scratch cluster is removed on
+# exit unless --keep is given (or, at a terminal, you answer yes when asked):
+# then it stays up, and the script ends with how to look at it.
 set -euo pipefail
+
+KEEP=0
+for arg in "$@"; do
+	case $arg in
+	--keep) KEEP=1 ;;
+	-h | --help)
+		sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+		exit 0
+		;;
+	*)
+		echo "demo.sh: unknown argument '$arg' (try --help)" >&2
+		exit 2
+		;;
+	esac
+done
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
@@ -66,11 +85,11 @@ intent_states() {
 }
 
 have cargo || die "cargo is not on PATH: install Rust (rustup) first"
-say "building: cargo build --locked --bin outbox-relay --example demo-receiver"
-cargo build --locked --bin outbox-relay --example demo-receiver
+say "building: cargo build --locked -p outbox-relay -p outbox-demo-receiver --bins"
+cargo build --locked -p outbox-relay -p outbox-demo-receiver --bins
 BIN_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug"
 RELAY="$BIN_DIR/outbox-relay"
-RECEIVER="$BIN_DIR/examples/demo-receiver"
+RECEIVER="$BIN_DIR/demo-receiver"
 
 scratch_pg_setup pg-demo
 
@@ -180,4 +199,43 @@ if [ "$failed" = 0 ] && [ "$relay_status" = 0 ]; then
 else
 	say "demo finished with unexpected results (relay log: ${RELAY_LOG#"$REPO_ROOT"/})"
 	exit 1
+fi
+
+# Keep the database to look at it: --keep, or yes at a terminal.
+if [ "$KEEP" = 0 ] && [ -n "${SCRATCH_PG_DIR:-}" ] && [ -t 0 ] && [ -t 1 ]; then
+	printf '\nKeep the demo database running to look at it? [y/N] '
+	answer=""
+	read -r -t 60 answer || true
+	case $answer in [yY]*) KEEP=1 ;; esac
+fi
+if [ -n "${SCRATCH_PG_DIR:-}" ] && [ "$KEEP" = 0 ]; then
+	say "the scratch database is removed on exit; deploy/demo.sh --keep leaves it running"
+	exit 0
+fi
+kept_dir=${SCRATCH_PG_DIR:-}
+if [ -n "$kept_dir" ]; then
+	# the cleanup leaves a kept cluster alone
+	SCRATCH_PG_DIR=""
+	rm -f "$SCRATCH_PG_LOCK"
+	SCRATCH_PG_LOCK=""
+fi
+cat <<NEXT
+
+Look at it (the relay is stopped; outbox-relay run starts it again):
+
+  export DATABASE_URL=$DATABASE_URL
+  export PATH="$BIN_DIR:\$PATH"
+  outbox-relay list                     # newest first
+  outbox-relay show '$K3'
+  outbox-relay retry '$K3' --dry-run    # what a retry would touch
+  outbox-relay stats
+  outbox-relay console                  # the operator console, http://127.0.0.1:9188
+NEXT
+if [ -n "$kept_dir" ]; then
+	cat <<NEXT
+
+Stop and remove the kept database when you are done:
+
+  ${SCRATCH_PG_USER:+runuser -u $SCRATCH_PG_USER -- }$PG_CTL -D $kept_dir -m fast stop && rm -rf $kept_dir
+NEXT
 fi

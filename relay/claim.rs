@@ -93,7 +93,7 @@ impl Claimer {
                 Err(err) if mode == Mode::Drain => return Err(err),
                 Err(err) => {
                     drop(permits);
-                    tracing::warn!(error = %err, retry_in = ?backoff, "claim failed; retrying");
+                    tracing::warn!(error = %err, retry_in = %humantime::format_duration(backoff), "claim failed; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = stop.wait_for(|s| *s) => return Ok(()),
@@ -158,7 +158,7 @@ pub async fn listen(
     mut stop: watch::Receiver<bool>,
 ) {
     if !enabled {
-        tracing::info!(poll_interval = ?poll, "relay.listen is false: delivering by polling");
+        tracing::info!(poll_interval = %humantime::format_duration(poll), "relay.listen is false: delivering by polling");
         metrics::gauge!("outbox_listen_active").set(0.0);
         // a supervised task runs until the stop
         let _ = stop.wait_for(|s| *s).await;
@@ -191,7 +191,7 @@ pub async fn listen(
                     probed = true;
                     metrics::gauge!("outbox_listen_active").set(1.0);
                     tracing::info!(
-                        fallback_poll_interval = ?poll,
+                        fallback_poll_interval = %humantime::format_duration(poll),
                         "LISTEN/NOTIFY works: enqueues wake the relay at once"
                     );
                 }
@@ -200,7 +200,7 @@ pub async fn listen(
                     if !polling_said {
                         polling_said = true;
                         tracing::warn!(
-                            poll_interval = ?poll,
+                            poll_interval = %humantime::format_duration(poll),
                             "a NOTIFY sent to this relay did not arrive within {PROBE_WAIT:?}: the \
                              database connection goes through a pooler that does not deliver \
                              notifications (PgBouncer in transaction mode?). Delivering by polling \

@@ -462,7 +462,7 @@ fn record_metrics(
         && c.status.is_some_and(|s| s >= 500)
     {
         metrics::counter!("outbox_invariant_violations_total", "kind" => kind).increment(1);
-        tracing::error!(intent = c.id, status = ?c.status, state = %c.state,
+        tracing::error!(intent = c.id, status = c.status, state = %c.state,
             "invariant violated: a 5xx answer was stored as terminal");
     }
     if c.state == IntentState::Delivered && !c.delivered_before {

@@ -696,6 +696,15 @@ impl Config {
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> anyhow::Result<Config> {
+        Config::load_checked(path, env, Checks::All)
+    }
+
+    /// As `load`, validating what `checks` names.
+    pub fn load_checked(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        checks: Checks,
+    ) -> anyhow::Result<Config> {
         let mut table = match path {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
@@ -755,7 +764,11 @@ impl Config {
                 });
             }
         };
-        config.validate().map_err(|e| {
+        let checked = match checks {
+            Checks::All => config.validate(),
+            Checks::Operator => config.validate_relay(),
+        };
+        checked.map_err(|e| {
             let vars = sources.named_in(&format!("{e:#}"));
             match vars.len() {
                 0 => e,
@@ -768,6 +781,13 @@ impl Config {
 
     /// Cross-key checks, with messages that name the keys.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.validate_relay()?;
+        self.validate_delivery()
+    }
+
+    /// The checks of the `[relay]` section's own values: what every verb
+    /// that connects uses.
+    pub fn validate_relay(&self) -> anyhow::Result<()> {
         let r = &self.relay;
         if !(1..=10_000).contains(&r.concurrency) {
             bail!(
@@ -790,6 +810,18 @@ impl Config {
         if r.sweep_interval.0 < Duration::from_millis(10) {
             bail!("relay.sweep_interval must be at least 10ms");
         }
+        if let Some(addr) = &r.metrics_addr {
+            addr.parse::<std::net::SocketAddr>().map_err(|_| {
+                anyhow::anyhow!("relay.metrics_addr {addr:?} is not an address like 127.0.0.1:9187")
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The checks of everything delivery uses: providers, retries, health,
+    /// schedules, the console, retention and the lookup token.
+    fn validate_delivery(&self) -> anyhow::Result<()> {
+        let r = &self.relay;
         // an attempt starts only with its timeout, the destination-health
         // check (1 s at most) and half a second of margin left of its lease
         if self.longest_attempt() + Duration::from_millis(1600) > r.lease.0 {
@@ -887,13 +919,22 @@ impl Config {
                 );
             }
         }
-        if let Some(addr) = &r.metrics_addr {
-            addr.parse::<std::net::SocketAddr>().map_err(|_| {
-                anyhow::anyhow!("relay.metrics_addr {addr:?} is not an address like 127.0.0.1:9187")
-            })?;
-        }
         Ok(())
     }
+}
+
+/// How much of the configuration a verb validates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checks {
+    /// Everything: the daemon, and the verbs that read delivery settings
+    /// (`schedules`, `destinations`, `console`, `health`).
+    All,
+    /// The `[relay]` section only: the verbs that read and change intents
+    /// (`migrate`, `enqueue`, `list`, `show`, `retry`, `cancel`, `resolve`,
+    /// `stats`, `relays`, `purge`). A provider setting meant for the daemon,
+    /// such as an `OUTBOX_RELAY__AMQP__PASSWORD` in a shared environment
+    /// without the file that holds `amqp.url`, does not stop them.
+    Operator,
 }
 
 /// The variable that may hold `relay.lookup_token`, like `STRIPE_API_KEY`
@@ -1102,6 +1143,87 @@ mod tests {
             format!("{defaults:?}"),
             "the example documents the defaults"
         );
+    }
+
+    /// The fields serde knows under `section` ("" for the top level), from
+    /// the error that names an unknown one: "expected one of `a`, `b`".
+    fn fields_of(section: &str) -> Vec<String> {
+        let text = match section {
+            "" => "__probe = 1".to_string(),
+            s => format!("[{s}]\n__probe = 1"),
+        };
+        let err = format!("{:#}", load_str(&text, &[]).unwrap_err());
+        let (_, expected) = err
+            .split_once("expected")
+            .unwrap_or_else(|| panic!("[{section}] names no fields: {err}"));
+        expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(String::from)
+            .collect()
+    }
+
+    /// The example's text of `[section]`, its commented lines and
+    /// subsections (`[section.x]`, `# [[section.x]]`) included.
+    fn example_section<'a>(example: &'a str, section: &str) -> Vec<&'a str> {
+        let header = format!("[{section}]");
+        let sub = format!("[{section}.");
+        let mut inside = false;
+        let mut lines = Vec::new();
+        for line in example.lines() {
+            if line.starts_with('[') {
+                inside = line.starts_with(&header) || line.starts_with(&sub);
+            }
+            if inside {
+                lines.push(line);
+            }
+        }
+        lines
+    }
+
+    fn names_word(lines: &[&str], word: &str) -> bool {
+        lines.iter().any(|line| {
+            line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .any(|w| w == word)
+        })
+    }
+
+    /// The example is the configuration's reference: every key of every
+    /// section is in it, set to its default or, where it has none (a URL,
+    /// a secret), named in a comment.
+    #[test]
+    fn the_example_config_names_every_key() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/config.example.toml");
+        let example = std::fs::read_to_string(path).unwrap();
+        let all: Vec<&str> = example.lines().collect();
+        let mut missing = Vec::new();
+        for top in fields_of("") {
+            if !names_word(&all, &top) {
+                missing.push(top.clone());
+            }
+            let lines = example_section(&example, &top);
+            // only a section whose keys serde names: not a map such as
+            // [limits], nor an array such as [[schedule]]
+            let probed = load_str(&format!("[{top}]\n__probe = 1"), &[]);
+            if lines.is_empty()
+                || !probed.is_err_and(|e| format!("{e:#}").contains("unknown field"))
+            {
+                continue;
+            }
+            for field in fields_of(&top) {
+                if !names_word(&lines, &field) {
+                    missing.push(format!("{top}.{field}"));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "deploy/config.example.toml does not name {missing:?}"
+        );
+        // the probe reads the fields it should
+        assert!(fields_of("relay").contains(&"summary_interval".to_string()));
     }
 
     #[test]

@@ -155,7 +155,7 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     if !enough && slot.is_some() {
         tracing::warn!(
             intent = claim.id,
-            ?lease_left,
+            lease_left = %humantime::format_duration(lease_left),
             "too little of the lease is left for a whole attempt; handing the claim back"
         );
     }
@@ -470,7 +470,7 @@ fn log_outcome(
             tracing::debug!(ms, replayed, "delivered")
         }
         Outcome::Transient { reason, .. } => {
-            tracing::info!(ms, next = %completion.state, run_after = ?completion.run_after, reason = %reason, "transient failure")
+            tracing::info!(ms, next = %completion.state, run_after = completion.run_after.map(|t| t.to_rfc3339()), reason = %reason, "transient failure")
         }
         Outcome::Rejected { reason, .. } => tracing::warn!(ms, reason = %reason, "rejected"),
         Outcome::Ambiguous { reason, .. } => {

@@ -322,9 +322,9 @@ impl Engine {
         }
         tracing::info!(
             owner = %self.cfg.owner,
-            kinds = ?self.kinds,
+            kinds = %self.kinds.join(","),
             concurrency = self.cfg.concurrency,
-            tasks = ?sup.names(),
+            tasks = %sup.names().join(","),
             "relay running"
         );
         let failure = tokio::select! {
@@ -348,7 +348,7 @@ impl Engine {
         self.finish().await;
         let late = sup.join(deadline).await;
         if !late.is_empty() {
-            tracing::warn!(tasks = ?late, "tasks still running at the shutdown deadline were stopped");
+            tracing::warn!(tasks = %late.join(","), "tasks still running at the shutdown deadline were stopped");
         }
         if let Err(err) = store.deregister_relay(&owner).await {
             tracing::debug!(error = %err, "could not mark this relay stopped in outbox.relays");

@@ -4,12 +4,16 @@
 #   tests/run.sh [ARGS...]   ARGS go to `cargo nextest run` (or `cargo test`)
 #
 # Uses $DATABASE_URL when it is set and its server answers; otherwise starts a
-# scratch PostgreSQL cluster on 127.0.0.1 (installing the server binaries with
-# apt-get when run as root) and removes it on exit. Makes sure the SMTP test
-# peer (python3 + aiosmtpd), nats-server, Chromium with ChromeDriver (the
-# console's browser test) and a RabbitMQ broker (a private
-# node, stopped on exit; deploy/lib/scratch-rabbit.sh) are available, then
+# scratch PostgreSQL cluster on 127.0.0.1 and removes it on exit. Starts a
+# private RabbitMQ node (deploy/lib/scratch-rabbit.sh), stopped on exit, then
 # runs the whole workspace suite.
+#
+# What it installs when missing (Debian packages only when run as root, and
+# it says each install before it runs it):
+#   - Debian: postgresql, rabbitmq-server, nats-server, chromium and
+#     chromium-driver (the console's browser test), python3 and python3-venv;
+#   - PyPI, into a private virtual environment under target/test-venv (never
+#     into your own Python): the pinned peers of tests/peers/requirements.txt.
 # The integration tests are one binary (tests/it); nextest's test groups and
 # timeouts are in .config/nextest.toml.
 set -euo pipefail
@@ -31,78 +35,53 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-py_has_aiosmtpd() { "$1" -c 'import aiosmtpd' >/dev/null 2>&1; }
+# The Python test peers (tests/peers/requirements.txt: aiosmtpd for the email
+# tests, SQLAlchemy and psycopg2 for the ORM test) live in a private virtual
+# environment, target/test-venv, made with the machine's python3 (Debian's
+# python3 and python3-venv are installed when missing and the script runs as
+# root). Exports OUTBOX_TEST_PYTHON (the venv's interpreter) when it is
+# ready, and OUTBOX_TEST_SMTP=unavailable when it cannot be.
+TEST_VENV="$REPO_ROOT/target/test-venv"
+PEER_REQUIREMENTS="$REPO_ROOT/tests/peers/requirements.txt"
 
-# Make python3 + aiosmtpd (the SMTP peer of the email tests) available.
-# Exports OUTBOX_TEST_PYTHON when a python3 exists, and
-# OUTBOX_TEST_SMTP=unavailable when aiosmtpd cannot be had.
-ensure_aiosmtpd() {
-	local py out=""
-	py=$(command -v python3 || true)
-	if [ -z "$py" ] && can_apt; then
-		say "python3 is missing; installing python3 and python3-aiosmtpd"
-		apt_install python3 python3-aiosmtpd || true
-		py=$(command -v python3 || true)
-	fi
-	if [ -n "$py" ] && ! py_has_aiosmtpd "$py"; then
-		say "aiosmtpd is missing; running: $py -m pip install --quiet aiosmtpd"
-		if ! out=$(PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --quiet \
-			--disable-pip-version-check aiosmtpd 2>&1); then
-			if grep -q 'externally-managed-environment' <<<"$out"; then
-				say "the Python environment is externally managed; retrying with --break-system-packages"
-				out=$(PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --quiet \
-					--disable-pip-version-check --break-system-packages aiosmtpd 2>&1) || true
-			fi
-		fi
-		if ! py_has_aiosmtpd "$py" && can_apt; then
-			apt_install python3-aiosmtpd || true
-			# apt serves the system python, which may not be the python3 on
-			# PATH (pyenv, a virtualenv): use it when it has the module.
-			if ! py_has_aiosmtpd "$py" && [ -x /usr/bin/python3 ] &&
-				py_has_aiosmtpd /usr/bin/python3; then
-				py=/usr/bin/python3
-			fi
-		fi
-	fi
-	if [ -n "$py" ]; then
-		OUTBOX_TEST_PYTHON=$("$py" -c 'import sys; print(sys.executable)' 2>/dev/null || echo "$py")
-		export OUTBOX_TEST_PYTHON
-	fi
-	if [ -n "$py" ] && py_has_aiosmtpd "$py"; then
-		say "SMTP test peer: aiosmtpd with $OUTBOX_TEST_PYTHON"
-	else
-		[ -n "$out" ] && printf '%s\n' "$out" | tail -n 3 >&2
-		say "warning: the SMTP test peer (python3 with aiosmtpd) is unavailable; the tests that"
-		say "warning: need it will report so. Install it: pip install aiosmtpd, or apt-get install python3-aiosmtpd"
-		export OUTBOX_TEST_SMTP=unavailable
-	fi
+venv_is_current() {
+	[ -x "$TEST_VENV/bin/python" ] && [ -f "$TEST_VENV/.requirements" ] &&
+		cmp -s "$PEER_REQUIREMENTS" "$TEST_VENV/.requirements"
 }
 
-py_has_orm() { "$1" -c 'import sqlalchemy, psycopg2' >/dev/null 2>&1; }
-
-# Make SQLAlchemy and psycopg2 (the ORM peer of the insertable-outbox test)
-# importable by $OUTBOX_TEST_PYTHON: Debian's packages when that is the
-# system python, else pip. Says what is missing when it cannot.
-ensure_orm_peer() {
-	local py=${OUTBOX_TEST_PYTHON:-}
-	[ -n "$py" ] || return 0
-	py_has_orm "$py" && { say "ORM test peer: SQLAlchemy with $py"; return 0; }
-	if [ "$py" = /usr/bin/python3 ] && can_apt; then
-		say "SQLAlchemy is missing; installing python3-sqlalchemy and python3-psycopg2"
-		apt_install python3-sqlalchemy python3-psycopg2 || true
+ensure_python_peers() {
+	local py out
+	if venv_is_current; then
+		OUTBOX_TEST_PYTHON="$TEST_VENV/bin/python"
+		export OUTBOX_TEST_PYTHON
+		say "Python test peers: $TEST_VENV"
+		return 0
 	fi
-	if ! py_has_orm "$py"; then
-		say "SQLAlchemy is missing; running: $py -m pip install --quiet sqlalchemy psycopg2-binary"
-		PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --quiet --disable-pip-version-check \
-			sqlalchemy psycopg2-binary >/dev/null 2>&1 ||
-			PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --quiet --disable-pip-version-check \
-				--break-system-packages sqlalchemy psycopg2-binary >/dev/null 2>&1 || true
+	py=$(command -v python3 || true)
+	if { [ -z "$py" ] || ! "$py" -c 'import venv, ensurepip' >/dev/null 2>&1; } && can_apt; then
+		say "python3 or its venv module is missing; installing Debian's python3 and python3-venv"
+		apt_install python3 python3-venv || true
+		py=$(command -v python3 || true)
 	fi
-	if py_has_orm "$py"; then
-		say "ORM test peer: SQLAlchemy with $py"
+	if [ -z "$py" ]; then
+		say "warning: python3 is unavailable; the email and ORM tests will say so (apt-get install python3 python3-venv)"
+		export OUTBOX_TEST_SMTP=unavailable
+		return 0
+	fi
+	say "installing the Python test peers ($(grep -Eo '^[A-Za-z0-9_.-]+==[^ ]+' "$PEER_REQUIREMENTS" | tr '\n' ' ')) into $TEST_VENV"
+	rm -rf "$TEST_VENV"
+	if out=$("$py" -m venv "$TEST_VENV" 2>&1) &&
+		out=$(PIP_DISABLE_PIP_VERSION_CHECK=1 "$TEST_VENV/bin/python" -m pip install \
+			--quiet -r "$PEER_REQUIREMENTS" 2>&1); then
+		cp "$PEER_REQUIREMENTS" "$TEST_VENV/.requirements"
+		OUTBOX_TEST_PYTHON="$TEST_VENV/bin/python"
+		export OUTBOX_TEST_PYTHON
+		say "Python test peers: $TEST_VENV"
 	else
-		say "warning: SQLAlchemy or psycopg2 is unavailable for $py; the ORM test will say so."
-		say "warning: install it: apt-get install python3-sqlalchemy python3-psycopg2, or pip install sqlalchemy psycopg2-binary"
+		printf '%s\n' "$out" | tail -n 3 >&2
+		say "warning: the Python test peers could not be installed into $TEST_VENV;"
+		say "warning: the email and ORM tests will say so"
+		export OUTBOX_TEST_SMTP=unavailable
 	fi
 }
 
@@ -153,8 +132,9 @@ drop_leftover_test_dbs() {
 
 have cargo || die "cargo is not on PATH: install Rust (rustup) first"
 
-ensure_aiosmtpd
-ensure_orm_peer
+say "checking the test peers (installing what is missing: see the head of tests/run.sh)"
+
+ensure_python_peers
 ensure_nats_server
 ensure_chromium
 scratch_rabbit_setup

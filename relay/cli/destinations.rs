@@ -36,7 +36,10 @@ pub enum DestinationAction {
         reason: Option<String>,
     },
     /// Resume a paused destination, or close its open breaker now.
-    Resume { destination: String },
+    Resume {
+        /// The destination as `pause` named it (any spelling of its origin).
+        destination: String,
+    },
 }
 
 /// One destination, as `destinations --json` prints it: its row (closed

@@ -33,6 +33,7 @@ pub struct EnqueueArgs {
     /// The enqueuing client or service, for per-source duplicate rates.
     #[arg(long)]
     source: Option<String>,
+    /// Print the result as JSON (id, duplicate).
     #[arg(long)]
     json: bool,
 }
@@ -71,6 +72,9 @@ pub async fn enqueue(store: &Store, a: EnqueueArgs) -> Outcome {
     let r = store_enqueue(store.pool(), &intent)
         .await
         .map_err(StoreError::from)?;
+    if let Some(warning) = kind_warning(store, &intent.kind).await {
+        eprintln!("warning: {warning}");
+    }
     if a.json {
         json(&r);
     } else if r.duplicate {
@@ -84,14 +88,74 @@ pub async fn enqueue(store: &Store, a: EnqueueArgs) -> Outcome {
     Ok(())
 }
 
+/// Why an intent of `kind` will not be delivered as things stand, when it
+/// will not: a kind no live relay knows is rejected when claimed, and one
+/// they know but none delivers waits. With no live relay, the kinds this
+/// build knows are the measure.
+async fn kind_warning(store: &Store, kind: &str) -> Option<String> {
+    let (known, delivered) = store.live_kinds().await.ok()?;
+    kind_verdict(kind, &known, &delivered)
+}
+
+fn kind_verdict(kind: &str, known: &[String], delivered: &[String]) -> Option<String> {
+    let (known, whose): (Vec<&str>, &str) = if known.is_empty() {
+        (outbox_providers::KNOWN_KINDS.to_vec(), "this relay knows")
+    } else {
+        (
+            known.iter().map(String::as_str).collect(),
+            "the live relays know",
+        )
+    };
+    if !known.contains(&kind) {
+        let near = known
+            .iter()
+            .find(|k| edit_distance(k, kind) <= 2)
+            .map(|k| format!(" (did you mean {k}?)"))
+            .unwrap_or_default();
+        return Some(format!(
+            "no kind {kind:?}{near}: {whose} {}; a relay will reject this intent when it claims it",
+            known.join(", ")
+        ));
+    }
+    if !delivered.is_empty() && !delivered.iter().any(|k| k == kind) {
+        return Some(format!(
+            "no live relay delivers {kind} intents (they deliver {}); this one waits until one does",
+            delivered.join(", ")
+        ));
+    }
+    None
+}
+
+/// Levenshtein distance, for "did you mean" on a handful of short names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 #[derive(Debug, Args)]
 pub struct ListArgs {
+    /// Only intents in this state.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(STATES))]
     state: Option<String>,
+    /// Only intents of this kind.
     #[arg(long)]
     kind: Option<String>,
+    /// At most this many intents.
     #[arg(long, default_value_t = 50)]
     limit: i64,
+    /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
 }
@@ -142,6 +206,7 @@ pub async fn list(store: &Store, a: ListArgs) -> Outcome {
 pub struct ShowArgs {
     /// An intent id or key.
     reference: String,
+    /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
 }
@@ -261,6 +326,7 @@ pub struct SchedulesArgs {
     /// How many upcoming fire times to show.
     #[arg(long, default_value_t = 3)]
     next: usize,
+    /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
 }
@@ -312,4 +378,49 @@ pub async fn schedules(store: &Store, config: &Config, a: SchedulesArgs) -> Outc
         .collect();
     table(&["NAME", "CRON", "KIND", "LAST TICK", "NEXT"], &cells);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{edit_distance, kind_verdict};
+
+    fn v(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_misspelt_kind_is_named_with_its_nearest_known_kind() {
+        let w = kind_verdict("emial", &[], &[]).expect("a warning");
+        assert!(w.contains("did you mean email?"), "{w}");
+        assert!(w.contains("this relay knows webhook, email"), "{w}");
+        let w = kind_verdict("fax", &v(&["email", "webhook"]), &v(&["webhook"])).unwrap();
+        assert!(
+            w.starts_with("no kind \"fax\": the live relays know email, webhook"),
+            "{w}"
+        );
+    }
+
+    #[test]
+    fn a_known_kind_no_live_relay_delivers_is_said_to_wait() {
+        let w = kind_verdict("email", &v(&["email", "webhook"]), &v(&["webhook"])).unwrap();
+        assert!(w.contains("no live relay delivers email"), "{w}");
+        assert_eq!(
+            kind_verdict("webhook", &v(&["email", "webhook"]), &v(&["webhook"])),
+            None
+        );
+        assert_eq!(kind_verdict("email", &[], &[]), None);
+    }
+
+    #[test]
+    fn edit_distance_counts_insertions_deletions_and_substitutions() {
+        for (a, b, d) in [
+            ("email", "emial", 2),
+            ("email", "email", 0),
+            ("", "abc", 3),
+            ("nats", "nat", 1),
+            ("amqp", "kafka", 4),
+        ] {
+            assert_eq!(edit_distance(a, b), d, "{a} {b}");
+        }
+    }
 }

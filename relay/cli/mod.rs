@@ -24,7 +24,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Checks, Config};
 use crate::store::{EnqueueError, Store, StoreError};
 use crate::telemetry::LogFormat;
 
@@ -87,6 +87,30 @@ enum Command {
     /// Serve the operator console: a web UI and a JSON API (/api/v1/) for
     /// intents, failures, destinations and schedules, with bulk actions.
     Console(console::ConsoleArgs),
+}
+
+impl Command {
+    /// Whether the verb reads the delivery settings (providers, health,
+    /// schedules, the console), and so validates all of the configuration.
+    fn uses_delivery_settings(&self) -> bool {
+        match self {
+            Command::Run { .. }
+            | Command::Schedules(_)
+            | Command::Health(_)
+            | Command::Destinations(_)
+            | Command::Console(_) => true,
+            Command::Migrate
+            | Command::Enqueue(_)
+            | Command::List(_)
+            | Command::Show(_)
+            | Command::Retry(_)
+            | Command::Cancel(_)
+            | Command::Resolve(_)
+            | Command::Stats(_)
+            | Command::Purge(_)
+            | Command::Relays(_) => false,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -264,7 +288,12 @@ pub fn run_to_exit(work: impl std::future::Future<Output = Outcome>) -> ExitCode
 async fn execute(cli: Cli) -> Outcome {
     // a health check exits 0 or 1 (Docker reserves 2), whatever went wrong
     let is_health = matches!(cli.command, Command::Health(_));
-    let config = Config::load(cli.config.as_deref(), std::env::vars())
+    let checks = if cli.command.uses_delivery_settings() {
+        Checks::All
+    } else {
+        Checks::Operator
+    };
+    let config = Config::load_checked(cli.config.as_deref(), std::env::vars(), checks)
         .map_err(|e| Failure::new(if is_health { 1 } else { 2 }, format!("{e:#}")))?;
     if let Command::Health(args) = &cli.command {
         return health(&config, args).await;
@@ -287,8 +316,19 @@ async fn execute(cli: Cli) -> Outcome {
     let store = Store::connect(&url, connections).await?;
     match cli.command {
         Command::Migrate => {
-            store.migrate().await?;
-            println!("migrations applied");
+            let done = store.migrate().await?;
+            if done.applied.is_empty() {
+                println!("the schema is current (version {})", done.version);
+            } else {
+                for (version, description) in &done.applied {
+                    println!("applied {version:04} {description}");
+                }
+                println!(
+                    "applied {} migration(s); the schema is at version {}",
+                    done.applied.len(),
+                    done.version
+                );
+            }
             Ok(())
         }
         Command::Run { once } => run::run(store, &config, once, shutdown).await,
@@ -387,5 +427,35 @@ async fn health(config: &Config, args: &HealthArgs) -> Outcome {
             1,
             format!("http://{addr}{path}: {status} {body}"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// `--help` explains every flag and argument of every verb.
+    #[test]
+    fn every_flag_of_every_verb_has_help() {
+        let cli = Cli::command();
+        let mut bare = Vec::new();
+        let mut check = |verb: &str, cmd: &clap::Command| {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if !matches!(id, "help" | "version") && arg.get_help().is_none() {
+                    bare.push(format!("{verb} {id}"));
+                }
+            }
+        };
+        check("outbox-relay", &cli);
+        for verb in cli.get_subcommands() {
+            check(verb.get_name(), verb);
+            for sub in verb.get_subcommands() {
+                check(&format!("{} {}", verb.get_name(), sub.get_name()), sub);
+            }
+        }
+        assert!(bare.is_empty(), "flags without help: {bare:?}");
     }
 }

@@ -38,6 +38,7 @@ pub struct RetryArgs {
     /// --new-effect) performs the effect again.
     #[arg(long)]
     force: bool,
+    /// Print JSON: what was changed, skipped or would be.
     #[arg(long)]
     json: bool,
 }
@@ -175,6 +176,7 @@ pub struct CancelArgs {
     /// Intent ids or keys.
     #[arg(required = true)]
     references: Vec<String>,
+    /// Print JSON: what was cancelled and what was not.
     #[arg(long)]
     json: bool,
 }
@@ -225,6 +227,7 @@ pub struct ResolveArgs {
     /// It must not happen: reject with this reason.
     #[arg(long, value_name = "REASON")]
     reject: Option<String>,
+    /// Print JSON: the intent as settled.
     #[arg(long)]
     json: bool,
 }
@@ -345,6 +348,7 @@ pub struct PurgeArgs {
     /// Count, delete nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Print JSON: what was (or would be) purged.
     #[arg(long)]
     json: bool,
 }

@@ -87,6 +87,23 @@ impl Store {
         .await
     }
 
+    /// The live relays' kinds: `(known, delivered)`, each sorted and
+    /// deduplicated across the fleet; both empty when no relay is live.
+    pub async fn live_kinds(&self) -> Result<(Vec<String>, Vec<String>), sqlx::Error> {
+        sqlx::query_as(&format!(
+            "WITH live AS (
+                 SELECT kinds, known_kinds FROM outbox.relays
+                  WHERE stopped_at IS NULL
+                    AND heartbeat_at > now() - interval '{RELAY_TTL_SECS} seconds')
+             SELECT coalesce((SELECT array_agg(DISTINCT k ORDER BY k)
+                                FROM live, unnest(known_kinds) k), '{{}}'),
+                    coalesce((SELECT array_agg(DISTINCT k ORDER BY k)
+                                FROM live, unnest(kinds) k), '{{}}')"
+        ))
+        .fetch_one(&self.pool)
+        .await
+    }
+
     /// Kinds with pending intents that no live relay delivers.
     pub async fn unserved_kinds(&self) -> Result<Vec<UnservedKind>, sqlx::Error> {
         sqlx::query_as(&format!(

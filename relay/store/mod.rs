@@ -201,34 +201,58 @@ impl Store {
     /// A schema that already has every migration this binary knows is left
     /// alone, also when it has newer ones (an older binary after an upgrade
     /// was rolled back): migrations are forward-only and additive.
-    pub async fn migrate(&self) -> anyhow::Result<()> {
-        if self.migrations_current().await.unwrap_or(false) {
-            return Ok(());
+    pub async fn migrate(&self) -> anyhow::Result<Migrated> {
+        let before = self.applied_migrations().await.unwrap_or_default();
+        let pending: Vec<(i64, String)> = up_migrations()
+            .filter(|m| !before.contains(&m.version))
+            .map(|m| (m.version, m.description.to_string()))
+            .collect();
+        if !pending.is_empty() {
+            MIGRATOR
+                .run(&self.pool)
+                .await
+                .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?;
         }
-        MIGRATOR
-            .run(&self.pool)
-            .await
-            .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+        Ok(Migrated {
+            applied: pending,
+            version: up_migrations().map(|m| m.version).max().unwrap_or(0),
+        })
     }
 
     /// True when every embedded migration has been applied.
     pub async fn migrations_current(&self) -> Result<bool, sqlx::Error> {
-        let applied: Vec<i64> = match sqlx::query_scalar(
+        let applied = self.applied_migrations().await?;
+        Ok(up_migrations().all(|m| applied.contains(&m.version)))
+    }
+
+    /// The versions of the migrations applied to this database.
+    async fn applied_migrations(&self) -> Result<Vec<i64>, sqlx::Error> {
+        match sqlx::query_scalar(
             "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
         )
         .fetch_all(&self.pool)
         .await
         {
-            Ok(v) => v,
+            Ok(v) => Ok(v),
             // never migrated
-            Err(e) if sqlstate(&e).as_deref() == Some("42P01") => Vec::new(),
-            Err(e) => return Err(e),
-        };
-        Ok(MIGRATOR
-            .iter()
-            .filter(|m| !m.migration_type.is_down_migration())
-            .all(|m| applied.contains(&m.version)))
+            Err(e) if sqlstate(&e).as_deref() == Some("42P01") => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     }
+}
+
+/// What `migrate` did: the migrations it applied (version, description),
+/// none when the schema was current, and the schema's version after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migrated {
+    pub applied: Vec<(i64, String)>,
+    pub version: i64,
+}
+
+fn up_migrations() -> impl Iterator<Item = &'static sqlx::migrate::Migration> {
+    MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
 }
 
 /// A query parameter of a postgres:// URL, percent-decoded; the last one

@@ -4,10 +4,10 @@ use crate::common;
 use crate::common::{relay_bin, Receiver, TestDb};
 use serde_json::{json, Value};
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 impl Out {
@@ -17,7 +17,7 @@ impl Out {
     }
 }
 
-async fn cli_env(db_url: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Out {
+pub(crate) async fn cli_env(db_url: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Out {
     let mut cmd = tokio::process::Command::new(relay_bin());
     cmd.args(args)
         .env_remove("DATABASE_URL")
@@ -59,11 +59,36 @@ fn payload(rx: &Receiver, path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_enqueue_list_show() {
     let db = TestDb::new().await;
-    assert!(ok(&db, &["migrate"])
+    let latest = outbox_relay::store::MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap();
+    // the harness migrated it: nothing to apply, and `migrate` says so
+    let current = ok(&db, &["migrate"]).await.stdout;
+    assert_eq!(
+        current.trim(),
+        format!("the schema is current (version {latest})")
+    );
+    // from an empty database it names each migration it applies
+    sqlx::query("DROP SCHEMA outbox CASCADE")
+        .execute(db.pool())
         .await
-        .stdout
-        .contains("migrations applied"));
-    ok(&db, &["migrate"]).await; // idempotent
+        .unwrap();
+    sqlx::query("DROP TABLE _sqlx_migrations")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let applied = ok(&db, &["migrate"]).await.stdout;
+    assert!(applied.starts_with("applied 0001 core\n"), "{applied}");
+    assert!(
+        applied.ends_with(&format!(
+            "applied {} migration(s); the schema is at version {latest}\n",
+            outbox_relay::store::MIGRATOR.iter().count()
+        )),
+        "{applied}"
+    );
+    assert!(ok(&db, &["migrate"]).await.stdout.contains("is current")); // idempotent
 
     let p = r#"{"url":"http://127.0.0.1:9/x","body":{"a":1,"b":2}}"#;
     let first = ok(

@@ -2,8 +2,9 @@
 //! WebDriver: log in, find the incident, filter by state and a payload
 //! field, read an intent's timeline, bulk-retry the failure group after its
 //! dry-run count, and see the intents delivered at a real receiver; a
-//! hostile payload stays text; a viewer cannot act. The run writes the
-//! README's screenshots (docs/screenshots/).
+//! hostile payload stays text; a viewer cannot act. The run writes its
+//! screenshots under target/tmp/screenshots/, and over the README's
+//! (docs/screenshots/) only with OUTBOX_REFRESH_SCREENSHOTS=1.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -20,6 +20,7 @@ mod delivery;
 mod email;
 mod enqueue;
 mod enqueue_many;
+mod first_steps;
 mod hardening;
 mod health;
 mod lifecycle;

@@ -302,12 +302,19 @@ impl Browser {
         }
     }
 
-    /// Save a screenshot of the window to `docs/screenshots/<name>.png`.
+    /// Save a screenshot of the window to `target/tmp/screenshots/<name>.png`;
+    /// with `OUTBOX_REFRESH_SCREENSHOTS=1` also over the committed copy in
+    /// `docs/screenshots/` (the README's pictures), and only then.
     pub async fn screenshot(&self, name: &str) {
         let png = self.client.screenshot().await.expect("screenshot");
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/screenshots");
+        let file = format!("{name}.png");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+        std::fs::write(dir.join(&file), &png).unwrap();
+        if std::env::var_os("OUTBOX_REFRESH_SCREENSHOTS").is_some_and(|v| v == "1") {
+            let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/screenshots");
+            std::fs::write(docs.join(&file), &png).unwrap();
+        }
     }
 
     pub async fn close(mut self) {

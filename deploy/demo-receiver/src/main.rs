@@ -1,6 +1,6 @@
 //! A tiny webhook receiver for `deploy/demo.sh`.
 //!
-//! `cargo run --example demo-receiver -- --port-file PATH` binds 127.0.0.1:0,
+//! `cargo run -p outbox-demo-receiver -- --port-file PATH` binds 127.0.0.1:0,
 //! writes the chosen port to PATH and answers POSTs on any path:
 //! `/gone` → 410, `/flaky` → 503 for the first two requests carrying a given
 //! `webhook-id`, then 200; anything else → 200. One log line per request.
