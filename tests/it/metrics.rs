@@ -374,6 +374,9 @@ async fn destination_health_is_exported_with_bounded_labels() {
     common::terminate(&mut relay).await;
 }
 
+/// A condition on a scrape.
+type Check = dyn Fn(&HashMap<String, f64>) -> bool;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_that_recovers_leaves_the_state_gauge() {
     let db = TestDb::new().await;
@@ -389,7 +392,7 @@ async fn a_destination_that_recovers_leaves_the_state_gauge() {
         names
     };
     // (scrape until `ok`, for at most 20 s: the gauges refresh every 5 s)
-    let scrape_until = |what: &'static str, ok: Box<dyn Fn(&HashMap<String, f64>) -> bool>| async move {
+    let scrape_until = |what: &'static str, ok: Box<Check>| async move {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
