@@ -1073,6 +1073,21 @@ mod tests {
             canonical("https://A.example:443/x", &endpoints).unwrap(),
             "https://a.example"
         );
+        for spelling in [
+            "http://[::ffff:127.0.0.1]:8080/x",
+            "http://[::FFFF:7f00:1]:8080",
+            "http://0x7f.1:8080/",
+        ] {
+            assert_eq!(
+                canonical(spelling, &endpoints).unwrap(),
+                "http://127.0.0.1:8080",
+                "{spelling}"
+            );
+        }
+        assert_eq!(
+            canonical("http://[::1]:8080", &endpoints).unwrap(),
+            "http://[::1]:8080"
+        );
         assert_eq!(canonical("smtp", &endpoints).unwrap(), "smtp");
         assert!(canonical("partner", &endpoints)
             .unwrap_err()
