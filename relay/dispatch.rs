@@ -126,6 +126,11 @@ impl Deliverer {
     /// Hand back claims that will not be worked on (shutdown, or too little
     /// lease left): pending again, the attempt not counted.
     pub async fn release(&self, claims: &[Claimed]) {
+        for claim in claims {
+            if let Some(previous) = &claim.recovered_from {
+                keep_recovery(self, claim, previous).await;
+            }
+        }
         let ids: Vec<(i64, i64)> = claims.iter().map(|c| (c.id, c.fence)).collect();
         match self.store.release(&ids).await {
             Ok(n) => tracing::info!(n, "handed back claims not yet started"),
@@ -254,38 +259,30 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         ));
         return (outcome, AmbiguityPolicy::Park);
     };
-    let admitted = if claim.recovered_from.is_some() {
-        // a lease taken over must be reconciled now, not deferred: a
-        // deferral would bring it back as a fresh claim, and the attempt
-        // whose outcome was lost would never be asked about
-        Admit::Go {
-            destination: d.gate.destination(
-                &claim.kind,
-                claim.destination.as_deref(),
-                &claim.payload,
-            ),
-            probe: false,
-        }
-    } else {
-        // the gate's database work is bounded: past it, wait and try again
-        tokio::time::timeout(
-            GATE_TIME,
-            d.gate
-                .admit(&claim.kind, claim.destination.as_deref(), &claim.payload),
-        )
-        .await
-        .unwrap_or_else(|_| Admit::Wait {
-            class: "slow",
-            reason: "destination health could not be read in time; trying again shortly".into(),
-            after: Duration::from_secs(1),
-        })
-    };
+    // the gate's database work is bounded: past it, wait and try again
+    let admitted = tokio::time::timeout(
+        GATE_TIME,
+        d.gate
+            .admit(&claim.kind, claim.destination.as_deref(), &claim.payload),
+    )
+    .await
+    .unwrap_or_else(|_| Admit::Wait {
+        class: "slow",
+        reason: "destination health could not be read in time; trying again shortly".into(),
+        after: Duration::from_secs(1),
+    });
     if let Admit::Wait {
         class,
         reason,
         after,
     } = admitted
     {
+        // a recovered claim waits like any other (a paused destination
+        // receives nothing) and stays recovered: the attempt whose outcome
+        // was lost is asked about when a claim of it gets through
+        if let Some(previous) = &claim.recovered_from {
+            keep_recovery(d, claim, previous).await;
+        }
         metrics::counter!("outbox_destination_deferrals_total", "kind" => kind_label(&claim.kind), "reason" => class)
             .increment(1);
         let outcome = Outcome::Deferred {
@@ -293,6 +290,11 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
             retry_after: after,
         };
         return (outcome, provider.on_ambiguous());
+    }
+    if claim.recovered_from.is_some() {
+        if let Err(err) = d.store.recovery_started(claim.id, claim.fence).await {
+            tracing::warn!(error = %err, "could not record that the recovery started");
+        }
     }
     let (outcome, policy) = attempt_at(d, claim, provider).await;
     // what the destination did is recorded beside the completion, not
@@ -305,6 +307,20 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         });
     }
     (outcome, policy)
+}
+
+/// Mark a recovered claim's intent as still to be reconciled before it is
+/// deferred ([`Store::keep_recovery`]).
+async fn keep_recovery(d: &Deliverer, claim: &Claimed, previous: &str) {
+    let kept = d
+        .store
+        .keep_recovery(claim.id, claim.fence, previous, claim.previous_attempt_at)
+        .await;
+    if let Err(err) = kept {
+        // the deferral's own write will most likely fail the same way, and
+        // the lease then expires into a new recovery
+        tracing::warn!(error = %err, "could not keep the recovery of a deferred claim");
+    }
 }
 
 /// The attempt itself: reconcile first when the claim was recovered from an
@@ -469,7 +485,7 @@ fn log_outcome(
         Outcome::Delivered { replayed, .. } => {
             tracing::debug!(ms, replayed, "delivered")
         }
-        Outcome::Transient { reason, .. } => {
+        Outcome::Transient { reason, .. } | Outcome::TargetUnavailable { reason, .. } => {
             tracing::info!(ms, next = %completion.state, run_after = completion.run_after.map(|t| t.to_rfc3339()), reason = %reason, "transient failure")
         }
         Outcome::Rejected { reason, .. } => tracing::warn!(ms, reason = %reason, "rejected"),

@@ -35,6 +35,11 @@ use crate::store::Store;
 
 /// How often the gate rereads the unhealthy destinations.
 const REFRESH: Duration = Duration::from_millis(500);
+/// The most unhealthy destinations the gate reads and keeps: the paused
+/// ones first, then open breakers and slowed destinations, then those that
+/// failed lately, the latest first. (Past it, a closed destination's count
+/// may miss a reset by a success: it starts anew after the failure window.)
+pub const VIEW_MAX: i64 = 10_000;
 /// How long a deferred intent waits at least, at most.
 const MIN_WAIT: Duration = Duration::from_millis(100);
 const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -122,9 +127,17 @@ pub struct HealthSettings {
 /// The destinations that are not a URL's origin.
 pub const NAMED: &[&str] = &["smtp", "charge", "nats", "amqp"];
 
-/// `scheme://host[:port]` of a URL, lowercase, without a default port.
+/// `scheme://host[:port]` of a URL, lowercase, without a default port, an
+/// IPv4 address in its dotted form however it was written (`0x7f.1`,
+/// `[::ffff:127.0.0.1]`): one destination has one name.
 pub fn origin(url: &str) -> Option<String> {
-    let origin = url::Url::parse(url).ok()?.origin();
+    let mut url = url::Url::parse(url).ok()?;
+    if let Some(url::Host::Ipv6(v6)) = url.host() {
+        if let Some(v4) = v6.to_ipv4_mapped() {
+            url.set_ip_host(std::net::IpAddr::V4(v4)).ok()?;
+        }
+    }
+    let origin = url.origin();
     origin.is_tuple().then(|| origin.ascii_serialization())
 }
 
@@ -239,6 +252,19 @@ impl HealthSettings {
         })
     }
 
+    /// How long failures count as consecutive: the longest `max_cooldown`
+    /// configured. An older count starts anew (`outbox.destination_failed`)
+    /// and is pruned (`outbox.forget_stale_failures`).
+    pub fn failure_window(&self) -> Duration {
+        self.breaker
+            .iter()
+            .chain(self.probe_settings.iter())
+            .chain(self.overrides.values())
+            .map(|b| b.max_cooldown)
+            .max()
+            .unwrap_or(Duration::from_secs(600))
+    }
+
     fn breaker_for(&self, dest: &str) -> Option<BreakerSettings> {
         self.breaker
             .map(|default| self.overrides.get(dest).copied().unwrap_or(default))
@@ -287,9 +313,10 @@ struct Local {
     /// When the next deferred intent of a limited destination is due back,
     /// so that deferrals come back spread at the rate, not all at once.
     next_slot: HashMap<String, Instant>,
-    /// Destinations this relay saw fail since their last recorded success:
-    /// the next answer resets their count even before the view shows them.
-    failing: std::collections::HashSet<String>,
+    /// Destinations this relay saw fail since their last recorded success,
+    /// and when: the next answer resets their count even before the view
+    /// shows them. Kept for the failure window, at most [`VIEW_MAX`].
+    failing: HashMap<String, Instant>,
 }
 
 /// The relay's view of its destinations' health; see the module docs.
@@ -360,17 +387,12 @@ impl Gate {
         if !stale(&self.local()) {
             return;
         }
-        let rows: Result<Vec<DestinationRow>, _> = sqlx::query_as(
-            "SELECT name, state, failures, last_error, opened_at, next_probe_at, probe_until,
-                    paused_by, paused_at, slow_until
-               FROM outbox.destinations
-              WHERE state <> 'closed' OR failures > 0 OR slow_until > now()",
-        )
-        .fetch_all(self.store.pool())
-        .await;
+        let window = self.settings.failure_window();
+        let rows = read_unhealthy(&self.store, window, VIEW_MAX).await;
         let mut local = self.local();
         match rows {
             Ok(rows) => {
+                local.failing.retain(|_, at| at.elapsed() < window);
                 local.view = rows.into_iter().map(|r| (r.name.clone(), r)).collect();
                 local.read_at = Some(Instant::now());
             }
@@ -639,7 +661,10 @@ impl Gate {
             Ok(None)
         };
         if failed {
-            self.local().failing.insert(dest.clone());
+            let mut local = self.local();
+            if local.failing.len() < VIEW_MAX as usize || local.failing.contains_key(dest) {
+                local.failing.insert(dest.clone(), Instant::now());
+            }
         }
         match result {
             Ok(Some(state)) => {
@@ -658,9 +683,37 @@ impl Gate {
     /// Has `dest` failed lately (so that a success must reset its count)?
     fn unhealthy(&self, dest: &str) -> bool {
         let local = self.local();
-        local.view.contains_key(dest) || local.failing.contains(dest)
+        local.view.contains_key(dest) || local.failing.contains_key(dest)
     }
 }
+
+/// The destinations the gate keeps in view: paused, breaker not closed,
+/// slowed down, or failed within `window`; at most `max`, the paused first,
+/// then the others not closed, then the latest failures. Read through the
+/// partial index `destinations_unhealthy` (schema 0015): the healthy rows
+/// (every destination ever limited or failed) are not read.
+pub async fn read_unhealthy(
+    store: &Store,
+    window: Duration,
+    max: i64,
+) -> Result<Vec<DestinationRow>, sqlx::Error> {
+    sqlx::query_as(UNHEALTHY_SQL)
+        .bind(interval(window))
+        .bind(max)
+        .fetch_all(store.pool())
+        .await
+}
+
+/// The gate's reread ($1 the failure window, $2 the most rows).
+pub const UNHEALTHY_SQL: &str =
+    "SELECT name, state, failures, last_error, opened_at, next_probe_at,
+        probe_until, paused_by, paused_at, slow_until
+   FROM outbox.destinations
+  WHERE (state <> 'closed' OR failures > 0 OR slow_until IS NOT NULL)
+    AND (state <> 'closed' OR slow_until > now()
+         OR (failures > 0 AND updated_at > now() - $1::interval))
+  ORDER BY state = 'paused' DESC, state = 'closed', updated_at DESC
+  LIMIT $2";
 
 /// The alerts of destinations paused by hand (each raised by one relay).
 pub async fn raise_pause_alerts(store: &Store, settings: &HealthSettings) {
@@ -675,6 +728,21 @@ pub async fn raise_pause_alerts(store: &Store, settings: &HealthSettings) {
         .await
     {
         tracing::warn!(error = %e, "cannot raise the pause alerts");
+    }
+}
+
+/// The summaries of alert windows that held alerts back (schema 0015:
+/// of each kind of destination event, 3 are raised one by one per five
+/// minutes, the rest summed up in one `alerts.suppressed` after it).
+pub async fn raise_alert_summaries(store: &Store, settings: &HealthSettings) {
+    let alerts = &settings.alerts;
+    if let Err(e) = sqlx::query("SELECT outbox.raise_alert_summaries($1, $2)")
+        .bind(&alerts.url)
+        .bind(&alerts.endpoint)
+        .execute(store.pool())
+        .await
+    {
+        tracing::warn!(error = %e, "cannot raise the alert summaries");
     }
 }
 
@@ -709,7 +777,8 @@ const GAUGED_DESTINATIONS: usize = 20;
 /// `outbox_destination_state{destination}` (0 closed, 1 open, 2 half
 /// open, 3 paused) for the configured destinations and the unhealthy ones
 /// (at most [`GAUGED_DESTINATIONS`] by name, the rest as `other`: the
-/// number of them not closed).
+/// number of them not closed), and no other series: one that leaves the
+/// set leaves the exposition. `reported` becomes the names reported.
 pub async fn refresh_gauges(
     store: &Store,
     settings: &HealthSettings,
@@ -747,14 +816,10 @@ pub async fn refresh_gauges(
             std::collections::hash_map::Entry::Vacant(_) => other += 1.0,
         }
     }
-    for gone in reported.iter().filter(|n| !now.contains_key(*n)) {
-        metrics::gauge!("outbox_destination_state", "destination" => gone.clone()).set(0.0);
-    }
-    for (name, value) in &now {
-        metrics::gauge!("outbox_destination_state", "destination" => name.clone()).set(*value);
-    }
-    metrics::gauge!("outbox_destination_state", "destination" => "other").set(other);
-    reported.extend(now.into_keys());
+    // a destination that left the set leaves the exposition with it
+    *reported = now.keys().cloned().collect();
+    now.insert("other".into(), other);
+    crate::destination_gauges::publish_state(now);
     Ok(())
 }
 
@@ -765,7 +830,8 @@ const TOP_BACKLOGS: usize = 10;
 
 /// `outbox_destination_pending{destination}`: the pending backlog of the
 /// configured destinations (pending or claimed), of the [`TOP_BACKLOGS`] largest others, and of
-/// the rest summed as `other`. One grouped scan of the pending intents.
+/// the rest summed as `other`, and no other series. One grouped scan of
+/// the pending intents. `reported` becomes the names reported.
 pub async fn refresh_backlog_gauges(
     store: &Store,
     settings: &HealthSettings,
@@ -798,14 +864,9 @@ pub async fn refresh_backlog_gauges(
     for (name, n) in rest.into_iter().take(TOP_BACKLOGS) {
         now.insert(name, n as f64);
     }
-    for gone in reported.iter().filter(|n| !now.contains_key(*n)) {
-        metrics::gauge!("outbox_destination_pending", "destination" => gone.clone()).set(0.0);
-    }
-    for (name, value) in &now {
-        metrics::gauge!("outbox_destination_pending", "destination" => name.clone()).set(*value);
-    }
-    metrics::gauge!("outbox_destination_pending", "destination" => "other").set(other as f64);
-    reported.extend(now.into_keys());
+    *reported = now.keys().cloned().collect();
+    now.insert("other".into(), other as f64);
+    crate::destination_gauges::publish_pending(now);
     Ok(())
 }
 
@@ -854,6 +915,17 @@ pub async fn run(
     for tick in 0u64.. {
         check_dead_alert(&store, &settings).await;
         raise_pause_alerts(&store, &settings).await;
+        raise_alert_summaries(&store, &settings).await;
+        // about every minute at a 5 s tick: failures past the window
+        if tick % 12 == 2 {
+            if let Err(e) = sqlx::query("SELECT outbox.forget_stale_failures($1)")
+                .bind(interval(settings.failure_window()))
+                .execute(store.pool())
+                .await
+            {
+                tracing::debug!(error = %e, "cannot forget stale destination failures");
+            }
+        }
         // about hourly at a 5 s tick
         if tick % 720 == 1 {
             if let Err(e) = sqlx::query("SELECT outbox.prune_destinations($1)")
@@ -881,8 +953,11 @@ pub async fn run(
 
 /// What an outcome shows of its destination: (it failed, it answered). A
 /// failure is transient or ambiguous; an answer is a delivery, a refusal it
-/// gave (with its status), our credentials refused. A rejection without a
-/// status may be the relay's own refusal of the payload: it shows nothing.
+/// gave (with its status), our credentials refused, or a broker's answer
+/// about the one exchange, queue or subject a message goes to (that one is
+/// missing or full: the broker is up, and the other messages go on). A
+/// rejection without a status may be the relay's own refusal of the
+/// payload: it shows nothing.
 fn shown(outcome: &Outcome) -> (bool, bool) {
     let failed = matches!(
         outcome,
@@ -892,6 +967,7 @@ fn shown(outcome: &Outcome) -> (bool, bool) {
         outcome,
         Outcome::Delivered { .. }
             | Outcome::Misconfigured { .. }
+            | Outcome::TargetUnavailable { .. }
             | Outcome::Rejected {
                 status: Some(_),
                 ..
@@ -996,6 +1072,21 @@ mod tests {
         assert_eq!(
             canonical("https://A.example:443/x", &endpoints).unwrap(),
             "https://a.example"
+        );
+        for spelling in [
+            "http://[::ffff:127.0.0.1]:8080/x",
+            "http://[::FFFF:7f00:1]:8080",
+            "http://0x7f.1:8080/",
+        ] {
+            assert_eq!(
+                canonical(spelling, &endpoints).unwrap(),
+                "http://127.0.0.1:8080",
+                "{spelling}"
+            );
+        }
+        assert_eq!(
+            canonical("http://[::1]:8080", &endpoints).unwrap(),
+            "http://[::1]:8080"
         );
         assert_eq!(canonical("smtp", &endpoints).unwrap(), "smtp");
         assert!(canonical("partner", &endpoints)

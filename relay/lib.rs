@@ -42,6 +42,7 @@ pub mod cli;
 pub mod complete;
 pub mod config;
 pub mod console;
+pub mod destination_gauges;
 pub mod dispatch;
 pub mod engine;
 pub mod health;

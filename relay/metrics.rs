@@ -142,14 +142,8 @@ fn describe() {
         "outbox_destination_deferrals_total",
         "Deliveries held back by destination health (reason: paused, breaker, slow, limit)"
     );
-    describe_gauge!(
-        "outbox_destination_pending",
-        "Pending intents per destination: the configured ones, the 10 largest other backlogs, the rest as other"
-    );
-    describe_gauge!(
-        "outbox_destination_state",
-        "Destination health: 0 closed, 1 breaker open, 2 half open (probing), 3 paused"
-    );
+    // outbox_destination_state and outbox_destination_pending: see
+    // crate::destination_gauges
     describe_gauge!("outbox_intents", "Intents by kind and state");
     describe_gauge!(
         "outbox_listen_active",
@@ -258,7 +252,9 @@ pub async fn serve(
 }
 
 async fn render(State(s): State<Served>) -> String {
-    s.handle.render()
+    let mut text = s.handle.render();
+    text.push_str(&crate::destination_gauges::render());
+    text
 }
 
 async fn ready(State(s): State<Served>) -> (StatusCode, String) {

@@ -170,7 +170,7 @@ impl AttemptOutcome {
         match outcome {
             O::Delivered { .. } => AttemptOutcome::Delivered,
             O::Rejected { .. } | O::Misconfigured { .. } => AttemptOutcome::Rejected,
-            O::Transient { .. } => AttemptOutcome::Transient,
+            O::Transient { .. } | O::TargetUnavailable { .. } => AttemptOutcome::Transient,
             O::Ambiguous { .. } => AttemptOutcome::Ambiguous,
             O::Deferred { .. } => AttemptOutcome::Deferred,
         }

@@ -104,6 +104,7 @@ pub fn next(
         Outcome::Misconfigured { .. } => Next::Dead,
         Outcome::Deferred { retry_after, .. } => Next::Defer(policy.jittered(*retry_after, unit)),
         Outcome::Transient { retry_after, .. } => retry(*retry_after),
+        Outcome::TargetUnavailable { .. } => retry(None),
         Outcome::Ambiguous { .. } => match on_ambiguous {
             AmbiguityPolicy::Park => Next::Ambiguous,
             AmbiguityPolicy::Redeliver => retry(None),

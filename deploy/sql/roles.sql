@@ -56,7 +56,10 @@ GRANT EXECUTE ON FUNCTION
     outbox.release_probe(text, text),
     outbox.prune_destinations(interval),
     outbox.close_idle_breaker(text, text, text, text),
-    outbox.destination_of(text, text, jsonb)
+    outbox.destination_of(text, text, jsonb),
+    -- (0015) failures past their window; alert summaries
+    outbox.forget_stale_failures(interval),
+    outbox.raise_alert_summaries(text, text)
     TO outbox_relay;
 GRANT EXECUTE ON FUNCTION
     outbox.pause_destination(text, text),

@@ -30,6 +30,12 @@ pub enum Outcome {
         /// The provider asked us to wait at least this long.
         retry_after: Option<Duration>,
     },
+    /// The provider is up and answered that the one place this message goes
+    /// cannot take it now: an AMQP exchange that does not exist, a queue
+    /// full to its limit that nacks, a NATS subject no stream takes.
+    /// Retried like a transient failure, but it says nothing against the
+    /// provider as a whole: it is an answer, and counts towards no breaker.
+    TargetUnavailable { reason: String, status: Option<u16> },
     /// The effect may or may not have happened (the request was sent and the
     /// answer was lost). Resolved by reconcile or by the kind's policy.
     Ambiguous { reason: String, status: Option<u16> },
@@ -51,7 +57,7 @@ impl Outcome {
         match self {
             Outcome::Delivered { .. } => "delivered",
             Outcome::Rejected { .. } => "rejected",
-            Outcome::Transient { .. } => "transient",
+            Outcome::Transient { .. } | Outcome::TargetUnavailable { .. } => "transient",
             Outcome::Ambiguous { .. } => "ambiguous",
             Outcome::Misconfigured { .. } => "rejected",
             Outcome::Deferred { .. } => "deferred",
@@ -63,6 +69,7 @@ impl Outcome {
             Outcome::Delivered { status, .. }
             | Outcome::Rejected { status, .. }
             | Outcome::Transient { status, .. }
+            | Outcome::TargetUnavailable { status, .. }
             | Outcome::Ambiguous { status, .. }
             | Outcome::Misconfigured { status, .. } => *status,
             Outcome::Deferred { .. } => None,
@@ -75,6 +82,7 @@ impl Outcome {
             Outcome::Delivered { .. } => None,
             Outcome::Rejected { reason, .. }
             | Outcome::Transient { reason, .. }
+            | Outcome::TargetUnavailable { reason, .. }
             | Outcome::Ambiguous { reason, .. }
             | Outcome::Misconfigured { reason, .. }
             | Outcome::Deferred { reason, .. } => Some(reason),

@@ -44,7 +44,8 @@ pub struct Claimed {
     pub delivered_before: bool,
     /// When this process received the claim; the lease started a little earlier.
     pub claimed_at: std::time::Instant,
-    /// Set when the sweeper reclaimed an expired lease: the previous attempt's
+    /// Set when the sweeper reclaimed an expired lease (or the intent is
+    /// claimed again after its recovery was deferred): the previous attempt's
     /// outcome is unknown and must be reconciled, not guessed.
     pub recovered_from: Option<String>,
     /// With `recovered_from`: when the lost attempt's claim was taken.
@@ -101,7 +102,7 @@ pub struct Written {
 const CLAIMED_COLUMNS: &str =
     "i.id, i.key, i.kind, i.destination, i.payload::text AS payload, i.attempts, \
      i.attempts_base, i.fence, i.key_generation, i.created_at, \
-     i.delivered_at IS NOT NULL AS delivered_before";
+     i.delivered_at IS NOT NULL AS delivered_before, i.recover_owner, i.recover_at";
 
 fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
     let payload_text: String = row.try_get("payload")?;
@@ -129,15 +130,17 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
         created_at: row.try_get("created_at")?,
         delivered_before: row.try_get("delivered_before")?,
         claimed_at: std::time::Instant::now(),
+        // a fresh claim of an intent whose recovery was deferred (see
+        // Store::keep_recovery) is a recovered claim still
         recovered_from: if recovered {
             row.try_get("previous_owner")?
         } else {
-            None
+            row.try_get("recover_owner")?
         },
         previous_attempt_at: if recovered {
             row.try_get("previous_at")?
         } else {
-            None
+            row.try_get("recover_at")?
         },
     })
 }

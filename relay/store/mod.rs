@@ -10,6 +10,7 @@ pub mod console;
 pub mod enqueue;
 pub mod fleet;
 pub mod operator;
+pub mod recovery;
 pub mod schedules;
 pub mod storable;
 

@@ -507,3 +507,96 @@ async fn a_nack_is_transient_and_retried_under_the_same_message_id() {
         [message_id("second", 0)]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_exchange_or_a_full_queue_does_not_hold_back_the_other_publishes() {
+    use lapin::types::{AMQPValue, FieldTable};
+    let db = TestDb::new().await;
+    let rabbit = Rabbit::shared();
+    let (_conn, ch, exchange, queue) = rabbit.topology("created").await;
+    // a queue full to its limit of one that refuses more (the broker nacks)
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongInt(1));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    let (_full_conn, _full_ch, full, _) = rabbit.topology_with("e", args).await;
+    let missing = format!("{exchange}-missing");
+    for n in 0..6 {
+        db.enqueue(
+            &format!("nowhere:{n}"),
+            "amqp",
+            json!({"exchange": missing, "routing_key": "created", "body": n}),
+        )
+        .await;
+        db.enqueue(
+            &format!("full:{n}"),
+            "amqp",
+            json!({"exchange": full, "routing_key": "e", "body": n}),
+        )
+        .await;
+    }
+    let mut cfg = amqp_config(&rabbit);
+    // a breaker that opens at the third failure and would hold the broker
+    // for a minute
+    cfg.breaker.failures = 3;
+    cfg.breaker.cooldown = Dur(Duration::from_secs(60));
+    cfg.retry.schedule = vec![Dur(Duration::from_millis(200))];
+    cfg.retry.max_attempts = 1000;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let relay = tokio::spawn(engine(db.store.clone(), &cfg).run(async {
+        let _ = rx.await;
+    }));
+    let refused = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox.attempts a JOIN outbox.intents i ON i.id = a.intent_id
+              WHERE a.outcome = 'transient' AND (i.key LIKE 'nowhere:%' OR i.key LIKE 'full:%')",
+        )
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+    };
+    assert!(
+        crate::common::wait_for(Duration::from_secs(20), || async { refused().await >= 8 }).await,
+        "the missing exchange and the full queue refused publishes: {}",
+        refused().await
+    );
+    // the refusals' health records are written beside their completions
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in 0..10 {
+        db.enqueue(
+            &format!("good:{n}"),
+            "amqp",
+            json!({"exchange": exchange, "routing_key": "created", "body": n}),
+        )
+        .await;
+    }
+    let delivered = crate::common::wait_for(Duration::from_secs(10), || async {
+        db.count("key LIKE 'good:%' AND state = 'delivered'").await == 10
+    })
+    .await;
+    let amqp: Option<(String, i32)> =
+        sqlx::query_as("SELECT state, failures FROM outbox.destinations WHERE name = 'amqp'")
+            .fetch_optional(db.pool())
+            .await
+            .unwrap();
+    let _ = tx.send(());
+    relay.await.unwrap().unwrap();
+    assert!(
+        delivered,
+        "publishes to a healthy exchange went on: {} of 10 delivered; the amqp destination: {amqp:?}",
+        db.count("key LIKE 'good:%' AND state = 'delivered'").await
+    );
+    assert!(
+        amqp.as_ref().is_none_or(|(state, _)| state == "closed"),
+        "answers about one exchange or queue do not open the broker's breaker: {amqp:?}"
+    );
+    assert_eq!(drain(&ch, &queue).await.len(), 10);
+    assert_eq!(
+        db.count("key LIKE 'nowhere:%' AND state = 'pending' AND last_error LIKE '%404%'")
+            .await,
+        6,
+        "the missing exchange's intents wait on their own schedule"
+    );
+}

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::{self, cli, config, engine, Receiver, Reply, TestDb};
+use outbox_providers::AmbiguityPolicy;
 use outbox_relay::config::Dur;
 
 /// A subprocess relay configuration with destination health settings.
@@ -591,4 +592,374 @@ async fn an_open_breaker_with_nothing_left_to_send_is_closed_by_itself() {
         .count("payload->'body'->>'type' = 'breaker.closed'")
         .await;
     assert_eq!(alert, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_for_every_spelling_of_an_ipv4_origin() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let port = rx.addr.port();
+    let cfg = config();
+    let settings = cfg.health().unwrap();
+    let paused = outbox_relay::health::pause(
+        &db.store,
+        &settings,
+        &format!("http://127.0.0.1:{port}"),
+        Some("maintenance"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(paused, format!("http://127.0.0.1:{port}"));
+    let spellings = [
+        format!("http://[::ffff:127.0.0.1]:{port}/hook"),
+        format!("http://[::FFFF:7f00:1]:{port}/hook"),
+        format!("http://0x7f.1:{port}/hook"),
+        format!("http://127.0.0.1.:{port}/hook"),
+    ];
+    for (n, url) in spellings.iter().enumerate() {
+        db.enqueue(
+            &format!("spelled:{n}"),
+            "webhook",
+            json!({"url": url, "body": n}),
+        )
+        .await;
+    }
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    assert!(
+        rx.requests().is_empty(),
+        "a paused origin receives nothing, however it is written: {:?}",
+        rx.requests()
+            .iter()
+            .map(|r| r.path.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        db.count(
+            "key LIKE 'spelled:%' AND state = 'pending' AND attempts = 0
+             AND last_error LIKE '%is paused by%'"
+        )
+        .await,
+        spellings.len() as i64
+    );
+    // the same URLs reach the receiver once it is resumed
+    outbox_relay::health::resume(&db.store, &settings, &paused)
+        .await
+        .unwrap();
+    common::run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(15),
+        || async {
+            db.count("key LIKE 'spelled:%' AND state = 'delivered'")
+                .await
+                == 4
+        },
+    )
+    .await;
+    assert_eq!(rx.requests().len(), spellings.len());
+}
+
+/// Run `engine` until `done` holds or `limit` passes; whether it held.
+async fn run_for<F, Fut>(engine: outbox_relay::engine::Engine, limit: Duration, done: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(engine.run(async {
+        let _ = rx.await;
+    }));
+    let ok = common::wait_for(limit, done).await;
+    let _ = tx.send(());
+    handle.await.unwrap().unwrap();
+    ok
+}
+
+/// `SELECT count(*) FROM <from_where>`.
+async fn rows(db: &TestDb, from_where: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {from_where}"))
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+}
+
+/// `n` webhook origins on loopback that refuse every connection.
+fn refused_origins(n: usize) -> Vec<String> {
+    let mut ports: Vec<u16> = (0..n).map(|_| common::free_port()).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+        .into_iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_that_stopped_are_pruned_and_the_gate_reads_only_recent_ones() {
+    let db = TestDb::new().await;
+    let origins = refused_origins(50);
+    for (n, o) in origins.iter().enumerate() {
+        db.enqueue(
+            &format!("refused:{n}"),
+            "webhook",
+            json!({"url": format!("{o}/hook"), "body": n}),
+        )
+        .await;
+    }
+    // each intent gives up below the breaker's threshold: every origin is
+    // left closed with failures that no success will ever reset
+    let cfg = relay_config(
+        r#"
+[retry]
+schedule = ["50ms"]
+max_attempts = 2
+jitter = 0.0
+
+[breaker]
+failures = 3
+cooldown = "200ms"
+max_cooldown = "1s"
+"#,
+    );
+    let mut relay = common::spawn_relay(&db, &cfg, "pruner");
+    assert!(
+        common::wait_for(Duration::from_secs(20), || async {
+            db.count("key LIKE 'refused:%' AND state = 'dead'").await == origins.len() as i64
+        })
+        .await,
+        "every refused intent gave up"
+    );
+    let failing: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.destinations WHERE state = 'closed' AND failures = 2",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(failing, origins.len() as i64);
+    // within the failure window (max_cooldown) the gate keeps them in view;
+    // past it, it reads none of them, and the paused one first
+    let mut settings = config().health().unwrap();
+    let breaker = settings.breaker.as_mut().unwrap();
+    breaker.max_cooldown = Duration::from_secs(1);
+    settings.probe_settings = settings.breaker;
+    let window = settings.failure_window();
+    assert_eq!(window, Duration::from_secs(1));
+    let paused = format!("http://127.0.0.1:{}", common::free_port());
+    outbox_relay::health::pause(&db.store, &settings, &paused, None)
+        .await
+        .unwrap();
+    let names = |rows: Vec<outbox_relay::health::DestinationRow>| {
+        rows.into_iter().map(|r| r.name).collect::<Vec<_>>()
+    };
+    let viewed = names(
+        outbox_relay::health::read_unhealthy(&db.store, Duration::from_secs(3600), 5)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(viewed.len(), 5, "the view is bounded: {viewed:?}");
+    assert_eq!(
+        viewed[0], paused,
+        "the paused destination first: {viewed:?}"
+    );
+    tokio::time::sleep(window).await;
+    let viewed = names(
+        outbox_relay::health::read_unhealthy(&db.store, window, 10_000)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        viewed,
+        std::slice::from_ref(&paused),
+        "failures past the window are not read"
+    );
+    // the relay prunes them (about every minute, the first time about ten
+    // seconds after it starts)
+    assert!(
+        common::wait_for(Duration::from_secs(30), || async {
+            rows(&db, "outbox.destinations WHERE failures > 0").await == 0
+        })
+        .await,
+        "the stale failures were pruned: {} left",
+        rows(&db, "outbox.destinations WHERE failures > 0").await
+    );
+    assert_eq!(
+        rows(&db, "outbox.destinations").await,
+        1,
+        "only the paused destination is left"
+    );
+    common::terminate(&mut relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incident_across_many_origins_is_a_handful_of_alerts() {
+    let db = TestDb::new().await;
+    let alert_rx = Receiver::ok().await;
+    let origins = refused_origins(50);
+    for (n, o) in origins.iter().enumerate() {
+        db.enqueue(
+            &format!("refused:{n}"),
+            "webhook",
+            json!({"url": format!("{o}/hook"), "body": n}),
+        )
+        .await;
+    }
+    let mut cfg = config();
+    cfg.retry.max_attempts = 1;
+    cfg.breaker.failures = 1;
+    cfg.alerts.url = Some(alert_rx.url("/alerts"));
+    let settings = cfg.health().unwrap();
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let opened: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.destination_events WHERE event = 'opened'")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        opened,
+        origins.len() as i64,
+        "every origin's breaker opened"
+    );
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let got = alerts(&alert_rx);
+    assert_eq!(
+        got.iter().filter(|a| a.0 == "breaker.opened").count(),
+        3,
+        "the first three are raised one by one: {got:?}"
+    );
+    // the window is over (five minutes later): one summary, whichever of
+    // three relays' health loops raises it
+    sqlx::query("UPDATE outbox.alert_windows SET started_at = started_at - interval '5 minutes'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        outbox_relay::health::raise_alert_summaries(&db.store, &settings).await;
+    }
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let summaries: Vec<Value> = alert_rx
+        .requests()
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
+        .filter(|b| b["type"] == "alerts.suppressed")
+        .collect();
+    assert_eq!(summaries.len(), 1, "{summaries:?}");
+    let detail = &summaries[0]["detail"];
+    assert_eq!(summaries[0]["subject"], "breaker.opened");
+    assert_eq!(detail["suppressed"], origins.len() - 3, "{detail}");
+    assert_eq!(detail["raised"], 3);
+    assert_eq!(detail["subjects"].as_array().unwrap().len(), 20, "{detail}");
+    assert_eq!(
+        alert_rx.requests().len(),
+        4,
+        "an incident of {} origins is 4 messages",
+        origins.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_for_a_claim_recovered_after_a_crash() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let parked_rx = Receiver::ok().await;
+    db.enqueue("crashed", "webhook", json!({"url": rx.url("/"), "body": 1}))
+        .await;
+    db.enqueue(
+        "crashed-parked",
+        "webhook",
+        json!({"url": parked_rx.url("/"), "body": 2}),
+    )
+    .await;
+    // a relay claims both with a 100ms lease and dies mid-delivery
+    let claims = db.store.claim("dead-relay", 10, 100, &[]).await.unwrap();
+    assert_eq!(claims.len(), 2);
+    let redeliver = config();
+    let mut park = config();
+    park.webhook.on_ambiguous = AmbiguityPolicy::Park;
+    let settings = redeliver.health().unwrap();
+    for r in [&rx, &parked_rx] {
+        outbox_relay::health::pause(&db.store, &settings, &format!("http://{}", r.addr), None)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    // the sweeper recovers both; the gate holds them like any other claim
+    engine(db.store.clone(), &redeliver)
+        .run_once()
+        .await
+        .unwrap();
+    assert!(
+        rx.requests().is_empty() && parked_rx.requests().is_empty(),
+        "a paused destination receives nothing, recovered claims included"
+    );
+    for key in ["crashed", "crashed-parked"] {
+        let i = db.store.find(key).await.unwrap();
+        assert_eq!((i.state.as_str(), i.attempts), ("pending", 1), "{i:?}");
+        assert!(
+            i.last_error
+                .as_deref()
+                .unwrap_or_default()
+                .contains("is paused by"),
+            "{i:?}"
+        );
+        let outcomes: Vec<String> = db
+            .store
+            .attempts(i.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| a.outcome)
+            .collect();
+        assert_eq!(outcomes, ["lost"], "no attempt spent while paused");
+    }
+
+    // resumed: the recovery goes on where it stopped. Redelivered under the
+    // same key, or, with the park policy, parked: the lost attempt is still
+    // asked about, not forgotten by the deferral
+    outbox_relay::health::resume(&db.store, &settings, &format!("http://{}", parked_rx.addr))
+        .await
+        .unwrap();
+    let parked = run_for(
+        engine(db.store.clone(), &park),
+        Duration::from_secs(15),
+        || async { db.state("crashed-parked").await == "ambiguous" },
+    )
+    .await;
+    assert!(
+        parked,
+        "the recovery was parked: {:?}",
+        db.store.find("crashed-parked").await.unwrap()
+    );
+    assert!(parked_rx.requests().is_empty(), "parking never re-executes");
+    let reason = db
+        .store
+        .find("crashed-parked")
+        .await
+        .unwrap()
+        .last_error
+        .unwrap();
+    assert!(reason.contains("dead-relay"), "{reason}");
+    outbox_relay::health::resume(&db.store, &settings, &format!("http://{}", rx.addr))
+        .await
+        .unwrap();
+    common::run_until(
+        engine(db.store.clone(), &redeliver),
+        Duration::from_secs(15),
+        || async { db.state("crashed").await == "delivered" },
+    )
+    .await;
+    assert_eq!(rx.requests().len(), 1);
+    let i = db.store.find("crashed").await.unwrap();
+    let outcomes: Vec<String> = db
+        .store
+        .attempts(i.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.outcome)
+        .collect();
+    assert_eq!(outcomes, ["lost", "delivered"]);
+    assert_eq!(
+        rows(&db, "outbox.intents WHERE recover_owner IS NOT NULL").await,
+        0
+    );
 }

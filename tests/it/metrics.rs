@@ -373,3 +373,89 @@ async fn destination_health_is_exported_with_bounded_labels() {
     );
     common::terminate(&mut relay).await;
 }
+
+/// A condition on a scrape.
+type Check = dyn Fn(&HashMap<String, f64>) -> bool;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_recovers_leaves_the_state_gauge() {
+    let db = TestDb::new().await;
+    let port = common::free_port();
+    let mut relay = spawn(&db.url, port, &[]);
+    let state_series = |m: &HashMap<String, f64>| {
+        let mut names: Vec<String> = m
+            .keys()
+            .filter(|k| k.starts_with("outbox_destination_state{"))
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    };
+    // (scrape until `ok`, for at most 20 s: the gauges refresh every 5 s)
+    let scrape_until = |what: &'static str, ok: Box<Check>| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+                if r.status().is_success() {
+                    let m = scrape(port).await;
+                    if ok(&m) {
+                        return m;
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{what}: {:?}",
+                        m.iter()
+                            .filter(|(k, _)| k.starts_with("outbox_destination_state"))
+                            .collect::<Vec<_>>()
+                    );
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: no /metrics");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    for cycle in 0..2 {
+        let origins: Vec<String> = (0..5)
+            .map(|n| format!("https://c{cycle}-{n}.example"))
+            .collect();
+        for o in &origins {
+            sqlx::query("SELECT outbox.pause_destination($1, 'test')")
+                .bind(o)
+                .execute(db.pool())
+                .await
+                .unwrap();
+        }
+        let shown = origins.clone();
+        scrape_until(
+            "the paused destinations are shown",
+            Box::new(move |m| {
+                shown.iter().all(|o| {
+                    m.get(&format!("outbox_destination_state{{destination=\"{o}\"}}")) == Some(&3.0)
+                })
+            }),
+        )
+        .await;
+        for o in &origins {
+            sqlx::query("SELECT outbox.resume_destination($1)")
+                .bind(o)
+                .execute(db.pool())
+                .await
+                .unwrap();
+        }
+        let m = scrape_until(
+            "the resumed destinations leave the gauge",
+            Box::new(move |m| {
+                !origins.iter().any(|o| {
+                    m.contains_key(&format!("outbox_destination_state{{destination=\"{o}\"}}"))
+                })
+            }),
+        )
+        .await;
+        assert_eq!(
+            state_series(&m),
+            ["outbox_destination_state{destination=\"other\"}"],
+            "nothing configured, nothing unhealthy: only `other` is left"
+        );
+    }
+    common::terminate(&mut relay).await;
+}

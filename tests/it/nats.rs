@@ -261,3 +261,74 @@ async fn past_the_duplicate_window_an_unconfirmed_publish_is_parked_not_republis
         "never republished blind"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_without_a_stream_does_not_hold_back_the_other_publishes() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    stream(&server, "ORDERS", "orders.>", Duration::from_secs(120)).await;
+    for n in 0..6 {
+        db.enqueue(
+            &format!("lost:{n}"),
+            "nats",
+            json!({"subject": "nowhere.here", "body": n}),
+        )
+        .await;
+    }
+    let mut cfg = nats_config(&server);
+    // a breaker that opens at the third failure and would hold the server
+    // for a minute
+    cfg.breaker.failures = 3;
+    cfg.breaker.cooldown = Dur(Duration::from_secs(60));
+    cfg.retry.schedule = vec![Dur(Duration::from_millis(200))];
+    cfg.retry.max_attempts = 1000;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let relay = tokio::spawn(engine(db.store.clone(), &cfg).run(async {
+        let _ = rx.await;
+    }));
+    let refused = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox.attempts a JOIN outbox.intents i ON i.id = a.intent_id
+              WHERE a.outcome = 'transient' AND i.key LIKE 'lost:%'",
+        )
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+    };
+    assert!(
+        crate::common::wait_for(Duration::from_secs(20), || async { refused().await >= 6 }).await,
+        "the subject without a stream was refused: {}",
+        refused().await
+    );
+    // the refusals' health records are written beside their completions
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in 0..10 {
+        db.enqueue(
+            &format!("order:{n}"),
+            "nats",
+            json!({"subject": format!("orders.{n}"), "body": n}),
+        )
+        .await;
+    }
+    let delivered = crate::common::wait_for(Duration::from_secs(10), || async {
+        db.count("key LIKE 'order:%' AND state = 'delivered'").await == 10
+    })
+    .await;
+    let nats: Option<(String, i32)> =
+        sqlx::query_as("SELECT state, failures FROM outbox.destinations WHERE name = 'nats'")
+            .fetch_optional(db.pool())
+            .await
+            .unwrap();
+    let _ = tx.send(());
+    relay.await.unwrap().unwrap();
+    assert!(
+        delivered,
+        "publishes to a subject with a stream went on: {} of 10; the nats destination: {nats:?}",
+        db.count("key LIKE 'order:%' AND state = 'delivered'").await
+    );
+    assert!(
+        nats.as_ref().is_none_or(|(state, _)| state == "closed"),
+        "a subject without a stream does not open the server's breaker: {nats:?}"
+    );
+    assert_eq!(messages(&server, "ORDERS").await.len(), 10);
+}

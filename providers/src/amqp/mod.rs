@@ -399,9 +399,11 @@ fn classify(answer: lapin::Result<Confirmation>, target: &str, id: &str) -> Outc
                 response: None,
             }
         }
-        Ok(Confirmation::Nack(None)) => transient(format!(
-            "the broker nacked the publish to {target} (it could not store it)"
-        )),
+        // a queue full to its limit (`reject-publish`): about this queue
+        Ok(Confirmation::Nack(None)) => Outcome::TargetUnavailable {
+            reason: format!("the broker nacked the publish to {target} (it could not store it)"),
+            status: None,
+        },
         // confirm_select was answered on every channel we publish on
         Ok(Confirmation::NotRequested) => Outcome::Ambiguous {
             reason: format!("the publish to {target} was not confirmed (confirms are off)"),
@@ -412,9 +414,11 @@ fn classify(answer: lapin::Result<Confirmation>, target: &str, id: &str) -> Outc
             ErrorKind::ProtocolError(amqp) => {
                 let said = format!("{} {}", amqp.get_id(), amqp.get_message());
                 match amqp.kind() {
-                    AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => transient(format!(
-                        "the broker refused the publish to {target}: {said}"
-                    )),
+                    // no such exchange: about this exchange, not the broker
+                    AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => Outcome::TargetUnavailable {
+                        reason: format!("the broker refused the publish to {target}: {said}"),
+                        status: None,
+                    },
                     AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => Outcome::Misconfigured {
                         reason: format!(
                             "the broker refused the publish to {target}: {said} (the relay's AMQP user lacks the permission)"

@@ -227,10 +227,10 @@ impl Provider for NatsProvider {
                 status: None,
             },
             Err(e) => match e.kind() {
-                PublishErrorKind::StreamNotFound => Outcome::Transient {
+                // the server answered: about this subject, not the server
+                PublishErrorKind::StreamNotFound => Outcome::TargetUnavailable {
                     reason: no_stream(&subject),
                     status: None,
-                    retry_after: None,
                 },
                 PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
                     Outcome::Rejected {
