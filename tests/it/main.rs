@@ -30,5 +30,6 @@ mod outage;
 mod pooler;
 mod privileges;
 mod recovery;
+mod schedules;
 mod secrets;
 mod tls;
