@@ -135,7 +135,8 @@ fn charge(port: u16) -> ChargeProvider {
 }
 
 fn email(port: u16) -> EmailProvider {
-    let mut config = EmailConfig::new(SmtpTarget::parse(&format!("smtp://127.0.0.1:{port}")).unwrap());
+    let mut config =
+        EmailConfig::new(SmtpTarget::parse(&format!("smtp://127.0.0.1:{port}")).unwrap());
     config.timeout = Duration::from_millis(600);
     config.connect_timeout = Duration::from_millis(300);
     config.hello_name = Some("relay.test".into());
@@ -152,14 +153,22 @@ async fn webhook_nothing_sent_is_transient_and_a_request_without_an_answer_is_am
     let refused = json!({"url": format!("http://127.0.0.1:{}/", refused_port()), "body": 1});
     let out = p.deliver(&delivery("webhook", &refused, None)).await;
     assert_eq!(class(&out), "transient", "{out:?}");
-    assert!(out.reason().unwrap().contains("nothing was sent"), "{out:?}");
+    assert!(
+        out.reason().unwrap().contains("nothing was sent"),
+        "{out:?}"
+    );
 
-    let silent = json!({"url": format!("http://127.0.0.1:{}/", start(Peer::Silent).await), "body": 1});
+    let silent =
+        json!({"url": format!("http://127.0.0.1:{}/", start(Peer::Silent).await), "body": 1});
     let out = p.deliver(&delivery("webhook", &silent, None)).await;
     assert_eq!(class(&out), "ambiguous", "{out:?}");
-    assert!(out.reason().unwrap().contains("no answer within 400ms"), "{out:?}");
+    assert!(
+        out.reason().unwrap().contains("no answer within 400ms"),
+        "{out:?}"
+    );
 
-    let hangs_up = json!({"url": format!("http://127.0.0.1:{}/", start(Peer::HangsUp).await), "body": 1});
+    let hangs_up =
+        json!({"url": format!("http://127.0.0.1:{}/", start(Peer::HangsUp).await), "body": 1});
     let out = p.deliver(&delivery("webhook", &hangs_up, None)).await;
     assert_eq!(class(&out), "ambiguous", "{out:?}");
 }
@@ -167,10 +176,13 @@ async fn webhook_nothing_sent_is_transient_and_a_request_without_an_answer_is_am
 #[tokio::test]
 async fn webhook_timeout_is_cut_to_the_attempts_deadline() {
     let p = webhook(Duration::from_secs(30));
-    let silent = json!({"url": format!("http://127.0.0.1:{}/", start(Peer::Silent).await), "body": 1});
+    let silent =
+        json!({"url": format!("http://127.0.0.1:{}/", start(Peer::Silent).await), "body": 1});
     let began = Instant::now();
     let deadline = began + Duration::from_millis(300);
-    let out = p.deliver(&delivery("webhook", &silent, Some(deadline))).await;
+    let out = p
+        .deliver(&delivery("webhook", &silent, Some(deadline)))
+        .await;
     let took = began.elapsed();
     assert_eq!(class(&out), "ambiguous", "{out:?}");
     assert!(

@@ -111,7 +111,10 @@ impl Store {
             }
         };
         let live = live_configs(&mut tx, at.name, at.now).await?;
-        if live.first().is_some_and(|w| w.fingerprint != at.fingerprint) {
+        if live
+            .first()
+            .is_some_and(|w| w.fingerprint != at.fingerprint)
+        {
             tx.commit().await?;
             return Ok(Turn::StoodAside { live });
         }

@@ -440,16 +440,20 @@ async fn answered_after_the_timeout(
     db.enqueue("slow", "webhook", json!({"url": rx.url("/"), "body": 1}))
         .await;
     let store = db.store.clone();
-    run_until(engine(db.store.clone(), &cfg), Duration::from_secs(20), || {
-        let store = store.clone();
-        async move {
-            store
-                .find("slow")
-                .await
-                .map(|i| matches!(i.state.as_str(), "ambiguous" | "delivered" | "dead"))
-                .unwrap_or(false)
-        }
-    })
+    run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(20),
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .find("slow")
+                    .await
+                    .map(|i| matches!(i.state.as_str(), "ambiguous" | "delivered" | "dead"))
+                    .unwrap_or(false)
+            }
+        },
+    )
     .await;
     (db, rx)
 }
@@ -463,7 +467,10 @@ async fn a_webhook_answered_after_the_timeout_is_parked_after_exactly_one_post()
     assert_eq!(attempts.len(), 1, "{attempts:?}");
     assert_eq!(attempts[0].outcome, "ambiguous", "{attempts:?}");
     assert!(
-        i.last_error.as_deref().unwrap_or("").contains("no answer within 1s"),
+        i.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("no answer within 1s"),
         "{i:?}"
     );
     // the receiver's late 200 has been sent by now: nothing followed it

@@ -36,10 +36,7 @@ async fn enqueued(db: &TestDb) -> Vec<(i64, String)> {
     .unwrap();
     rows.into_iter()
         .map(|(key, payload)| {
-            let tick: DateTime<Utc> = key
-                .trim_start_matches("schedule:digest:")
-                .parse()
-                .unwrap();
+            let tick: DateTime<Utc> = key.trim_start_matches("schedule:digest:").parse().unwrap();
             let version = payload["body"]["version"].as_str().unwrap().to_string();
             ((tick - at(0)).num_seconds(), version)
         })

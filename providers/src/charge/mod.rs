@@ -325,7 +325,11 @@ mod tests {
             (true, false, "ambiguous"),
         ] {
             let out = failed_request(maybe_sent, timed_out, "cause");
-            assert_eq!(out.class(), class, "sent {maybe_sent}, timed out {timed_out}");
+            assert_eq!(
+                out.class(),
+                class,
+                "sent {maybe_sent}, timed out {timed_out}"
+            );
         }
     }
 }

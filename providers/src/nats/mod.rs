@@ -208,11 +208,13 @@ impl Provider for NatsProvider {
             ));
         }
         let subject = publish.subject.clone();
-        let unconfirmed = || Outcome::Ambiguous {
+        let unconfirmed = || {
+            Outcome::Ambiguous {
             reason: format!(
                 "no PubAck for the publish to {subject:?} within {limit:?}; whether the stream stored it is unknown"
             ),
             status: None,
+        }
         };
         let sent = tokio::time::timeout_at(
             deadline,
