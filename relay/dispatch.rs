@@ -244,6 +244,13 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
 /// after it.
 const GATE_TIME: Duration = Duration::from_secs(1);
 
+/// How long after an attempt's deadline the relay stops waiting for a
+/// provider that overran its own timers (within the half second of lease
+/// an attempt keeps beyond its budget). A provider answers by the
+/// deadline itself, classifying its own timeout, so this timer never
+/// decides an outcome a provider could.
+const BACKSTOP: Duration = Duration::from_millis(250);
+
 /// The attempt, if its destination may be called now (else deferred, no
 /// attempt spent), and what it showed of the destination's health.
 async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
@@ -330,6 +337,14 @@ async fn attempt_at(
     claim: &Claimed,
     provider: &Arc<dyn outbox_providers::Provider>,
 ) -> (Outcome, AmbiguityPolicy) {
+    // Every provider call of this attempt (reconcile searches included)
+    // runs within one budget, the one the lease was sized for. The provider
+    // holds the only timer that decides: it knows whether a request went
+    // out. The relay's timer is a backstop past the deadline, for a provider
+    // that overruns its own.
+    let budget = d.settings.attempt_budget(&claim.kind);
+    let deadline = tokio::time::Instant::now() + budget;
+    let backstop = deadline + BACKSTOP;
     let delivery = Delivery {
         intent_id: claim.id,
         key: &claim.key,
@@ -340,15 +355,12 @@ async fn attempt_at(
         attempt: claim.attempt,
         key_generation: claim.key_generation,
         previous_attempt_at: claim.previous_attempt_at.map(std::time::SystemTime::from),
+        deadline: Some(deadline.into_std()),
     };
     let policy = provider.on_ambiguous();
-    // Every provider call of this attempt (reconcile searches included)
-    // runs within one budget, the one the lease was sized for.
-    let budget = d.settings.attempt_budget(&claim.kind);
-    let deadline = tokio::time::Instant::now() + budget;
     if let Some(previous) = &claim.recovered_from {
         let recovered = tokio::time::timeout_at(
-            deadline,
+            backstop,
             reconcile::recover(provider.as_ref(), &delivery, previous),
         )
         .await
@@ -381,11 +393,12 @@ async fn attempt_at(
         return (outcome, policy);
     }
     let attempted_at = std::time::SystemTime::now();
-    let outcome = tokio::time::timeout_at(deadline, provider.deliver(&delivery))
+    let outcome = tokio::time::timeout_at(backstop, provider.deliver(&delivery))
         .await
         .unwrap_or_else(|_| Outcome::Ambiguous {
             reason: format!(
-                "the delivery did not finish within the attempt's budget ({budget:?}, reconcile included); whether it took effect is unknown"
+                "the {} provider did not answer within the attempt's budget ({budget:?}, reconcile included); whether it took effect is unknown",
+                claim.kind
             ),
             status: None,
         });
@@ -397,7 +410,7 @@ async fn attempt_at(
             ..delivery
         };
         let settled = tokio::time::timeout_at(
-            deadline,
+            backstop,
             reconcile::settle_ambiguous(provider.as_ref(), &delivery, outcome),
         )
         .await

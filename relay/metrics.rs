@@ -146,6 +146,14 @@ fn describe() {
     // crate::destination_gauges
     describe_gauge!("outbox_intents", "Intents by kind and state");
     describe_gauge!(
+        "outbox_schedule_configurations",
+        "Configurations relays run for a schedule (more than 1: they disagree; the newest wins)"
+    );
+    describe_gauge!(
+        "outbox_schedule_standing_aside",
+        "1 when another configuration of the schedule wins and this relay enqueues none of its ticks"
+    );
+    describe_gauge!(
         "outbox_listen_active",
         "1 when enqueue notifications reach this relay, 0 when it delivers by polling"
     );

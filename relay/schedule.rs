@@ -6,7 +6,17 @@
 //! tick is normally enqueued once rather than once per relay. After downtime
 //! at most `catch_up` missed ticks (the most recent) are enqueued; a new
 //! schedule starts from now.
+//!
+//! Relays may disagree about a schedule (a rolling deploy that changes its
+//! cron or payload). Each records its configuration's fingerprint beside
+//! the watermark; the configuration that appeared most recently among those
+//! still evaluated wins and alone moves the watermark, so none of its ticks
+//! is skipped; relays with another configuration stand aside, enqueue
+//! nothing for it, and say so (a warning naming both configurations, the
+//! gauges `outbox_schedule_configurations` and
+//! `outbox_schedule_standing_aside`).
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -15,6 +25,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::config::ScheduleEntry;
+use crate::store::schedules::{Evaluation, ScheduleConfig, Turn};
 use crate::store::{NewIntent, Store};
 
 #[derive(Debug, Clone)]
@@ -109,6 +120,28 @@ impl Schedule {
         (ticks, new_watermark)
     }
 
+    /// What relays must agree on for a schedule to be one, readably: the
+    /// cron, kind, destination, catch_up and a digest of the payload.
+    pub fn definition(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let payload = Sha256::digest(self.payload.to_string().as_bytes());
+        format!(
+            "cron {:?}, kind {}, destination {}, catch_up {}, payload sha256:{}",
+            self.expression,
+            self.kind,
+            self.destination.as_deref().unwrap_or("-"),
+            self.catch_up,
+            &hex::encode(payload)[..12]
+        )
+    }
+
+    /// A short hash of [`Schedule::definition`]: equal for relays that
+    /// agree about the schedule.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        hex::encode(Sha256::digest(self.definition().as_bytes()))[..16].to_string()
+    }
+
     /// The next `n` fire times after `now`.
     pub fn upcoming(&self, now: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
         self.cron.after(&now).take(n).collect()
@@ -123,44 +156,145 @@ impl Schedule {
     }
 }
 
-/// Evaluate every schedule once.
-pub async fn tick(store: &Store, schedules: &[Schedule], now: DateTime<Utc>) -> usize {
-    let mut enqueued = 0;
-    for s in schedules {
-        let fired = store
-            .fire_schedule(&s.name, |watermark| {
-                let (ticks, new_watermark) = s.due(watermark, now);
-                (
-                    ticks.into_iter().map(|t| s.intent(t)).collect(),
-                    new_watermark,
-                )
-            })
-            .await;
-        match fired {
-            Ok(Some(n)) => {
-                if n > 0 {
-                    tracing::info!(schedule = %s.name, n, "schedule fired");
-                }
-                enqueued += n;
-            }
-            Ok(None) => {}
-            Err(err) => {
-                tracing::warn!(schedule = %s.name, error = %err, "schedule could not fire; will try again")
-            }
+/// One relay's schedules, evaluated together, and what it last said about
+/// relays that disagree with it.
+pub struct Scheduler {
+    store: Store,
+    relay: String,
+    schedules: Vec<Schedule>,
+    /// Per schedule, the disagreement last logged ("" when none).
+    reported: HashMap<String, String>,
+}
+
+impl Scheduler {
+    pub fn new(store: Store, relay: &str, schedules: Vec<Schedule>) -> Scheduler {
+        Scheduler {
+            store,
+            relay: relay.to_string(),
+            schedules,
+            reported: HashMap::new(),
         }
     }
-    enqueued
+
+    /// Evaluate every schedule once at `now`; how many intents were
+    /// enqueued, and each schedule's turn (None when it could not be
+    /// evaluated).
+    pub async fn tick(&mut self, now: DateTime<Utc>) -> (usize, Vec<Option<Turn>>) {
+        let mut enqueued = 0;
+        let mut turns = Vec::with_capacity(self.schedules.len());
+        for s in &self.schedules {
+            let (fingerprint, definition) = (s.fingerprint(), s.definition());
+            let at = Evaluation {
+                name: &s.name,
+                fingerprint: &fingerprint,
+                definition: &definition,
+                relay: &self.relay,
+                now,
+            };
+            let turn = self
+                .store
+                .fire_schedule(at, |watermark| {
+                    let (ticks, new_watermark) = s.due(watermark, now);
+                    (
+                        ticks.into_iter().map(|t| s.intent(t)).collect(),
+                        new_watermark,
+                    )
+                })
+                .await;
+            match &turn {
+                Ok(Turn::Fired { enqueued: n, live }) => {
+                    if *n > 0 {
+                        tracing::info!(schedule = %s.name, n, "schedule fired");
+                    }
+                    enqueued += n;
+                    report(&mut self.reported, s, &fingerprint, live);
+                }
+                Ok(Turn::StoodAside { live }) => {
+                    report(&mut self.reported, s, &fingerprint, live);
+                }
+                Ok(Turn::Busy) => {}
+                Err(err) => {
+                    tracing::warn!(schedule = %s.name, error = %err, "schedule could not fire; will try again")
+                }
+            }
+            turns.push(turn.ok());
+        }
+        (enqueued, turns)
+    }
+}
+
+/// Say, once per change, that relays disagree about schedule `s` and which
+/// configuration wins; keep the gauges current.
+fn report(
+    reported: &mut HashMap<String, String>,
+    s: &Schedule,
+    mine: &str,
+    live: &[ScheduleConfig],
+) {
+    let standing_aside = live.first().is_some_and(|w| w.fingerprint != mine);
+    metrics::gauge!("outbox_schedule_configurations", "schedule" => s.name.clone())
+        .set(live.len().max(1) as f64);
+    metrics::gauge!("outbox_schedule_standing_aside", "schedule" => s.name.clone())
+        .set(if standing_aside { 1.0 } else { 0.0 });
+    let others: Vec<&ScheduleConfig> = live.iter().filter(|c| c.fingerprint != mine).collect();
+    let said = reported.entry(s.name.clone()).or_default();
+    let now_saying = others
+        .iter()
+        .map(|c| c.fingerprint.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    if *said == now_saying {
+        return;
+    }
+    *said = now_saying;
+    let describe = |c: &ScheduleConfig| {
+        format!(
+            "{} [{}] (relay {})",
+            c.definition,
+            c.fingerprint,
+            c.seen_by.as_deref().unwrap_or("?")
+        )
+    };
+    let this = format!("{} [{mine}]", s.definition());
+    match (standing_aside, others.is_empty()) {
+        (_, true) => tracing::info!(
+            schedule = %s.name,
+            "relays agree about the schedule again: {this}"
+        ),
+        (true, false) => tracing::warn!(
+            schedule = %s.name,
+            "relays disagree about this schedule; the newer configuration wins and this relay \
+             enqueues none of its ticks. Winning: {}. This relay's: {this}",
+            describe(others[0])
+        ),
+        (false, false) => tracing::warn!(
+            schedule = %s.name,
+            "relays disagree about this schedule; this relay's configuration, the newer, wins \
+             and alone enqueues its ticks. Winning: {this}. Standing aside: {}",
+            others
+                .iter()
+                .map(|c| describe(c))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    }
 }
 
 /// Evaluate the schedules at every second boundary until `stop`.
-pub async fn run(store: Store, schedules: Vec<Schedule>, mut stop: watch::Receiver<bool>) {
+pub async fn run(
+    store: Store,
+    relay: String,
+    schedules: Vec<Schedule>,
+    mut stop: watch::Receiver<bool>,
+) {
     if schedules.is_empty() {
         // nothing to do, but a supervised task runs until the stop
         let _ = stop.wait_for(|s| *s).await;
         return;
     }
+    let mut scheduler = Scheduler::new(store, &relay, schedules);
     loop {
-        tick(&store, &schedules, Utc::now()).await;
+        scheduler.tick(Utc::now()).await;
         let now = Utc::now();
         let next_second = now.trunc_subsecs(0) + chrono::Duration::seconds(1);
         let wait = (next_second - now)

@@ -69,6 +69,12 @@ pub struct Delivery<'a> {
     /// one of an expired lease, or the one that just answered ambiguously):
     /// a provider whose dedupe has a window (JetStream) needs to know.
     pub previous_attempt_at: Option<std::time::SystemTime>,
+    /// When the attempt's budget ends (the relay's, reconcile included).
+    /// A provider bounds every call of the attempt by it and classifies
+    /// its own timeouts: a request that may have gone out is ambiguous,
+    /// one that provably did not is transient. The relay's own timer is
+    /// only a backstop after it, so the two never race.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Delivery<'_> {
@@ -77,6 +83,17 @@ impl Delivery<'_> {
     /// text: what the webhook, NATS and AMQP kinds send.
     pub fn raw_body(&self) -> Option<Vec<u8>> {
         self.payload_text.and_then(webhook::request::raw_body)
+    }
+
+    /// What a provider call may take now: `limit` (the provider's own
+    /// timeout), cut to what is left before [`Delivery::deadline`].
+    pub fn time_left(&self, limit: std::time::Duration) -> std::time::Duration {
+        match self.deadline {
+            Some(at) => at
+                .saturating_duration_since(std::time::Instant::now())
+                .min(limit),
+            None => limit,
+        }
     }
 }
 

@@ -337,20 +337,47 @@ pub async fn schedules(store: &Store, config: &Config, a: SchedulesArgs) -> Outc
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
     let watermarks = store.schedule_watermarks().await.unwrap_or_default();
     let now = Utc::now();
-    let rows: Vec<serde_json::Value> = schedules
-        .iter()
-        .map(|s| {
-            let last = watermarks
-                .iter()
-                .find(|(n, _)| *n == s.name)
-                .map(|(_, t)| *t);
-            json!({
-                "name": s.name, "cron": s.expression, "kind": s.kind, "destination": s.destination,
-                "catch_up": s.catch_up, "last_tick": last,
-                "next": s.upcoming(now, a.next),
-            })
-        })
-        .collect();
+    let mut rows: Vec<serde_json::Value> = Vec::new();
+    // relays that run another configuration of a schedule than this file's
+    let mut disagreements: Vec<String> = Vec::new();
+    for s in &schedules {
+        let last = watermarks
+            .iter()
+            .find(|(n, _)| *n == s.name)
+            .map(|(_, t)| *t);
+        let live = store
+            .schedule_configs(&s.name, now)
+            .await
+            .unwrap_or_default();
+        let mine = s.fingerprint();
+        let others: Vec<&_> = live.iter().filter(|c| c.fingerprint != mine).collect();
+        if !others.is_empty() {
+            let winner = &live[0];
+            let verdict = if winner.fingerprint == mine {
+                "this file's".to_string()
+            } else {
+                format!("not this file's {} [{mine}]", s.definition())
+            };
+            disagreements.push(format!(
+                "schedule {}: relays run {} configuration(s); the newest wins: {} [{}], {verdict}",
+                s.name,
+                live.len(),
+                winner.definition,
+                winner.fingerprint,
+            ));
+        }
+        rows.push(json!({
+            "name": s.name, "cron": s.expression, "kind": s.kind, "destination": s.destination,
+            "catch_up": s.catch_up, "last_tick": last,
+            "next": s.upcoming(now, a.next),
+            "fingerprint": mine,
+            "winning": live.first().map(|c| c.fingerprint.clone()),
+            "configurations": live.iter().map(|c| json!({
+                "fingerprint": c.fingerprint, "definition": c.definition,
+                "seen_by": c.seen_by, "first_seen": c.first_seen,
+            })).collect::<Vec<_>>(),
+        }));
+    }
     if a.json {
         json(&rows);
         return Ok(());
@@ -377,6 +404,9 @@ pub async fn schedules(store: &Store, config: &Config, a: SchedulesArgs) -> Outc
         })
         .collect();
     table(&["NAME", "CRON", "KIND", "LAST TICK", "NEXT"], &cells);
+    for line in &disagreements {
+        println!("! {line}");
+    }
     Ok(())
 }
 

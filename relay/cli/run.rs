@@ -54,7 +54,7 @@ pub async fn run(store: Store, config: &Config, once: bool, shutdown: Option<Shu
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
     services.push(Service::new(
         "schedules",
-        crate::schedule::run(store.clone(), schedules, stop.clone()),
+        crate::schedule::run(store.clone(), owner.clone(), schedules, stop.clone()),
     ));
     let health_settings = config
         .health()

@@ -417,3 +417,83 @@ async fn run_once_delivers_a_backlog_larger_than_its_claims() {
     assert_eq!(rx.requests().len(), 60);
     assert!(rx.max_in_flight() <= 2, "{}", rx.max_in_flight());
 }
+
+/// A receiver that answers 200 only after the timeout: the POST may have
+/// taken effect, so the attempt is ambiguous (never transient), and the
+/// webhook's policy decides, the same way every time.
+async fn answered_after_the_timeout(
+    policy: outbox_providers::AmbiguityPolicy,
+) -> (TestDb, Receiver) {
+    let db = TestDb::new().await;
+    // the first request is answered 1.5 s late, later ones at once
+    let rx = Receiver::start(|_, nth| {
+        if nth == 1 {
+            Reply::status(200).after(Duration::from_millis(1500))
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
+    let mut cfg = config();
+    cfg.webhook.timeout = outbox_relay::config::Dur(Duration::from_secs(1));
+    cfg.webhook.on_ambiguous = policy;
+    db.enqueue("slow", "webhook", json!({"url": rx.url("/"), "body": 1}))
+        .await;
+    let store = db.store.clone();
+    run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(20),
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .find("slow")
+                    .await
+                    .map(|i| matches!(i.state.as_str(), "ambiguous" | "delivered" | "dead"))
+                    .unwrap_or(false)
+            }
+        },
+    )
+    .await;
+    (db, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_answered_after_the_timeout_is_parked_after_exactly_one_post() {
+    let (db, rx) = answered_after_the_timeout(outbox_providers::AmbiguityPolicy::Park).await;
+    let i = db.store.find("slow").await.unwrap();
+    assert_eq!(i.state, "ambiguous", "{i:?}");
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0].outcome, "ambiguous", "{attempts:?}");
+    assert!(
+        i.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("no answer within 1s"),
+        "{i:?}"
+    );
+    // the receiver's late 200 has been sent by now: nothing followed it
+    assert!(
+        !common::wait_for(Duration::from_millis(1500), || async {
+            rx.requests().len() > 1
+        })
+        .await,
+        "a parked intent is not sent again"
+    );
+    assert_eq!(rx.requests().len(), 1, "exactly one POST");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_answered_after_the_timeout_is_redelivered_under_the_same_id() {
+    let (db, rx) = answered_after_the_timeout(outbox_providers::AmbiguityPolicy::Redeliver).await;
+    let i = db.store.find("slow").await.unwrap();
+    assert_eq!(i.state, "delivered", "{i:?}");
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    let outcomes: Vec<&str> = attempts.iter().map(|a| a.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["ambiguous", "delivered"], "{attempts:?}");
+    let reqs = rx.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].webhook_id(), reqs[1].webhook_id(), "one webhook-id");
+    assert_eq!(reqs[0].body, reqs[1].body, "byte-identical bodies");
+}

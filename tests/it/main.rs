@@ -31,5 +31,6 @@ mod outage;
 mod pooler;
 mod privileges;
 mod recovery;
+mod schedules;
 mod secrets;
 mod tls;

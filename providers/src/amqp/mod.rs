@@ -290,10 +290,10 @@ impl Provider for AmqpProvider {
             Ok(p) => p,
             Err(reason) => return Outcome::invalid(reason),
         };
-        // within the attempt's budget (`timeout`), with room for the relay
-        // to record what happened
+        // within the attempt's budget (`timeout`, cut to the attempt's
+        // deadline), with room for the relay to record what happened
         let started = Instant::now();
-        let deadline = started + self.config.timeout.mul_f64(0.9);
+        let deadline = started + d.time_left(self.config.timeout).mul_f64(0.9);
         let link = match self.link(deadline).await {
             Ok(link) => link,
             Err(reason) => return transient(reason),

@@ -8,8 +8,10 @@
 //! | 400 idempotency_error | rejected, logged loudly (the key was reused with other parameters) |
 //! | other 400, 404 | rejected |
 //! | 401, 403 | misconfigured → dead (fix the API key, then `retry --state dead`) |
-//! | 409, 429, 502, 503, 504, network errors | transient, same key |
+//! | 409, 429, 502, 503, 504 | transient, same key |
+//! | nothing sent (DNS, connection refused, connect timeout) | transient, same key |
 //! | 500 | ambiguous: Stripe stores and replays it for the key, so reconcile searches by metadata |
+//! | no answer in time, connection lost after the request went out | ambiguous: reconcile searches by metadata, then `on_ambiguous` |
 //! | `Stripe-Should-Retry: true/false` | overrides: transient / not retried |
 
 pub mod request;
@@ -85,6 +87,7 @@ impl Provider for ChargeProvider {
         let sent = self
             .client
             .post(self.url("/v1/payment_intents"))
+            .timeout(d.time_left(self.config.timeout))
             .bearer_auth(self.config.api_key.expose())
             .header(
                 "Idempotency-Key",
@@ -96,17 +99,7 @@ impl Provider for ChargeProvider {
             .await;
         match sent {
             Ok(resp) => classify(resp, d.key).await,
-            Err(e) => Outcome::Transient {
-                reason: format!(
-                    "charge request failed{}: {}; retrying under the same Idempotency-Key",
-                    if e.is_timeout() { " (timeout)" } else { "" },
-                    std::error::Error::source(&e)
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|| "network error".into())
-                ),
-                status: None,
-                retry_after: None,
-            },
+            Err(e) => unanswered(&e),
         }
     }
 
@@ -121,7 +114,7 @@ impl Provider for ChargeProvider {
         let resp = match self
             .client
             .get(url)
-            .timeout(self.config.reconcile_timeout)
+            .timeout(d.time_left(self.config.reconcile_timeout))
             .bearer_auth(self.config.api_key.expose())
             .send()
             .await
@@ -168,6 +161,40 @@ impl Provider for ChargeProvider {
 
     fn on_ambiguous(&self) -> AmbiguityPolicy {
         self.config.on_ambiguous
+    }
+}
+
+/// A POST that got no answer. Nothing sent (the connection was never
+/// made) is transient, retried under the same Idempotency-Key; a timeout or
+/// a connection lost after the request may have reached the API is
+/// ambiguous: reconcile searches for the payment, and the kind's policy
+/// decides when the search cannot tell.
+fn unanswered(e: &reqwest::Error) -> Outcome {
+    let cause = std::error::Error::source(e)
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| "network error".into());
+    failed_request(!(e.is_connect() || e.is_builder()), e.is_timeout(), &cause)
+}
+
+/// [`unanswered`]'s decision, pure.
+pub fn failed_request(maybe_sent: bool, timed_out: bool, cause: &str) -> Outcome {
+    if !maybe_sent {
+        return Outcome::Transient {
+            reason: format!(
+                "charge request not sent ({cause}); retrying under the same Idempotency-Key"
+            ),
+            status: None,
+            retry_after: None,
+        };
+    }
+    let what = if timed_out {
+        "no answer from the charge API in time".to_string()
+    } else {
+        format!("the connection to the charge API failed before its answer ({cause})")
+    };
+    Outcome::Ambiguous {
+        reason: format!("{what}; the payment may or may not exist"),
+        status: None,
     }
 }
 
@@ -282,5 +309,27 @@ async fn classify(resp: reqwest::Response, key: &str) -> Outcome {
             response: Some(excerpt),
         },
         _ => transient(describe()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_request_table() {
+        for (maybe_sent, timed_out, class) in [
+            (false, false, "transient"),
+            (false, true, "transient"),
+            (true, true, "ambiguous"),
+            (true, false, "ambiguous"),
+        ] {
+            let out = failed_request(maybe_sent, timed_out, "cause");
+            assert_eq!(
+                out.class(),
+                class,
+                "sent {maybe_sent}, timed out {timed_out}"
+            );
+        }
     }
 }

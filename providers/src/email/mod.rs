@@ -97,7 +97,9 @@ impl Provider for EmailProvider {
             Ok(p) => p,
             Err(reason) => return Outcome::invalid(reason),
         };
-        self.smtp.send(&prepared).await
+        self.smtp
+            .send(&prepared, d.time_left(self.config.timeout))
+            .await
     }
 
     fn on_ambiguous(&self) -> AmbiguityPolicy {

@@ -97,7 +97,6 @@ pub struct Client {
     target: SmtpTarget,
     credentials: Option<Credentials>,
     hello: ClientId,
-    timeout: Duration,
     connect_timeout: Duration,
     pool_size: usize,
     idle: Mutex<Vec<AsyncSmtpConnection>>,
@@ -139,15 +138,15 @@ impl Client {
             target: config.target.clone(),
             credentials,
             hello,
-            timeout: config.timeout,
             connect_timeout: config.connect_timeout,
             pool_size: config.pool_size,
             idle: Mutex::new(Vec::new()),
         })
     }
 
-    /// Send one message, bounded by the whole-send timeout.
-    pub async fn send(&self, msg: &Prepared) -> Outcome {
+    /// Send one message, bounded by `limit` (the whole-send timeout, cut to
+    /// the attempt's deadline).
+    pub async fn send(&self, msg: &Prepared, limit: Duration) -> Outcome {
         let body_sent = AtomicBool::new(false);
         let attempt = async {
             // A pooled connection may have been closed by the server while
@@ -173,7 +172,7 @@ impl Client {
                 }
             }
         };
-        match tokio::time::timeout(self.timeout, attempt).await {
+        match tokio::time::timeout(limit, attempt).await {
             Ok(Ok((reply, conn))) => {
                 self.put_idle(conn);
                 delivered(&reply, &msg.message_id)
@@ -185,7 +184,7 @@ impl Client {
                 retry_after: None,
             },
             Err(_) => {
-                let secs = self.timeout.as_secs_f64();
+                let secs = limit.as_secs_f64();
                 if body_sent.load(Ordering::SeqCst) {
                     Outcome::Ambiguous {
                         reason: format!("SMTP server did not confirm the message within {secs}s after the body was sent"),

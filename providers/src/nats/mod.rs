@@ -164,7 +164,20 @@ impl Provider for NatsProvider {
             Ok(p) => p,
             Err(reason) => return Outcome::invalid(reason),
         };
-        let (client, js) = match self.conn().await {
+        // every wait of the attempt ends by its deadline: before the
+        // publish is handed over nothing was sent (transient), after it the
+        // stream may have stored it (ambiguous)
+        let limit = d.time_left(self.config.timeout);
+        let deadline = tokio::time::Instant::now() + limit;
+        let connected = tokio::time::timeout_at(deadline, self.conn())
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no connection to NATS at {} within {limit:?}; nothing was sent",
+                    self.config.url
+                ))
+            });
+        let (client, js) = match connected {
             Ok(c) => c,
             Err(reason) => {
                 return Outcome::Transient {
@@ -195,11 +208,28 @@ impl Provider for NatsProvider {
             ));
         }
         let subject = publish.subject.clone();
-        let sent = js
-            .publish_with_headers(subject.clone(), headers, publish.body.into())
-            .await;
+        let unconfirmed = || {
+            Outcome::Ambiguous {
+            reason: format!(
+                "no PubAck for the publish to {subject:?} within {limit:?}; whether the stream stored it is unknown"
+            ),
+            status: None,
+        }
+        };
+        let sent = tokio::time::timeout_at(
+            deadline,
+            js.publish_with_headers(subject.clone(), headers, publish.body.into()),
+        )
+        .await;
+        let Ok(sent) = sent else {
+            // handed to the client, which may still send it
+            return unconfirmed();
+        };
         let ack = match sent {
-            Ok(ack) => ack.await,
+            Ok(ack) => match tokio::time::timeout_at(deadline, ack).await {
+                Ok(ack) => ack,
+                Err(_) => return unconfirmed(),
+            },
             Err(e) => {
                 return match e.kind() {
                     // not handed to the connection: nothing went out
@@ -249,8 +279,7 @@ impl Provider for NatsProvider {
                 },
                 _ => Outcome::Ambiguous {
                     reason: format!(
-                        "no PubAck for the publish to {subject:?} within {:?} ({e}); whether the stream stored it is unknown",
-                        self.config.timeout
+                        "no PubAck for the publish to {subject:?} within {limit:?} ({e}); whether the stream stored it is unknown"
                     ),
                     status: None,
                 },
@@ -262,6 +291,20 @@ impl Provider for NatsProvider {
     /// our id)? If not: inside the duplicate window a republish under the
     /// same id is deduped ([`Reconciled::Deduped`]); past it, unknown.
     async fn reconcile(&self, d: &Delivery<'_>) -> Reconciled {
+        let limit = d.time_left(self.config.timeout);
+        tokio::time::timeout(limit, self.look_for(d))
+            .await
+            .unwrap_or(Reconciled::Unknown)
+    }
+
+    fn on_ambiguous(&self) -> AmbiguityPolicy {
+        self.config.on_ambiguous
+    }
+}
+
+impl NatsProvider {
+    /// [`Provider::reconcile`] without its time limit.
+    async fn look_for(&self, d: &Delivery<'_>) -> Reconciled {
         let Ok(publish) = request::parse(d.payload, None) else {
             return Reconciled::Unknown;
         };
@@ -301,10 +344,6 @@ impl Provider for NatsProvider {
         } else {
             Reconciled::Unknown
         }
-    }
-
-    fn on_ambiguous(&self) -> AmbiguityPolicy {
-        self.config.on_ambiguous
     }
 }
 

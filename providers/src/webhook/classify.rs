@@ -93,28 +93,82 @@ pub async fn response(mut resp: reqwest::Response, id: String, config: &WebhookC
     }
 }
 
-/// A transport error. Refusals by the destination guard are rejections; every
-/// other failure (refused connection, reset, timeout) is transient: a
-/// timeout is an absence of information, never a verdict.
-pub fn error(err: &reqwest::Error, target: &str, timeout: Duration) -> Outcome {
+/// How far a failed request got, as far as the HTTP client can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The destination guard refused the address: nothing was sent, and
+    /// nothing ever will be.
+    Refused,
+    /// Provably nothing sent: the request could not be built, the name did
+    /// not resolve, or the connection (or its TLS handshake) was refused,
+    /// reset or timed out before it was made.
+    NotSent,
+    /// The connection was made and the request may have been written: no
+    /// answer within the timeout, or the connection failed before the
+    /// answer was complete.
+    MaybeSent { timed_out: bool },
+}
+
+/// The destination guard's refusal, when that is what stopped the request.
+fn refusal(err: &reqwest::Error) -> Option<&super::resolve::Refused> {
     let mut source = err.source();
     while let Some(e) = source {
         if let Some(refused) = e.downcast_ref::<super::resolve::Refused>() {
-            return Outcome::invalid(refused.to_string());
+            return Some(refused);
         }
         source = e.source();
     }
-    let reason = if err.is_timeout() {
-        format!("POST {target} timed out after {}", humanize(timeout))
-    } else if err.is_connect() {
-        format!("POST {target}: could not connect: {}", chain(err))
+    None
+}
+
+/// Place a transport error on either side of "may have reached the
+/// receiver".
+pub fn stage(err: &reqwest::Error) -> Stage {
+    if refusal(err).is_some() {
+        Stage::Refused
+    } else if err.is_connect() || err.is_builder() {
+        Stage::NotSent
     } else {
-        format!("POST {target}: {}", chain(err))
-    };
-    Outcome::Transient {
-        reason,
-        status: None,
-        retry_after: None,
+        Stage::MaybeSent {
+            timed_out: err.is_timeout(),
+        }
+    }
+}
+
+/// A transport error's outcome. A refusal by the destination guard is a
+/// rejection; a failure before anything was sent is transient; a timeout or
+/// a broken connection after the request may have been sent is ambiguous:
+/// a timeout is an absence of information, not a failure, and the kind's
+/// `on_ambiguous` policy settles it.
+pub fn error(err: &reqwest::Error, target: &str, timeout: Duration) -> Outcome {
+    match refusal(err) {
+        Some(refused) => Outcome::invalid(refused.to_string()),
+        None => failure(stage(err), target, &chain(err), timeout),
+    }
+}
+
+/// [`error`]'s decision, pure: the outcome of a failure at `stage`.
+pub fn failure(stage: Stage, target: &str, detail: &str, timeout: Duration) -> Outcome {
+    match stage {
+        Stage::Refused => Outcome::invalid(format!("POST {target}: {detail}")),
+        Stage::NotSent => Outcome::Transient {
+            reason: format!("POST {target}: could not connect (nothing was sent): {detail}"),
+            status: None,
+            retry_after: None,
+        },
+        Stage::MaybeSent { timed_out: true } => Outcome::Ambiguous {
+            reason: format!(
+                "POST {target}: no answer within {}; the request may have reached the receiver",
+                humanize(timeout)
+            ),
+            status: None,
+        },
+        Stage::MaybeSent { timed_out: false } => Outcome::Ambiguous {
+            reason: format!(
+                "POST {target}: the connection failed before the answer was complete ({detail}); the request may have reached the receiver"
+            ),
+            status: None,
+        },
     }
 }
 
@@ -136,11 +190,15 @@ fn chain(err: &reqwest::Error) -> String {
     }
 }
 
+/// `3s`, `1500ms`; within 10 ms of whole seconds (a timeout cut to a
+/// deadline taken a moment before the request) it reads as the seconds.
 fn humanize(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{}s", d.as_secs())
+    let ms = d.as_secs_f64() * 1000.0;
+    let secs = (ms / 1000.0).round();
+    if secs >= 1.0 && (ms - secs * 1000.0).abs() <= 10.0 {
+        format!("{secs}s")
     } else {
-        format!("{}ms", d.as_millis())
+        format!("{}ms", ms.round() as u64)
     }
 }
 
@@ -180,6 +238,31 @@ mod tests {
         ] {
             assert_eq!(status_class(status), class, "HTTP {status}");
         }
+    }
+
+    #[test]
+    fn transport_failure_table() {
+        let t = Duration::from_secs(3);
+        for (stage, class) in [
+            (Stage::Refused, "rejected"),
+            (Stage::NotSent, "transient"),
+            (Stage::MaybeSent { timed_out: true }, "ambiguous"),
+            (Stage::MaybeSent { timed_out: false }, "ambiguous"),
+        ] {
+            assert_eq!(
+                failure(stage, "http://h/", "x", t).class(),
+                class,
+                "{stage:?}"
+            );
+        }
+        let reason = failure(Stage::MaybeSent { timed_out: true }, "http://h/", "", t);
+        assert!(
+            reason.reason().unwrap().contains("no answer within 3s"),
+            "{reason:?}"
+        );
+        assert_eq!(humanize(Duration::from_micros(2_999_700)), "3s");
+        assert_eq!(humanize(Duration::from_millis(400)), "400ms");
+        assert_eq!(humanize(Duration::from_millis(1500)), "1500ms");
     }
 
     #[test]

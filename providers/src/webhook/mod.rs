@@ -25,7 +25,9 @@ use sign::SigningKey;
 pub struct WebhookConfig {
     /// Standard Webhooks secrets (`whsec_...`); several during a rotation.
     pub signing_secrets: Vec<Secret>,
-    /// Total time for one attempt, from connect to the last body byte read.
+    /// Total time for one attempt, from connect to the last body byte read
+    /// (cut to the attempt's deadline). Past it, a request that was sent is
+    /// ambiguous; one whose connection was never made is transient.
     pub timeout: Duration,
     pub connect_timeout: Duration,
     /// Exceptions to the destination guard.
@@ -161,9 +163,12 @@ impl WebhookProvider {
                 sign::signature_header(&self.keys, &id, timestamp, &req.body),
             );
         }
-        match builder.body(req.body).send().await {
+        // one timer for the attempt: the request's own, cut to the attempt's
+        // deadline, so the relay's backstop never races it
+        let timeout = d.time_left(self.config.timeout);
+        match builder.body(req.body).timeout(timeout).send().await {
             Ok(resp) => classify::response(resp, id, &self.config).await,
-            Err(err) => classify::error(&err, &request::redacted(&req.url), self.config.timeout),
+            Err(err) => classify::error(&err, &request::redacted(&req.url), timeout),
         }
     }
 }

@@ -1,0 +1,130 @@
+//! Relays that disagree about a schedule: a rolling deploy that changes its
+//! cron and payload. Driven tick by tick with explicit times (the scheduler
+//! takes `now`), against the real store: no waiting for the clock.
+
+use chrono::{DateTime, TimeZone, Utc};
+use outbox_relay::config::ScheduleEntry;
+use outbox_relay::schedule::{Schedule, Scheduler};
+use outbox_relay::store::schedules::Turn;
+use serde_json::{json, Value};
+
+use crate::common::TestDb;
+
+fn at(s: i64) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 1, 1, 10, 0, 0).unwrap() + chrono::Duration::seconds(s)
+}
+
+fn digest(cron: &str, version: &str) -> Schedule {
+    Schedule::from_entry(&ScheduleEntry {
+        name: "digest".into(),
+        cron: cron.into(),
+        kind: "webhook".into(),
+        destination: None,
+        payload: json!({"url": "http://127.0.0.1:9/digest", "body": {"version": version}}),
+        catch_up: 1,
+    })
+    .unwrap()
+}
+
+/// The digest intents enqueued so far: (second of the tick, body version).
+async fn enqueued(db: &TestDb) -> Vec<(i64, String)> {
+    let rows: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT key, payload FROM outbox.intents WHERE key LIKE 'schedule:digest:%' ORDER BY key",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(key, payload)| {
+            let tick: DateTime<Utc> = key.trim_start_matches("schedule:digest:").parse().unwrap();
+            let version = payload["body"]["version"].as_str().unwrap().to_string();
+            ((tick - at(0)).num_seconds(), version)
+        })
+        .collect()
+}
+
+fn stood_aside_for(turn: &Option<Turn>) -> Option<String> {
+    match turn {
+        Some(Turn::StoodAside { live }) => Some(live[0].definition.clone()),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_with_two_crons_under_one_name_enqueue_every_tick_of_the_newest_and_only_those() {
+    let db = TestDb::new().await;
+    // relay A runs the old configuration, every 2 s; relay B, deployed
+    // later, every 3 s with another payload
+    let mut a = Scheduler::new(
+        db.store.clone(),
+        "relay-a",
+        vec![digest("*/2 * * * * *", "old")],
+    );
+    let mut b = Scheduler::new(
+        db.another_store().await,
+        "relay-b",
+        vec![digest("*/3 * * * * *", "new")],
+    );
+    // A alone: a new schedule starts from now, then each of its ticks
+    a.tick(at(15)).await;
+    for s in 16..=20 {
+        a.tick(at(s)).await;
+    }
+    // B starts at :21; both evaluate every second, A first
+    let mut a_turns = Vec::new();
+    let mut b_turns = Vec::new();
+    for s in 21..=40 {
+        a_turns.push(a.tick(at(s)).await.1.remove(0));
+        b_turns.push(b.tick(at(s)).await.1.remove(0));
+    }
+    let expected: Vec<(i64, String)> = [16, 18, 20]
+        .into_iter()
+        .map(|s| (s, "old".to_string()))
+        .chain([21, 24, 27, 30, 33, 36, 39].map(|s| (s, "new".to_string())))
+        .collect();
+    assert_eq!(
+        enqueued(&db).await,
+        expected,
+        "every tick of A until B appeared, then every tick of B, each with its own payload, and no other"
+    );
+    // A knows it stands aside and for what; B knows A disagrees
+    let winner = stood_aside_for(&a_turns[5]).expect("A stands aside");
+    assert!(winner.contains("\"*/3 * * * * *\""), "{winner}");
+    match b_turns.last().unwrap() {
+        Some(Turn::Fired { live, .. }) => {
+            assert_eq!(live.len(), 2, "{live:?}");
+            assert!(live[1].definition.contains("\"*/2 * * * * *\""), "{live:?}");
+            assert_eq!(live[1].seen_by.as_deref(), Some("relay-a"));
+        }
+        other => panic!("B fires: {other:?}"),
+    }
+
+    // an old relay restarting while B runs does not take the schedule back
+    let mut a2 = Scheduler::new(
+        db.another_store().await,
+        "relay-a2",
+        vec![digest("*/2 * * * * *", "old")],
+    );
+    for s in 41..=45 {
+        assert!(stood_aside_for(&a2.tick(at(s)).await.1[0]).is_some());
+        b.tick(at(s)).await;
+    }
+    assert_eq!(enqueued(&db).await.last(), Some(&(45, "new".to_string())));
+
+    // a rollback: B's relays are gone; once B's configuration has not been
+    // evaluated for 15 s it is no longer live, and the old one wins
+    for s in 46..=60 {
+        assert!(
+            stood_aside_for(&a2.tick(at(s)).await.1[0]).is_some(),
+            "at :{s} B is still live"
+        );
+    }
+    a2.tick(at(61)).await;
+    a2.tick(at(62)).await;
+    let last: Vec<(i64, String)> = enqueued(&db).await.into_iter().rev().take(2).collect();
+    assert_eq!(
+        last,
+        [(62, "old".to_string()), (60, "old".to_string())],
+        "the old configuration wins again, catching up its most recent missed tick"
+    );
+}
