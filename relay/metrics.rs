@@ -315,19 +315,21 @@ pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
         .chain(["other"]);
     for label in labels {
         for state in GAUGED_STATES {
-            let n: i64 =
-                s.counts.iter()
-                    .filter(|r| kind_label(&r.0) == label && r.1 == state.as_sql())
-                    .map(|r| r.2)
-                    .sum();
+            let n: i64 = s
+                .counts
+                .iter()
+                .filter(|r| kind_label(&r.0) == label && r.1 == state.as_sql())
+                .map(|r| r.2)
+                .sum();
             metrics::gauge!("outbox_intents", "kind" => label, "state" => state.as_sql())
                 .set(n as f64);
         }
-        let oldest =
-            s.oldest.iter()
-                .filter(|r| kind_label(&r.0) == label)
-                .map(|r| r.1)
-                .fold(0.0, f64::max);
+        let oldest = s
+            .oldest
+            .iter()
+            .filter(|r| kind_label(&r.0) == label)
+            .map(|r| r.1)
+            .fold(0.0, f64::max);
         metrics::gauge!("outbox_oldest_due_seconds", "kind" => label).set(oldest);
     }
     Ok(())

@@ -20,7 +20,9 @@
 --    committed). A live intent ahead that is not being changed will finish
 --    later, and its trigger then sees the waiting intent. So each pass reads
 --    what could have stranded since the last one, whatever the number of
---    keys; see relay/store/fleet.rs.
+--    keys; see relay/store/fleet.rs. (The probes order by (ordering_key,
+--    id), as intents_waiting does: ordered by id alone, a plan made
+--    without statistics walks the primary key instead.)
 CREATE TABLE outbox.ordering_rechecks (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     ordering_key text NOT NULL
@@ -88,7 +90,7 @@ BEGIN
     LOOP
         SELECT w.id INTO v_id FROM outbox.intents w
          WHERE w.ordering_key = OLD.ordering_key AND w.waiting AND w.state = 'pending'
-         ORDER BY w.id LIMIT 1;
+         ORDER BY w.ordering_key, w.id LIMIT 1;
         EXIT WHEN NOT FOUND;
         UPDATE outbox.intents SET waiting = false
          WHERE id = v_id AND waiting AND state = 'pending';
@@ -130,7 +132,7 @@ BEGIN
         checked := checked + 1;
         SELECT w.id INTO v_first FROM outbox.intents w
          WHERE w.ordering_key = v_key AND w.waiting AND w.state = 'pending'
-         ORDER BY w.id LIMIT 1;
+         ORDER BY w.ordering_key, w.id LIMIT 1;
         CONTINUE WHEN NOT FOUND;
         IF NOT EXISTS (SELECT 1 FROM outbox.intents e
                         WHERE e.ordering_key = v_key AND e.id < v_first

@@ -130,8 +130,9 @@ pub struct Stats {
     /// waits for an operator (cancel, retry or resolve the head).
     pub blocked_ordering_keys: i64,
     /// Intents that wait with no live intent ahead of them in their
-    /// ordering key (a race left them so): the sweeper promotes them on its
-    /// next pass, so this reads 0 one sweep later.
+    /// ordering key but waiting ones (a race left the first so): the
+    /// sweeper promotes the first on its next pass, so this reads 0 one
+    /// sweep later.
     pub stranded_ordering_intents: i64,
     /// Purged intents whose keys the ledger still remembers (estimated
     /// from the table statistics past 100,000 keys: `stats` never counts a

@@ -64,11 +64,12 @@ struct Outcome {
 async fn observe(conn: &mut PgConnection, answers: Vec<(i64, bool)>) -> Outcome {
     let mut named = Vec::new();
     for (id, dup) in answers {
-        let key: Option<String> = sqlx::query_scalar("SELECT key FROM outbox.intents WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *conn)
-            .await
-            .unwrap();
+        let key: Option<String> =
+            sqlx::query_scalar("SELECT key FROM outbox.intents WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await
+                .unwrap();
         named.push((key.unwrap_or_else(|| format!("ledger:{id}")), dup));
     }
     Outcome {
@@ -155,13 +156,15 @@ async fn run_case(conn: &mut PgConnection, c: &Case) -> (Outcome, Outcome) {
     let mut answers = Vec::new();
     for ((key, okey), payload) in c.batch.iter().zip(&payloads) {
         answers.push(
-            sqlx::query_as("SELECT id, duplicate FROM outbox.enqueue($1, 'webhook', $2, NULL, now(), $3)")
-                .bind(key)
-                .bind(payload)
-                .bind(okey)
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap(),
+            sqlx::query_as(
+                "SELECT id, duplicate FROM outbox.enqueue($1, 'webhook', $2, NULL, now(), $3)",
+            )
+            .bind(key)
+            .bind(payload)
+            .bind(okey)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap(),
         );
     }
     let single = observe(&mut tx, answers).await;
@@ -232,7 +235,10 @@ async fn two_batches_sharing_keys_in_opposite_orders_do_not_deadlock() {
     let up = batch(keys.clone());
     let down = batch(keys.iter().rev().cloned().collect());
     assert!(
-        wait_for(Duration::from_secs(10), || async { lock_waiters(&db).await >= 2 }).await,
+        wait_for(Duration::from_secs(10), || async {
+            lock_waiters(&db).await >= 2
+        })
+        .await,
         "both batches wait for the blocker"
     );
     sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();

@@ -50,7 +50,10 @@ async fn many_keys_behind_live_heads(db: &TestDb, keys: i64) {
     .await
     .unwrap();
     assert_eq!(db.count("waiting").await, keys);
-    assert_eq!(db.store.promote_stranded_heads(500).await.unwrap().promoted, 0);
+    assert_eq!(
+        db.store.promote_stranded_heads(500).await.unwrap().promoted,
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,7 +92,10 @@ async fn an_enqueue_racing_its_heads_cancel_is_promoted_by_one_sweep_past_1200_k
 
     // one sweep looks at the keys noted since the last one: r-next's
     let sweep = db.store.promote_stranded_heads(500).await.unwrap();
-    assert_eq!(waiting_state(&db, "r-next").await, ("pending".into(), false));
+    assert_eq!(
+        waiting_state(&db, "r-next").await,
+        ("pending".into(), false)
+    );
     assert_eq!((sweep.keys, sweep.promoted), (1, 1));
     assert_eq!(db.store.stats().await.unwrap().stranded_ordering_intents, 0);
     let claimed = db.store.claim("r", 10, 60_000, &[]).await.unwrap();
@@ -144,8 +150,14 @@ async fn purging_a_dead_head_and_retrying_a_cancelled_follower_are_swept_too() {
         .await
         .unwrap();
     assert_eq!(db.store.stats().await.unwrap().stranded_ordering_intents, 1);
-    assert_eq!(db.store.promote_stranded_heads(500).await.unwrap().promoted, 1);
-    assert_eq!(waiting_state(&db, "behind").await, ("pending".into(), false));
+    assert_eq!(
+        db.store.promote_stranded_heads(500).await.unwrap().promoted,
+        1
+    );
+    assert_eq!(
+        waiting_state(&db, "behind").await,
+        ("pending".into(), false)
+    );
 
     // a follower cancelled while it waited, retried after its head finished
     enqueue_ordered(&db, "h2", "q").await;
