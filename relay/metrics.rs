@@ -162,6 +162,10 @@ fn describe() {
         "Ordering keys whose oldest live intent is dead or ambiguous"
     );
     describe_gauge!(
+        "outbox_stranded_ordering_intents",
+        "Intents waiting with no live intent ahead in their ordering key (the sweeper promotes them on its next pass)"
+    );
+    describe_gauge!(
         "outbox_oldest_due_seconds",
         Unit::Seconds,
         "Age of the oldest due pending intent"
@@ -306,7 +310,8 @@ pub const GAUGED_STATES: [IntentState; 4] = [
 /// being reported (at 0) after they drain.
 pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
     let s = store.stats_for_gauges().await?;
-    metrics::gauge!("outbox_blocked_ordering_keys").set(s.2 as f64);
+    metrics::gauge!("outbox_blocked_ordering_keys").set(s.blocked as f64);
+    metrics::gauge!("outbox_stranded_ordering_intents").set(s.stranded as f64);
     // known kinds by name, every other kind summed as `other`
     let labels = outbox_providers::KNOWN_KINDS
         .iter()
@@ -314,19 +319,21 @@ pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
         .chain(["other"]);
     for label in labels {
         for state in GAUGED_STATES {
-            let n: i64 =
-                s.0.iter()
-                    .filter(|r| kind_label(&r.0) == label && r.1 == state.as_sql())
-                    .map(|r| r.2)
-                    .sum();
+            let n: i64 = s
+                .counts
+                .iter()
+                .filter(|r| kind_label(&r.0) == label && r.1 == state.as_sql())
+                .map(|r| r.2)
+                .sum();
             metrics::gauge!("outbox_intents", "kind" => label, "state" => state.as_sql())
                 .set(n as f64);
         }
-        let oldest =
-            s.1.iter()
-                .filter(|r| kind_label(&r.0) == label)
-                .map(|r| r.1)
-                .fold(0.0, f64::max);
+        let oldest = s
+            .oldest
+            .iter()
+            .filter(|r| kind_label(&r.0) == label)
+            .map(|r| r.1)
+            .fold(0.0, f64::max);
         metrics::gauge!("outbox_oldest_due_seconds", "kind" => label).set(oldest);
     }
     Ok(())

@@ -17,6 +17,10 @@ use crate::dispatch::Deliverer;
 use crate::metrics::{client_label, kind_label};
 use crate::store::Store;
 
+/// Noted ordering keys looked at per transaction (each holds a share lock
+/// on the live intents ahead it finds until it commits).
+const RECHECK_BATCH: i32 = 500;
+
 /// The sweeper: owns its settings and is handed the budget and deliverer.
 pub struct Sweeper {
     pub store: Store,
@@ -47,10 +51,15 @@ impl Sweeper {
                 "duplicate enqueues"
             );
         }
-        // heads of ordering keys that a race left waiting outside the claim index
-        match self.store.promote_stranded_heads(1000).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(n, "promoted ordering-key heads left waiting"),
+        // intents a race left waiting with nothing live ahead: only the keys
+        // noted since the last pass are looked at
+        match self.store.promote_stranded_heads(RECHECK_BATCH).await {
+            Ok(r) if r.promoted > 0 => tracing::info!(
+                keys = r.keys,
+                promoted = r.promoted,
+                "promoted ordering-key intents left waiting with nothing live ahead"
+            ),
+            Ok(_) => {}
             Err(err) => {
                 tracing::warn!(error = %err, "could not promote waiting ordering-key heads")
             }

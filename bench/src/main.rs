@@ -20,6 +20,7 @@ mod brokers;
 mod console;
 mod cpu;
 mod drains;
+mod ordering;
 mod peers;
 mod receiver;
 mod report;
@@ -132,6 +133,14 @@ struct BenchArgs {
     /// instead of the engine (e.g. 1000000); 0 skips it.
     #[arg(long, default_value_t = 0)]
     console_history: u64,
+    /// Measure the sweeper's ordering pass beside this many ordering keys,
+    /// each with a follower waiting behind a live head (e.g. 100000),
+    /// instead of the engine; 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    ordering_keys: u64,
+    /// New followers enqueued before the timed pass of --ordering-keys.
+    #[arg(long, default_value_t = 1_000)]
+    ordering_burst: u64,
     /// Keep the scratch database afterwards.
     #[arg(long)]
     keep: bool,
@@ -179,6 +188,19 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             );
         } else {
             console::print(&report);
+        }
+        return Ok(());
+    }
+    if a.ordering_keys > 0 {
+        drop(store);
+        let report = ordering::run(&url, a.ordering_keys, a.ordering_burst, a.keep).await?;
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serializable")
+            );
+        } else {
+            ordering::print(&report);
         }
         return Ok(());
     }

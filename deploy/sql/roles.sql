@@ -42,6 +42,8 @@ GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_re
 GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
 -- the claim asks it whose turn it is within an ordering key (0005)
 GRANT EXECUTE ON FUNCTION outbox.ordering_turn(text, bigint) TO outbox_relay;
+-- the sweeper promotes intents a race left waiting, from the keys noted (0012)
+GRANT EXECUTE ON FUNCTION outbox.recheck_ordering_keys(integer, bigint) TO outbox_relay;
 -- destination health (0007): the relay keeps breakers, buckets and alerts;
 -- operators pause and resume destinations (recorded with their role)
 GRANT EXECUTE ON FUNCTION

@@ -313,6 +313,10 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
         s.blocked_ordering_keys
     );
     println!(
+        "intents waiting with nothing live ahead (the next sweep promotes them): {}",
+        s.stranded_ordering_intents
+    );
+    println!(
         "purged keys remembered by the ledger: {}{}",
         if s.ledger_keys_estimated {
             "about "

@@ -107,6 +107,19 @@ pub struct DueRow {
     pub oldest_due_seconds: f64,
 }
 
+/// What the gauges read ([`Store::stats_for_gauges`]).
+#[derive(Debug, Clone, Default)]
+pub struct GaugeStats {
+    /// (kind, state, count) of the non-terminal states.
+    pub counts: Vec<(String, String, i64)>,
+    /// (kind, seconds) of the oldest due intent.
+    pub oldest: Vec<(String, f64)>,
+    /// Ordering keys whose oldest live intent is dead or ambiguous.
+    pub blocked: i64,
+    /// Intents waiting with no live intent ahead in their ordering key.
+    pub stranded: i64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
     pub by_state: Vec<StatsRow>,
@@ -116,6 +129,11 @@ pub struct Stats {
     /// Ordering keys whose oldest live intent is dead or ambiguous: that key
     /// waits for an operator (cancel, retry or resolve the head).
     pub blocked_ordering_keys: i64,
+    /// Intents that wait with no live intent ahead of them in their
+    /// ordering key but waiting ones (a race left the first so): the
+    /// sweeper promotes the first on its next pass, so this reads 0 one
+    /// sweep later.
+    pub stranded_ordering_intents: i64,
     /// Purged intents whose keys the ledger still remembers (estimated
     /// from the table statistics past 100,000 keys: `stats` never counts a
     /// long history row by row).
@@ -615,12 +633,14 @@ impl Store {
         let blocked_ordering_keys: i64 = sqlx::query_scalar(BLOCKED_KEYS)
             .fetch_one(&self.pool)
             .await?;
+        let stranded_ordering_intents = self.stranded_ordering_intents().await?;
         Ok(Stats {
             by_state,
             due,
             expired_leases,
             duplicate_enqueues,
             blocked_ordering_keys,
+            stranded_ordering_intents,
             ledger_keys,
             ledger_keys_estimated,
             unserved_kinds,
@@ -630,11 +650,9 @@ impl Store {
     /// The live queue for the gauges, cheaply: counts of the non-terminal
     /// states (pending, claimed, ambiguous, dead) by kind, from the
     /// (state, kind) index, and the age of the oldest due intent per kind,
-    /// from the due index. Delivered history is never scanned.
-    #[allow(clippy::type_complexity)]
-    pub async fn stats_for_gauges(
-        &self,
-    ) -> Result<(Vec<(String, String, i64)>, Vec<(String, f64)>, i64), sqlx::Error> {
+    /// from the due index, the blocked ordering keys and the intents
+    /// waiting with nothing live ahead. Delivered history is never scanned.
+    pub async fn stats_for_gauges(&self) -> Result<GaugeStats, sqlx::Error> {
         let counts = sqlx::query_as(
             "SELECT kind, state, count(*) FROM outbox.intents
               WHERE state IN ('pending', 'claimed', 'ambiguous', 'dead') GROUP BY kind, state",
@@ -650,7 +668,13 @@ impl Store {
         let blocked: i64 = sqlx::query_scalar(BLOCKED_KEYS)
             .fetch_one(&self.pool)
             .await?;
-        Ok((counts, oldest, blocked))
+        let stranded = self.stranded_ordering_intents().await?;
+        Ok(GaugeStats {
+            counts,
+            oldest,
+            blocked,
+            stranded,
+        })
     }
 
     /// Ordering keys whose oldest live intent is dead or ambiguous.

@@ -443,7 +443,14 @@ async fn a_head_left_waiting_by_a_race_is_promoted_by_the_sweeper() {
         .await
         .unwrap()
         .is_empty());
-    assert_eq!(db.store.promote_stranded_heads(1000).await.unwrap(), 1);
+    assert_eq!(
+        db.store
+            .promote_stranded_heads(1000)
+            .await
+            .unwrap()
+            .promoted,
+        1
+    );
     assert_eq!(db.store.claim("r", 10, 60_000, &[]).await.unwrap().len(), 1);
 }
 
