@@ -93,10 +93,15 @@ async fn answer(
         }
     }
     let body = match lookup.store.lookup_key(&key).await {
+        // `effect_happened`: a provider answered success, even where the
+        // intent is not delivered (cancelled while that request was in
+        // flight); `effect_at` is when
         Ok(Known::Live(i)) => json!({
             "source": "live", "key": i.key, "id": i.id, "kind": i.kind, "state": i.state,
             "attempts": i.attempts, "provider_ref": i.provider_ref, "last_error": i.last_error,
             "created_at": i.created_at, "updated_at": i.updated_at, "delivered_at": i.delivered_at,
+            "effect_happened": i.state == crate::state::IntentState::Delivered || i.effect_at.is_some(),
+            "effect_at": i.effect_at.or(i.delivered_at),
         }),
         Ok(Known::Ledger(e)) => json!({
             "source": "ledger", "key": e.key, "id": e.intent_id, "kind": e.kind, "state": e.state,

@@ -52,6 +52,17 @@ pub struct Destination {
     pub pending: i64,
     /// Its `[limits]` rate.
     pub limit: Option<String>,
+    /// When its row last changed (its last failure, or the success that
+    /// reset its failures or closed its breaker): the age of `last_error`.
+    pub changed_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Destination {
+    /// Closed with no failure since: its `last_error` is from before it
+    /// recovered.
+    pub fn recovered(&self) -> bool {
+        self.health.state == "closed" && self.health.failures == 0
+    }
 }
 
 /// Every destination that has a row, a limit or a backlog.
@@ -66,6 +77,12 @@ pub async fn list(
     )
     .fetch_all(store.pool())
     .await?;
+    let changed: BTreeMap<String, chrono::DateTime<chrono::Utc>> =
+        sqlx::query_as("SELECT name, updated_at FROM outbox.destinations")
+            .fetch_all(store.pool())
+            .await?
+            .into_iter()
+            .collect();
     let backlog: Vec<(Option<String>, i64)> = sqlx::query_as(
         "SELECT outbox.destination_of(kind, destination, payload), count(*)
            FROM outbox.intents WHERE state IN ('pending', 'claimed') GROUP BY 1",
@@ -74,6 +91,7 @@ pub async fn list(
     .await?;
     let entry = |health: DestinationRow| Destination {
         limit: settings.limits.get(&health.name).map(|r| r.text.clone()),
+        changed_at: changed.get(&health.name).copied(),
         health,
         pending: 0,
     };

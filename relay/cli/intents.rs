@@ -268,6 +268,15 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
     for (name, value) in fields {
         println!("{name:<15} {value}");
     }
+    if let Some(at) = intent.effect_at.filter(|_| intent.happened_anyway()) {
+        println!(
+            "{:<15} happened at {}, although the intent is {}: a provider answered success to a request in flight when it became {} (the attempt below, not accepted)",
+            "effect",
+            time(at),
+            intent.state,
+            intent.state
+        );
+    }
     println!();
     let cells: Vec<Vec<String>> = attempts
         .iter()

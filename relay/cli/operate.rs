@@ -79,9 +79,13 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
                 ),
             ));
         }
+        // the intents counted are the only ones retried: one that joins the
+        // filter while the retry runs is left for the next run
+        let ids = store.select_matching(&filter, how).await?;
+        let total = ids.len();
         let tty = std::io::stderr().is_terminal();
         let done = store
-            .retry_matching(&filter, how, 1000, |done| {
+            .retry_selected(&filter, &ids, how, 1000, |done| {
                 if tty {
                     eprint!("\rretrying: {done}/{total}");
                 } else {
@@ -92,9 +96,11 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
         if tty {
             eprintln!();
         }
+        let skipped = total as u64 - done;
         tracing::info!(
             action = "retry",
             count = done,
+            skipped,
             from = %filter.state,
             kind = filter.kind.as_deref().unwrap_or("any"),
             state = %IntentState::Pending,
@@ -103,12 +109,15 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
             "operator retry: {done} intent(s)"
         );
         if a.json {
-            json(&json!({"retried": done, "new_effect": a.new_effect}));
+            json(&json!({"retried": done, "skipped": skipped, "new_effect": a.new_effect}));
         } else {
             println!(
                 "retried {done} intent(s){}",
                 if a.new_effect { " as new effects" } else { "" }
             );
+            if skipped > 0 {
+                println!("skipped {skipped} that left the filter after they were counted");
+            }
         }
         return Ok(());
     }

@@ -2,11 +2,12 @@
 //! intent (`id`) or on every intent a filter or failure group matches.
 //!
 //! Always two steps: `GET /actions/new?action=...&<filter>` is the dry run
-//! (it counts, changes nothing, and fixes the set to the intents that exist
-//! now); its form posts to `POST /actions`, which counts again and, when
-//! the count still holds, starts the job and redirects to its progress
-//! (`/actions/{job}`). When the count moved, the confirmation is shown
-//! again with the new count.
+//! (it counts, changes nothing, and keeps the set of intents it counted,
+//! see [`super::selections`]); its form posts to `POST /actions`, which
+//! starts the job over that set and redirects to its progress
+//! (`/actions/{job}`). The job changes only intents of the set, skipping
+//! those that left the filter meanwhile. When the set is not kept any more,
+//! or the confirmation does not match it, a new dry run is shown.
 
 use std::sync::Arc;
 
@@ -18,9 +19,11 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Form};
 use serde::Deserialize;
 
+use super::auth::User;
 use super::jobs::{Job, Plan};
 use super::pages::{refuse, render, sign_in, signed_in, Helpers, Layout};
 use super::params::FilterParams;
+use super::selections::{Selection, KEPT_FOR, MAX_SELECTED};
 use super::{check_post, operator, App, Caller, Refusal};
 use crate::store::console::Search;
 use crate::store::operator::{Change, Resolution, RetryOptions};
@@ -114,45 +117,149 @@ fn note(change: &Change) -> &'static str {
     }
 }
 
-/// A dry run: the count, fixed to the intents that exist now.
+/// A dry run: the intents the change would touch now.
 pub struct DryRun {
     pub change: Change,
+    /// The filter as counted: relative times fixed to instants.
+    pub fixed: FilterParams,
     /// The search narrowed to the states the change applies to (None: none).
     pub search: Option<Search>,
+    /// The newest intent id when it counted.
     pub up_to: i64,
-    pub count: i64,
+    /// The intents counted, in id order: the only ones its confirmation
+    /// may change.
+    pub ids: Vec<i64>,
+}
+
+impl DryRun {
+    pub fn count(&self) -> i64 {
+        self.ids.len() as i64
+    }
 }
 
 pub async fn dry_run_of(
     app: &App,
     filter: &FilterParams,
     action: &ActionParams,
-    up_to: Option<i64>,
     final_step: bool,
 ) -> Result<DryRun, Refusal> {
-    let search = app.search(filter).map_err(Refusal::bad)?;
+    let asked = app.search(filter).map_err(Refusal::bad)?;
     let change = action.change(final_step).map_err(Refusal::bad)?;
-    if search.id.is_none() && search.states.is_empty() {
+    if asked.id.is_none() && asked.states.is_empty() {
         // "retry everything of kind email" would also re-send what was
         // cancelled or rejected on purpose, and pull scheduled intents forward
         return Err(Refusal::bad(
             "a bulk action needs the states it acts on in its filter (state=dead, or state=dead,ambiguous)",
         ));
     }
-    let narrowed = search.for_change(&change);
-    let up_to = match up_to {
-        Some(u) => u,
-        None => app.store.newest_id().await?,
+    // read back as the confirmation will read it, so that both compare equal
+    let fixed = FilterParams::of(&asked);
+    let search = app
+        .search(&fixed)
+        .map_err(Refusal::bad)?
+        .for_change(&change);
+    let up_to = app.store.newest_id().await?;
+    let ids = match &search {
+        Some(s) => app.store.select_search(s, up_to, MAX_SELECTED + 1).await?,
+        None => Vec::new(),
     };
-    let count = match &narrowed {
-        Some(s) => app.store.count_search(s, up_to).await?,
-        None => 0,
-    };
+    if ids.len() as i64 > MAX_SELECTED {
+        return Err(Refusal::bad(format!(
+            "more than {MAX_SELECTED} intents match: a bulk action acts on at most that many; \
+             narrow the filter (since and until, kind, host) and act on it in parts"
+        )));
+    }
     Ok(DryRun {
         change,
-        search: narrowed,
+        fixed,
+        search,
         up_to,
-        count,
+        ids,
+    })
+}
+
+/// Keep `run`'s set for its confirmation: the token that names it.
+pub fn keep(app: &App, user: &User, run: &DryRun) -> Result<String, Refusal> {
+    let token = super::auth::random_token().ok_or_else(|| {
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no randomness for the dry run's token",
+        )
+    })?;
+    if let Some(search) = run.search.as_ref().filter(|_| !run.ids.is_empty()) {
+        app.selections.keep(
+            &token,
+            Selection::new(
+                &user.name,
+                label(&run.change),
+                search.clone(),
+                run.up_to,
+                run.ids.clone(),
+            ),
+        );
+    }
+    Ok(token)
+}
+
+/// What a confirmation confirms.
+pub enum Confirmed {
+    /// Its dry run's set (kept under `token`), to change as `change`.
+    Go {
+        change: Change,
+        selection: Selection,
+        token: String,
+    },
+    /// Nothing it can act on: why, for a new dry run's page or answer.
+    Again(String),
+}
+
+/// Check a confirmation of `action` over `filter` against its dry run (the
+/// one `token` names, else `user`'s newest of the same action, filter and
+/// `up_to`), which must have counted `expected` intents.
+pub fn confirmed(
+    app: &App,
+    user: &User,
+    filter: &FilterParams,
+    action: &ActionParams,
+    token: Option<&str>,
+    up_to: i64,
+    expected: i64,
+) -> Result<Confirmed, Refusal> {
+    let change = action.change(true).map_err(Refusal::bad)?;
+    let search = app.search(filter).map_err(Refusal::bad)?.for_change(&change);
+    let Some(search) = search else {
+        return Err(Refusal::new(
+            StatusCode::CONFLICT,
+            "nothing to do: no intent matches",
+        ));
+    };
+    let name = label(&change);
+    let found = match token.filter(|t| !t.is_empty()) {
+        Some(t) => app.selections.get(t).map(|s| (t.to_string(), s)),
+        None => app.selections.find(&user.name, &name, &search, up_to),
+    };
+    let Some((token, selection)) = found else {
+        return Ok(Confirmed::Again(format!(
+            "The dry run this confirms is not kept any more (a dry run is kept for {} minutes, \
+             and not across a restart of the console): this is a new one.",
+            KEPT_FOR.as_secs() / 60
+        )));
+    };
+    if !selection.confirms(&user.name, &name, &search, up_to) {
+        return Ok(Confirmed::Again(
+            "The confirmation does not match its dry run (another action, filter or user): this is a new dry run.".into(),
+        ));
+    }
+    if selection.ids.len() as i64 != expected {
+        return Ok(Confirmed::Again(format!(
+            "The dry run counted {}, the confirmation says {expected}: confirm the count of this new dry run.",
+            selection.ids.len()
+        )));
+    }
+    Ok(Confirmed::Go {
+        change,
+        selection,
+        token,
     })
 }
 
@@ -181,15 +288,20 @@ fn confirm_page(
     filter: &FilterParams,
     action: &ActionParams,
     run: &DryRun,
-    moved_from: Option<i64>,
+    again: Option<String>,
 ) -> Response {
+    let user = match operator(caller) {
+        Ok(u) => u,
+        Err(r) => return refuse(app, caller, r),
+    };
+    // the confirmation names its dry run's set by the form's nonce
+    let nonce = match keep(app, &user, run) {
+        Ok(t) => t,
+        Err(r) => return refuse(app, caller, r),
+    };
     // relative times (since=90m) as the instants the dry run counted with
-    let fixed = filter
-        .search()
-        .map(|s| FilterParams::of(&s))
-        .unwrap_or_else(|_| filter.clone());
     let mut hidden: Vec<(String, String)> =
-        serde_urlencoded::from_str(&fixed.query()).unwrap_or_default();
+        serde_urlencoded::from_str(&run.fixed.query()).unwrap_or_default();
     for (name, value) in [
         ("action", Some(action.action.clone())),
         ("new_effect", action.new_effect.clone()),
@@ -204,33 +316,20 @@ fn confirm_page(
     if let Some(s) = &run.search {
         let states: Vec<&str> = s.states.iter().map(|s| s.as_sql()).collect();
         note = format!(
-            "It acts on intents that are {}. {note}",
+            "It acts on intents that are {} now, and only on those counted here: one that leaves the filter before its turn is skipped, one that joins it later is left alone. {note}",
             states.join(" or ")
         );
     }
-    if let Some(before) = moved_from {
-        note = format!(
-            "The count changed from {before} to {} since the dry run (intents changed state meanwhile). Confirm again. {note}",
-            run.count
-        );
+    if let Some(why) = again {
+        note = format!("{why} {note}");
     }
-    let Some(nonce) = super::auth::random_token() else {
-        return refuse(
-            app,
-            caller,
-            Refusal::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no randomness for the confirmation's nonce",
-            ),
-        );
-    };
     render(ConfirmPage {
         layout: Layout::new(app, caller, "actions"),
         label: label(&run.change),
         filter: filter.describe(),
         query: filter.query(),
         note,
-        count: run.count,
+        count: run.count(),
         batch: i64::from(app.config.console.batch_size),
         up_to: run.up_to,
         nonce,
@@ -254,7 +353,7 @@ pub async fn dry_run(
     if let Err(r) = operator(&caller) {
         return refuse(&app, &caller, r);
     }
-    match dry_run_of(&app, &filter, &action, None, false).await {
+    match dry_run_of(&app, &filter, &action, false).await {
         Ok(run) => confirm_page(&app, &caller, &filter, &action, &run, None),
         Err(r) => refuse(&app, &caller, r),
     }
@@ -265,6 +364,7 @@ pub async fn dry_run(
 #[serde(default)]
 pub struct Confirmation {
     pub csrf: Option<String>,
+    /// Names the dry run's set, and starts one job however often it is sent.
     pub nonce: Option<String>,
     pub up_to: Option<String>,
     pub expected: Option<String>,
@@ -276,27 +376,29 @@ fn number(v: &Option<String>, name: &str) -> Result<i64, Refusal> {
         .ok_or_else(|| Refusal::bad(format!("{name} is missing: start from the dry run")))
 }
 
-/// Start a confirmed job as `user`: the job's id, or None when the dry run
-/// found nothing the action applies to (a job over no search would be a
-/// job over everything).
+/// Start the confirmed job over `selection` as `user`, once per `nonce`:
+/// the job's id. The set is forgotten: a second confirmation of the same
+/// dry run finds none and is shown a new dry run.
 pub fn start(
     app: &App,
-    user: &super::auth::User,
+    user: &User,
     filter: &FilterParams,
-    run: DryRun,
+    change: Change,
+    selection: Selection,
+    token: &str,
     nonce: &str,
-) -> Option<u64> {
-    let search = run.search.filter(|_| run.count > 0)?;
+) -> u64 {
+    app.selections.forget(token);
     let store = app.store.acting_as(&user.actor());
     let plan = Plan {
-        action: label(&run.change),
+        action: label(&change),
         filter: filter.describe(),
         query: filter.query(),
-        expected: run.count,
-        up_to: run.up_to,
-        batch: i64::from(app.config.console.batch_size),
-        search,
-        change: run.change,
+        expected: selection.ids.len() as i64,
+        ids: selection.ids,
+        batch: app.config.console.batch_size as usize,
+        search: selection.search,
+        change,
     };
     tracing::info!(
         user = %user.name,
@@ -305,10 +407,11 @@ pub fn start(
         count = plan.expected,
         "console: bulk action confirmed"
     );
-    Some(app.jobs.start(store, plan, nonce))
+    app.jobs.start(store, plan, nonce)
 }
 
-/// `POST /actions`: count again, then start the job (or ask again).
+/// `POST /actions`: check the confirmation against its dry run, then start
+/// the job (or show a new dry run).
 pub async fn confirm(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -357,24 +460,25 @@ pub async fn confirm(
         )
             .into_response();
     }
-    let run = match dry_run_of(&app, &filter, &action, Some(up_to), true).await {
-        Ok(run) => run,
-        Err(r) => return refuse(&app, &caller, r),
-    };
-    if run.count != expected {
-        return confirm_page(&app, &caller, &filter, &action, &run, Some(expected));
-    }
-    match start(&app, &user, &filter, run, &nonce) {
-        Some(job) => (
-            StatusCode::SEE_OTHER,
-            [(LOCATION, format!("/actions/{job}"))],
-        )
-            .into_response(),
-        None => refuse(
-            &app,
-            &caller,
-            Refusal::new(StatusCode::CONFLICT, "nothing to do: no intent matches"),
-        ),
+    let check = confirmed(&app, &user, &filter, &action, Some(&nonce), up_to, expected);
+    match check {
+        Ok(Confirmed::Go {
+        change,
+        selection,
+        token,
+    }) => {
+            let job = start(&app, &user, &filter, change, selection, &token, &nonce);
+            (
+                StatusCode::SEE_OTHER,
+                [(LOCATION, format!("/actions/{job}"))],
+            )
+                .into_response()
+        }
+        Ok(Confirmed::Again(why)) => match dry_run_of(&app, &filter, &action, true).await {
+            Ok(run) => confirm_page(&app, &caller, &filter, &action, &run, Some(why)),
+            Err(r) => refuse(&app, &caller, r),
+        },
+        Err(r) => refuse(&app, &caller, r),
     }
 }
 
@@ -443,7 +547,7 @@ pub struct DestinationForm {
 /// the database records its own role as the actor).
 pub async fn set_paused(
     app: &App,
-    user: &super::auth::User,
+    user: &User,
     destination: &str,
     pause: bool,
     reason: &str,

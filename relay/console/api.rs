@@ -15,7 +15,9 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::actions::{dry_run_of, label, set_paused, start, ActionParams};
+use super::actions::{
+    confirmed, dry_run_of, keep, label, set_paused, start, ActionParams, Confirmed, DryRun,
+};
 use super::auth::User;
 use super::pages::{answer, detail, provider_key, schedule_rows, Cursor, GroupRow, KeyParam};
 use super::params::FilterParams;
@@ -117,10 +119,9 @@ async fn failures(State(app): State<Arc<App>>, Extension(caller): Extension<Call
     reply(
         async {
             reader(&caller)?;
-            let groups: Vec<Value> = app
-                .store
-                .failure_groups()
-                .await?
+            let mut groups = app.store.failure_groups().await?;
+            groups.extend(app.store.rejected_groups().await?);
+            let groups: Vec<Value> = groups
                 .into_iter()
                 .map(GroupRow::new)
                 .map(|g| {
@@ -255,15 +256,34 @@ struct ActionBody {
     reason: Option<String>,
     #[serde(default)]
     filter: FilterParams,
-    /// Count only (the first step): answers `count` and `up_to`.
+    /// Count only (the first step): answers `count`, `up_to` and
+    /// `selection`, and keeps the set it counted.
     #[serde(default)]
     dry_run: bool,
-    /// From the dry run: the set is fixed to intents up to this id...
+    /// From the dry run: the newest id when it counted...
     up_to: Option<i64>,
-    /// ...and the dry run counted this many (else 409 with the new count).
+    /// ...and how many it counted (else 409 with a new dry run).
     expected: Option<i64>,
+    /// From the dry run: the set it counted (without it, the caller's
+    /// newest dry run of the same action, filter and `up_to`).
+    selection: Option<String>,
     /// Optional: the same nonce twice starts one job.
     nonce: Option<String>,
+}
+
+/// A dry run's answer, its set kept under `selection`.
+fn dry_run_answer(app: &App, user: &User, b: &ActionBody, run: &DryRun) -> Result<Value, Refusal> {
+    let selection = keep(app, user, run)?;
+    let states: Vec<&str> = run
+        .search
+        .as_ref()
+        .map(|s| s.states.iter().map(|s| s.as_sql()).collect())
+        .unwrap_or_default();
+    Ok(json!({
+        "dry_run": true, "action": label(&run.change), "description": b.filter.describe(),
+        "filter": run.fixed, "states": states, "count": run.count(), "up_to": run.up_to,
+        "selection": selection,
+    }))
 }
 
 async fn act(
@@ -286,50 +306,47 @@ async fn act(
             reason: b.reason.clone(),
         };
         if b.dry_run {
-            let run = dry_run_of(&app, &b.filter, &params, None, false).await?;
-            // the filter as counted: relative times as instants, to send back
-            let fixed = b.filter.search().map(|s| FilterParams::of(&s)).unwrap_or_default();
-            let states: Vec<&str> = run
-                .search
-                .as_ref()
-                .map(|s| s.states.iter().map(|s| s.as_sql()).collect())
-                .unwrap_or_default();
-            return Ok((StatusCode::OK, json!({
-                "dry_run": true, "action": label(&run.change), "description": b.filter.describe(),
-                "filter": fixed, "states": states, "count": run.count, "up_to": run.up_to,
-            })));
+            let run = dry_run_of(&app, &b.filter, &params, false).await?;
+            return Ok((StatusCode::OK, dry_run_answer(&app, &user, &b, &run)?));
         }
         let (Some(up_to), Some(expected)) = (b.up_to, b.expected) else {
             return Err(Refusal::bad("up_to and expected come from the dry run: send {\"dry_run\": true, ...} first"));
         };
-// a nonce names one request of one user: the same nonce with another
-            // body (or from another user) is another request
-            let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-            let nonce = match &b.nonce {
-                Some(n) => format!("api:{}:{n}:{digest}", user.name),
-                None => match super::auth::random_token() {
-                    Some(t) => format!("api:{t}"),
-                    None => {
-                        return Err(Refusal::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "no randomness for the job's nonce",
-                        ))
-                    }
-                },
-            };
+        // a nonce names one request of one user: the same nonce with another
+        // body (or from another user) is another request
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        let nonce = match &b.nonce {
+            Some(n) => format!("api:{}:{n}:{digest}", user.name),
+            None => match super::auth::random_token() {
+                Some(t) => format!("api:{t}"),
+                None => {
+                    return Err(Refusal::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "no randomness for the job's nonce",
+                    ))
+                }
+            },
+        };
         if let Some(id) = app.jobs.by_nonce(&nonce) {
             return Ok((StatusCode::ACCEPTED, to_json(app.jobs.get(id))?));
         }
-        let run = dry_run_of(&app, &b.filter, &params, Some(up_to), true).await?;
-        if run.count != expected {
-            return Ok((StatusCode::CONFLICT, json!({
-                "error": format!("the count changed from {expected} to {} since the dry run; confirm the new count", run.count),
-                "count": run.count, "up_to": up_to,
-            })));
+        let token = b.selection.as_deref();
+        match confirmed(&app, &user, &b.filter, &params, token, up_to, expected)? {
+            Confirmed::Go {
+                change,
+                selection,
+                token,
+            } => {
+                let id = start(&app, &user, &b.filter, change, selection, &token, &nonce);
+                Ok((StatusCode::ACCEPTED, to_json(app.jobs.get(id))?))
+            }
+            Confirmed::Again(why) => {
+                let run = dry_run_of(&app, &b.filter, &params, true).await?;
+                let mut again = dry_run_answer(&app, &user, &b, &run)?;
+                again["error"] = Value::String(why);
+                Ok((StatusCode::CONFLICT, again))
+            }
         }
-        let id = start(&app, &user, &b.filter, run, &nonce)
-            .ok_or_else(|| Refusal::new(StatusCode::CONFLICT, "nothing to do: no intent matches"))?;
-        Ok((StatusCode::ACCEPTED, to_json(app.jobs.get(id))?))
     }
     .await;
     match result {

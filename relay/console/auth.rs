@@ -31,6 +31,11 @@ pub const COOKIE_NAME: &str = "outbox_console";
 const MAX_SESSIONS: usize = 10_000;
 /// Failed logins per user name within [`LOCKOUT`] before it is refused for that long.
 const MAX_FAILURES: u32 = 5;
+/// Unknown user names whose failures are remembered (the oldest is
+/// forgotten past it): they are locked out like configured names, so that
+/// a lockout does not tell which names exist, but no number of them can
+/// lock out a configured name.
+const MAX_STRANGERS: usize = 10_000;
 const LOCKOUT: Duration = Duration::from_secs(60);
 /// How long a verified Basic credential is remembered (Argon2 is slow on purpose).
 const BASIC_CACHE: Duration = Duration::from_secs(300);
@@ -76,7 +81,10 @@ pub struct Visit {
 #[derive(Debug, Default)]
 struct State {
     sessions: HashMap<String, Session>,
+    /// Failed logins of configured user names (as many entries as users).
     failures: HashMap<String, (u32, Instant)>,
+    /// Failed logins of other names, at most [`MAX_STRANGERS`].
+    strangers: HashMap<String, (u32, Instant)>,
     basic: HashMap<[u8; 32], (User, Instant)>,
 }
 
@@ -191,27 +199,7 @@ impl Auth {
         name: &str,
         password: &str,
     ) -> Result<(String, Session), LoginError> {
-        // the attempt counts before it is checked, so that parallel guesses
-        // cannot all pass the lockout while the first is being verified
-        {
-            let mut state = self.lock();
-            let now = Instant::now();
-            if state.failures.len() >= MAX_SESSIONS {
-                state.failures.retain(|_, (_, t)| t.elapsed() < LOCKOUT);
-            }
-            if state.failures.len() >= MAX_SESSIONS && !state.failures.contains_key(name) {
-                return Err(LoginError::LockedOut);
-            }
-            let entry = state.failures.entry(name.to_string()).or_insert((0, now));
-            if entry.1.elapsed() >= LOCKOUT {
-                *entry = (0, now);
-            }
-            if entry.0 >= MAX_FAILURES {
-                return Err(LoginError::LockedOut);
-            }
-            entry.0 += 1;
-            entry.1 = now;
-        }
+        self.admit(name)?;
         let user = self.users.iter().find(|u| u.name == name).cloned();
         // an unknown name costs the same time as a wrong password
         let hash = user
@@ -241,6 +229,46 @@ impl Auth {
             }
             None => Err(LoginError::Wrong),
         }
+    }
+
+    /// Count a login attempt of `name` before its password is checked, so
+    /// that parallel guesses cannot all pass the lockout while the first is
+    /// being verified: LockedOut when `name` failed [`MAX_FAILURES`] times
+    /// within [`LOCKOUT`]. A configured name is counted apart from all
+    /// others, so failures of other names never lock it out; other names
+    /// are remembered up to [`MAX_STRANGERS`], the oldest forgotten first.
+    fn admit(&self, name: &str) -> Result<(), LoginError> {
+        let configured = self.users.iter().any(|u| u.name == name);
+        let mut state = self.lock();
+        let now = Instant::now();
+        let counts = if configured {
+            &mut state.failures
+        } else {
+            let strangers = &mut state.strangers;
+            if strangers.len() >= MAX_STRANGERS && !strangers.contains_key(name) {
+                strangers.retain(|_, (_, t)| t.elapsed() < LOCKOUT);
+                if strangers.len() >= MAX_STRANGERS {
+                    let oldest = strangers
+                        .iter()
+                        .min_by_key(|(_, (_, t))| *t)
+                        .map(|(n, _)| n.clone());
+                    if let Some(n) = oldest {
+                        strangers.remove(&n);
+                    }
+                }
+            }
+            strangers
+        };
+        let entry = counts.entry(name.to_string()).or_insert((0, now));
+        if entry.1.elapsed() >= LOCKOUT {
+            *entry = (0, now);
+        }
+        if entry.0 >= MAX_FAILURES {
+            return Err(LoginError::LockedOut);
+        }
+        entry.0 += 1;
+        entry.1 = now;
+        Ok(())
     }
 
     pub fn logout(&self, token: &str) {
@@ -446,6 +474,46 @@ mod tests {
         assert_ne!(random_token(), random_token());
         assert_eq!(base64_decode("YWxpY2U6cHc=").unwrap(), b"alice:pw");
         assert!(base64_decode("**").is_none());
+    }
+
+    #[tokio::test]
+    async fn no_number_of_other_names_locks_out_a_user_and_five_failures_do() {
+        let section = ConsoleSection {
+            users: vec![ConsoleUser {
+                name: "alice".into(),
+                role: Role::Operator,
+                password_hash: outbox_providers::Secret::new(
+                    super::super::settings::hash_password("alice-password-1").unwrap(),
+                ),
+            }],
+            ..ConsoleSection::default()
+        };
+        let auth = Auth::new(&section);
+        // what 10,050 Basic-auth requests with unknown names count
+        for i in 0..MAX_STRANGERS + 50 {
+            assert_eq!(auth.admit(&format!("nobody-{i}")), Ok(()), "{i}");
+        }
+        assert!(auth.lock().strangers.len() <= MAX_STRANGERS, "bounded");
+        assert!(
+            auth.login("", "alice", "alice-password-1").await.is_ok(),
+            "alice's correct password still works"
+        );
+        // an unknown name is locked out like a known one (no hint which exist)
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(auth.admit("mallory"), Ok(()));
+        }
+        assert_eq!(auth.admit("mallory"), Err(LoginError::LockedOut));
+        // five wrong passwords lock alice out, her right one included
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(
+                auth.login("", "alice", "wrong").await.err(),
+                Some(LoginError::Wrong)
+            );
+        }
+        assert_eq!(
+            auth.login("", "alice", "alice-password-1").await.err(),
+            Some(LoginError::LockedOut)
+        );
     }
 
     #[test]

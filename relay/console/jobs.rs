@@ -1,9 +1,11 @@
 //! Bulk actions: a change applied to everything a filter matched at its
 //! dry run, in batches, in the background, with progress to look at.
 //!
-//! A job is fixed to the intents that existed at its dry run (ids up to
-//! `up_to`) and walks them in id order, one short statement per batch, so
-//! it never holds a lock for long and never touches an intent twice.
+//! A job is fixed to the intents its dry run counted and walks them in id
+//! order, one short statement per batch, so it never holds a lock for long
+//! and never touches an intent twice. An intent of the set that left the
+//! filter since is skipped (and counted as skipped); one that joined the
+//! filter after the dry run is not in the set.
 //! Reloading its page only reads its progress; submitting the same
 //! confirmation twice finds the job the first started (each confirmation
 //! carries a one-time nonce). If the console stops mid-way, the job stops
@@ -37,6 +39,9 @@ pub struct Job {
     pub expected: i64,
     /// Intents changed so far.
     pub changed: u64,
+    /// Intents of the dry run's set left alone because they left the filter
+    /// (or its states) since the dry run.
+    pub skipped: u64,
     pub batches: u64,
     /// running | finished | failed
     pub state: &'static str,
@@ -52,7 +57,7 @@ impl Job {
         if self.expected <= 0 || self.state != "running" {
             return 100;
         }
-        (self.changed * 100 / self.expected as u64).min(100)
+        ((self.changed + self.skipped) * 100 / self.expected as u64).min(100)
     }
 }
 
@@ -73,12 +78,13 @@ pub struct Jobs {
 pub struct Plan {
     pub search: Search,
     pub change: Change,
-    pub up_to: i64,
+    /// The intents the dry run counted, in id order.
+    pub ids: Arc<Vec<i64>>,
     pub expected: i64,
     pub action: String,
     pub filter: String,
     pub query: String,
-    pub batch: i64,
+    pub batch: usize,
 }
 
 impl Jobs {
@@ -104,6 +110,7 @@ impl Jobs {
             query: plan.query.clone(),
             expected: plan.expected,
             changed: 0,
+            skipped: 0,
             batches: 0,
             state: "running",
             error: None,
@@ -125,19 +132,24 @@ impl Jobs {
     }
 
     async fn run(&self, id: u64, store: Store, plan: Plan) {
-        let mut after = 0i64;
+        let mut batches = plan.ids.chunks(plan.batch.max(1));
         loop {
-            let step = store
-                .change_batch(&plan.search, &plan.change, after, plan.up_to, plan.batch)
-                .await;
+            let chunk = batches.next();
+            let step = match chunk {
+                Some(ids) => store
+                    .change_selected(&plan.search, &plan.change, ids)
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            };
             let mut state = self.lock();
             let Some(job) = state.jobs.iter_mut().find(|j| j.id == id) else {
                 return;
             };
             match step {
-                Ok(Some((last, changed))) => {
-                    after = last;
+                Ok(Some(changed)) => {
                     job.changed += changed;
+                    job.skipped += chunk.map_or(0, |c| c.len() as u64).saturating_sub(changed);
                     job.batches += 1;
                 }
                 Ok(None) => {
@@ -147,6 +159,7 @@ impl Jobs {
                         job = id,
                         action = %job.action,
                         changed = job.changed,
+                        skipped = job.skipped,
                         actor = %job.actor,
                         "console bulk action finished"
                     );

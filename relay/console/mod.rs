@@ -12,6 +12,7 @@
 //! - [`pages`]: the HTML pages.
 //! - [`actions`]: dry run, confirmation, bulk jobs, single-intent actions.
 //! - [`jobs`]: bulk actions running in batches.
+//! - [`selections`]: the sets dry runs counted, until they are confirmed.
 //! - [`api`]: the JSON API.
 //! - [`view`]: masking, ages, chart bars.
 //! - [`charts`]: the attempt charts, settled buckets kept.
@@ -26,6 +27,7 @@ pub mod charts;
 pub mod jobs;
 pub mod pages;
 pub mod params;
+pub mod selections;
 pub mod settings;
 pub mod view;
 
@@ -61,6 +63,7 @@ pub struct App {
     pub health: HealthSettings,
     pub auth: Auth,
     pub jobs: jobs::Jobs,
+    pub selections: selections::Selections,
     pub charts: charts::ChartCache,
 }
 
@@ -74,6 +77,7 @@ impl App {
             health,
             auth,
             jobs: jobs::Jobs::default(),
+            selections: selections::Selections::default(),
             charts: charts::ChartCache::default(),
         }))
     }
@@ -215,6 +219,13 @@ pub fn check_post(
         // a JSON body needs a CORS preflight no other site gets through
         (None, _) if json => Ok(()),
         _ if caller.basic && json => Ok(()),
+        // no session to hold a token: only the content type can vouch
+        _ if caller.basic || caller.session.is_none() => Err(Refusal::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "refused: send the body as JSON with Content-Type: application/json \
+             (without a session's CSRF token, only a JSON request is accepted: \
+             another site's form cannot send one)",
+        )),
         _ => Err(Refusal::new(
             StatusCode::FORBIDDEN,
             "refused: this request carries no valid CSRF token (reload the page and try again)",

@@ -389,7 +389,8 @@ pub async fn intent(
         effects: d
             .attempts
             .iter()
-            .filter(|a| a.outcome == "delivered" && a.accepted && !a.replayed)
+            // a success refused as stale (cancelled meanwhile) was an effect too
+            .filter(|a| a.outcome == "delivered" && !a.replayed)
             .count(),
         replays: d.attempts.iter().filter(|a| a.replayed).count(),
         payload: view::pretty(&d.intent.payload.0),
@@ -421,6 +422,7 @@ impl GroupRow {
                 "Redeliver all",
             ),
             IntentState::Pending => ("failing", "retry".to_string(), "Retry all now"),
+            IntentState::Rejected => ("rejected", "retry".to_string(), "Retry all"),
             _ => ("dead", "retry".to_string(), "Retry all"),
         };
         GroupRow {
@@ -438,6 +440,8 @@ impl GroupRow {
 struct FailuresPage {
     layout: Layout,
     groups: Vec<GroupRow>,
+    /// Rejected intents, apart: they will not be tried again by themselves.
+    rejected: Vec<GroupRow>,
 }
 impl Helpers for FailuresPage {}
 
@@ -448,9 +452,11 @@ pub async fn failures(
 ) -> Response {
     sign_in!(caller, uri);
     let groups = or_refuse!(app, caller, app.store.failure_groups().await);
+    let rejected = or_refuse!(app, caller, app.store.rejected_groups().await);
     render(FailuresPage {
         layout: Layout::new(&app, &caller, "failures"),
         groups: groups.into_iter().map(GroupRow::new).collect(),
+        rejected: rejected.into_iter().map(GroupRow::new).collect(),
     })
 }
 
@@ -578,27 +584,39 @@ pub fn answer(known: &Known) -> Answer {
             None,
         ),
     };
+    let anyway = match known {
+        Known::Live(i) if i.happened_anyway() => i.effect_at,
+        _ => None,
+    };
     let (verdict, class) = match state {
-        IntentState::Delivered => ("Yes: the effect happened.", "yes"),
+        _ if anyway.is_some() => (
+            format!(
+                "Yes: the effect happened ({}), although the intent is {state}: \
+                 the provider answered success to a request that was in flight when it became {state}.",
+                anyway.map(view::when).unwrap_or_default()
+            ),
+            "yes",
+        ),
+        IntentState::Delivered => ("Yes: the effect happened.".into(), "yes"),
         IntentState::Rejected => (
-            "No: the provider refused it, and it will not be tried again.",
+            "No: the provider refused it, and it will not be tried again.".into(),
             "no",
         ),
-        IntentState::Cancelled => ("No: an operator cancelled it.", "no"),
+        IntentState::Cancelled => ("No: an operator cancelled it.".into(), "no"),
         IntentState::Dead => (
-            "No: it failed until its retries ran out; an operator can retry it.",
+            "No: it failed until its retries ran out; an operator can retry it.".into(),
             "no",
         ),
         IntentState::Ambiguous => (
-            "Unknown: the outcome was lost; an operator must check at the provider.",
+            "Unknown: the outcome was lost; an operator must check at the provider.".into(),
             "maybe",
         ),
         IntentState::Pending | IntentState::Claimed => {
-            ("Not yet: it is queued or in flight.", "maybe")
+            ("Not yet: it is queued or in flight.".into(), "maybe")
         }
     };
     Answer {
-        verdict: verdict.into(),
+        verdict,
         verdict_class: class,
         state: state.as_sql().into(),
         kind,

@@ -280,15 +280,30 @@ impl Store {
         Ok(page)
     }
 
-    /// How many intents match `search` with an id at most `up_to` (the
-    /// dry-run count of a bulk action; `up_to` fixes the set it acts on, so
-    /// intents enqueued after the count are never included).
+    /// How many intents match `search` with an id at most `up_to`.
     pub async fn count_search(&self, search: &Search, up_to: i64) -> Result<i64, StoreError> {
         let mut q = QueryBuilder::new("SELECT count(*) FROM outbox.intents WHERE id <= ");
         q.push_bind(up_to);
         search.push_indexed(&mut q);
         search.push_scanned(&mut q);
         Ok(q.build_query_scalar().fetch_one(&self.pool).await?)
+    }
+
+    /// The ids of the intents matching `search` with an id at most `up_to`,
+    /// in id order, at most `limit` of them: the set a bulk action's dry
+    /// run counts, and the only intents its confirmation may change.
+    pub async fn select_search(
+        &self,
+        search: &Search,
+        up_to: i64,
+        limit: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut q = QueryBuilder::new("SELECT id FROM outbox.intents WHERE id <= ");
+        q.push_bind(up_to);
+        search.push_indexed(&mut q);
+        search.push_scanned(&mut q);
+        q.push(" ORDER BY id LIMIT ").push_bind(limit);
+        Ok(q.build_query_scalar().fetch_all(&self.pool).await?)
     }
 
     /// The newest intent id: the upper bound a bulk action is fixed to.
@@ -300,44 +315,28 @@ impl Store {
         )
     }
 
-    /// The next batch of up to `batch` ids matching `search`, above `after`
-    /// and at most `up_to`, in id order.
-    pub async fn next_batch(
-        &self,
-        search: &Search,
-        after: i64,
-        up_to: i64,
-        batch: i64,
-    ) -> Result<Vec<i64>, StoreError> {
-        let mut q = QueryBuilder::new("SELECT id FROM outbox.intents WHERE id > ");
-        q.push_bind(after).push(" AND id <= ").push_bind(up_to);
-        search.push_indexed(&mut q);
-        search.push_scanned(&mut q);
-        q.push(" ORDER BY id LIMIT ").push_bind(batch);
-        Ok(q.build_query_scalar().fetch_all(&self.pool).await?)
-    }
-
-    /// Apply `change` to one batch of the intents matching `search` (above
-    /// `after`, at most `up_to`). Returns (the last id looked at, how many
-    /// changed), or `None` when nothing is left. Each batch is its own short
-    /// statement, so a bulk action of any size holds no lock for long and
-    /// can stop between any two batches.
-    pub async fn change_batch(
+    /// Apply `change` to those of `ids` (one batch of a dry run's set) that
+    /// still match `search`; returns how many changed. The others left the
+    /// search since the dry run and are left alone; an intent outside `ids`
+    /// is never looked at, whatever the search matches now. One short
+    /// statement for the filter and one for the change (whose row locks
+    /// check the states again), so a bulk action of any size holds no lock
+    /// for long and can stop between any two batches.
+    pub async fn change_selected(
         &self,
         search: &Search,
         change: &Change,
-        after: i64,
-        up_to: i64,
-        batch: i64,
-    ) -> Result<Option<(i64, u64)>, StoreError> {
-        let ids = self.next_batch(search, after, up_to, batch).await?;
-        let Some(&last) = ids.last() else {
-            return Ok(None);
-        };
-        // the states are checked again under the row locks: an intent that
-        // left the search's states since it was read is left alone
-        let changed = self.change_ids_in(&ids, change, &search.states).await?;
-        Ok(Some((last, changed)))
+        ids: &[i64],
+    ) -> Result<u64, StoreError> {
+        let mut q = QueryBuilder::new("SELECT id FROM outbox.intents WHERE id = ANY(");
+        q.push_bind(ids.to_vec()).push(")");
+        search.push_indexed(&mut q);
+        search.push_scanned(&mut q);
+        let still: Vec<i64> = q.build_query_scalar().fetch_all(&self.pool).await?;
+        if still.is_empty() {
+            return Ok(0);
+        }
+        self.change_ids_in(&still, change, &search.states).await
     }
 
     /// Dead, ambiguous and failing (pending after a failure) intents,
@@ -345,7 +344,21 @@ impl Store {
     /// groups first. Reads only those states' rows (`intents_state_kind`),
     /// never the delivered history.
     pub async fn failure_groups(&self) -> Result<Vec<FailureGroup>, StoreError> {
-        Ok(sqlx::query_as(
+        self.groups(
+            "state IN ('dead', 'ambiguous') OR (state = 'pending' AND last_error IS NOT NULL)",
+        )
+        .await
+    }
+
+    /// Rejected intents (the provider refused them, or the relay could not
+    /// send them: an unknown kind, a URL it cannot use), grouped as
+    /// [`Store::failure_groups`] groups failures.
+    pub async fn rejected_groups(&self) -> Result<Vec<FailureGroup>, StoreError> {
+        self.groups("state = 'rejected'").await
+    }
+
+    async fn groups(&self, states: &'static str) -> Result<Vec<FailureGroup>, StoreError> {
+        let sql = format!(
             "SELECT state, kind, destination, class, count(*) AS count,
                     min(updated_at) AS first_seen, max(updated_at) AS last_seen,
                     max(id) AS example_id,
@@ -354,15 +367,15 @@ impl Store {
                             outbox.destination_of(kind, destination, payload) AS destination,
                             outbox.error_class(last_error) AS class
                        FROM outbox.intents
-                      WHERE state IN ('dead', 'ambiguous')
-                         OR (state = 'pending' AND last_error IS NOT NULL)) f
+                      WHERE {states}) f
               GROUP BY state, kind, destination, class
               ORDER BY count(*) DESC, max(id) DESC
-              LIMIT $1",
-        )
-        .bind(MAX_GROUPS)
-        .fetch_all(&self.pool)
-        .await?)
+              LIMIT $1"
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(MAX_GROUPS)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// Attempts per `step_secs` bucket (delivered and accepted; failed:

@@ -38,6 +38,19 @@ pub struct Intent {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub delivered_at: Option<DateTime<Utc>>,
+    /// When a provider last answered success to an attempt of this intent,
+    /// whether or not that answer was accepted: the effect happened then,
+    /// even when the intent is not delivered (cancelled, or retried as a
+    /// new effect, while that request was in flight).
+    pub effect_at: Option<DateTime<Utc>>,
+}
+
+impl Intent {
+    /// The effect happened although the intent is not delivered: a
+    /// provider answered success to an attempt whose completion was refused.
+    pub fn happened_anyway(&self) -> bool {
+        self.state != IntentState::Delivered && self.effect_at.is_some()
+    }
 }
 
 /// A stored payload as JSON, or, when it cannot be read as such, a string
@@ -219,7 +232,7 @@ pub struct RetryOptions {
     /// the provider does not dedupe it against the earlier one (recorded).
     pub new_effect: bool,
     /// Re-send delivered intents too. Without it a delivered intent is
-    /// refused ([`Store::retry`]) or left alone ([`Store::retry_matching`]):
+    /// refused ([`Store::retry`]) or left alone ([`Store::retry_selected`]):
     /// see [`RESEND_DELIVERED`].
     pub force: bool,
 }
@@ -245,7 +258,9 @@ const INTENT_COLUMNS: &str =
     ordering_key, provider_ref, last_error, response, owner, lease_expires_at, key_generation, \
     duplicates + (SELECT count(*) FROM outbox.enqueue_duplicates d \
                    WHERE d.intent_id = intents.id)::int AS duplicates, \
-    source, created_at, updated_at, delivered_at";
+    source, created_at, updated_at, delivered_at, \
+    (SELECT max(coalesce(a.finished_at, a.started_at)) FROM outbox.attempts a \
+      WHERE a.intent_id = intents.id AND a.outcome = 'delivered') AS effect_at";
 
 use IntentState::{Dead, Delivered, Rejected};
 
@@ -406,33 +421,46 @@ impl Store {
         Ok(now)
     }
 
-    /// Retry every intent matching `filter`, in batches of `batch`, calling
-    /// `progress(done)` after each. Returns how many were retried. Delivered
-    /// intents are left alone unless `how.force`.
-    pub async fn retry_matching(
+    /// The intents a bulk retry `how` of `filter` would touch now, in id
+    /// order: what `retry --state` counts, and the only intents
+    /// [`Store::retry_selected`] may then change.
+    pub async fn select_matching(
         &self,
         filter: &Filter,
         how: RetryOptions,
-        batch: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        match filter.search().for_change(&Change::Retry(how)) {
+            Some(search) => self.select_search(&search, i64::MAX, i64::MAX).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Retry those of `ids` (from [`Store::select_matching`]) that still
+    /// match `filter`, in batches of `batch`. Returns how many were retried; the rest left
+    /// the filter meanwhile. An intent that entered it after the selection
+    /// is not retried. Delivered intents are left alone unless `how.force`.
+    /// `progress(done)` is called after each batch.
+    pub async fn retry_selected(
+        &self,
+        filter: &Filter,
+        ids: &[i64],
+        how: RetryOptions,
+        batch: usize,
         mut progress: impl FnMut(u64),
     ) -> Result<u64, StoreError> {
         let change = Change::Retry(how);
         let Some(search) = filter.search().for_change(&change) else {
             return Ok(0);
         };
-        let (mut done, mut after) = (0u64, 0i64);
-        while let Some((last, changed)) = self
-            .change_batch(&search, &change, after, i64::MAX, batch)
-            .await?
-        {
-            after = last;
-            done += changed;
+        let mut done = 0u64;
+        for chunk in ids.chunks(batch.max(1)) {
+            done += self.change_selected(&search, &change, chunk).await?;
             progress(done);
         }
         Ok(done)
     }
 
-    /// How many intents a bulk retry would touch.
+    /// How many intents a bulk retry would touch (its dry run).
     pub async fn count_matching(&self, filter: &Filter) -> Result<i64, StoreError> {
         self.count_search(&filter.search(), i64::MAX).await
     }

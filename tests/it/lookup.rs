@@ -184,3 +184,75 @@ async fn lookup_false_turns_the_endpoint_off() {
     let logs = stop(child).await;
     assert!(logs.contains("GET /v1/intents/{key} is off"), "{logs}");
 }
+
+/// Cancelled while its request was in flight, and the request then
+/// succeeded: "did it happen?" says yes, here, in `show` and in the console.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intent_cancelled_while_its_request_succeeded_is_said_to_have_happened() {
+    use crate::common::{cli, config, engine, run_until, Receiver, Reply};
+    use outbox_relay::lookup::{route, Access};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|_, _| Reply::status(200).after(Duration::from_millis(700))).await;
+    db.enqueue("late:1", "webhook", json!({"url": rx.url("/"), "body": {}}))
+        .await;
+    let cancelled = Arc::new(AtomicBool::new(false));
+    run_until(engine(db.store.clone(), &config()), Duration::from_secs(20), || {
+        let (db, rx, cancelled) = (&db, &rx, cancelled.clone());
+        async move {
+            if !cancelled.load(Ordering::SeqCst) && !rx.requests().is_empty() {
+                // the request has left: cancel it while it is in flight
+                db.store.cancel("late:1").await.unwrap();
+                cancelled.store(true, Ordering::SeqCst);
+            }
+            let stale: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM outbox.attempts WHERE outcome = 'delivered' AND NOT accepted",
+            )
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+            stale == 1
+        }
+    })
+    .await;
+    assert_eq!(db.count("key = 'late:1' AND state = 'cancelled'").await, 1);
+
+    // GET /v1/intents/{key}
+    let app: axum::Router = axum::Router::new().route(
+        "/v1/intents/{key}",
+        route(
+            db.store.clone(),
+            Access {
+                enabled: true,
+                token: None,
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (status, body) = get(port, "/v1/intents/late:1", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["state"], "cancelled", "{body}");
+    assert_eq!(body["effect_happened"], true, "{body}");
+    assert!(body["effect_at"].is_string(), "{body}");
+    server.abort();
+
+    // `show`
+    let out = cli(&db, &["show", "late:1"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("effect") && text.contains("happened at"), "{text}");
+
+    // the console's lookup and the intent's page
+    let console = crate::common::console::ConsoleServer::start(&db, &[]).await;
+    let mut s = crate::common::console::Session::new(&console);
+    let page = s.get("/lookup?key=late:1").await;
+    assert!(page.body.contains("Yes: the effect happened"), "{}", page.body);
+    let api = s.get("/api/v1/lookup?key=late:1").await;
+    assert!(api.body.contains("Yes: the effect happened"), "{}", api.body);
+    let id = db.store.find("late:1").await.unwrap().id;
+    let page = s.get(&format!("/intents/{id}")).await;
+    assert!(page.body.contains("id=\"effect-anyway\""), "{}", page.body);
+}

@@ -16,6 +16,8 @@ mod charge;
 mod cli;
 mod console;
 mod console_browser;
+mod console_bulk;
+mod console_pages;
 mod delivery;
 mod email;
 mod enqueue;

@@ -11,12 +11,13 @@
       .then(function (r) { return r.json(); })
       .then(function (j) {
         document.getElementById("job-changed").textContent = String(j.changed);
+        document.getElementById("job-skipped").textContent = String(j.skipped);
         document.getElementById("job-status").textContent = j.state;
         var state = document.getElementById("job-state");
         state.setAttribute("data-state", j.state);
         state.className = "job " + j.state;
         bar.value = j.state === "running" && j.expected > 0
-          ? Math.min(100, Math.floor(j.changed * 100 / j.expected)) : 100;
+          ? Math.min(100, Math.floor((j.changed + j.skipped) * 100 / j.expected)) : 100;
         if (j.state === "running") { setTimeout(tick, 500); } else { location.reload(); }
       })
       .catch(function () { setTimeout(tick, 2000); });
