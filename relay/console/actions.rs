@@ -202,6 +202,8 @@ pub fn keep(app: &App, user: &User, run: &DryRun) -> Result<String, Refusal> {
 }
 
 /// What a confirmation confirms.
+// one value per confirmed request, moved once: its size costs nothing
+#[allow(clippy::large_enum_variant)]
 pub enum Confirmed {
     /// Its dry run's set (kept under `token`), to change as `change`.
     Go {
@@ -226,7 +228,10 @@ pub fn confirmed(
     expected: i64,
 ) -> Result<Confirmed, Refusal> {
     let change = action.change(true).map_err(Refusal::bad)?;
-    let search = app.search(filter).map_err(Refusal::bad)?.for_change(&change);
+    let search = app
+        .search(filter)
+        .map_err(Refusal::bad)?
+        .for_change(&change);
     let Some(search) = search else {
         return Err(Refusal::new(
             StatusCode::CONFLICT,
@@ -463,10 +468,10 @@ pub async fn confirm(
     let check = confirmed(&app, &user, &filter, &action, Some(&nonce), up_to, expected);
     match check {
         Ok(Confirmed::Go {
-        change,
-        selection,
-        token,
-    }) => {
+            change,
+            selection,
+            token,
+        }) => {
             let job = start(&app, &user, &filter, change, selection, &token, &nonce);
             (
                 StatusCode::SEE_OTHER,

@@ -310,7 +310,9 @@ async fn act(
             return Ok((StatusCode::OK, dry_run_answer(&app, &user, &b, &run)?));
         }
         let (Some(up_to), Some(expected)) = (b.up_to, b.expected) else {
-            return Err(Refusal::bad("up_to and expected come from the dry run: send {\"dry_run\": true, ...} first"));
+            return Err(Refusal::bad(
+                "up_to and expected come from the dry run: send {\"dry_run\": true, ...} first",
+            ));
         };
         // a nonce names one request of one user: the same nonce with another
         // body (or from another user) is another request

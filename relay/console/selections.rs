@@ -86,8 +86,7 @@ impl Selections {
         state.sets.retain(|_, s| s.made.elapsed() < KEPT_FOR);
         let size = selection.ids.len();
         while !state.sets.is_empty()
-            && (state.sets.len() >= KEPT_SETS
-                || state.ids() + size > KEPT_IDS)
+            && (state.sets.len() >= KEPT_SETS || state.ids() + size > KEPT_IDS)
         {
             let oldest = state
                 .sets
@@ -154,7 +153,10 @@ mod tests {
         let (token, found) = kept.find("u", "Cancel", &Search::default(), 1).unwrap();
         assert_eq!(token, "c", "the newest");
         assert!(Arc::ptr_eq(&found.ids, &kept.get("c").unwrap().ids));
-        assert!(kept.find("v", "Cancel", &Search::default(), 1).is_none(), "another user's");
+        assert!(
+            kept.find("v", "Cancel", &Search::default(), 1).is_none(),
+            "another user's"
+        );
         assert!(kept.find("u", "Cancel", &Search::default(), 2).is_none());
     }
 }

@@ -43,7 +43,12 @@ async fn state_of(db: &TestDb, id: i64) -> String {
 }
 
 /// Poll the job at `path` until it is no longer running.
-async fn finished(http: &reqwest::Client, console: &ConsoleServer, path: &str, basic: &str) -> Value {
+async fn finished(
+    http: &reqwest::Client,
+    console: &ConsoleServer,
+    path: &str,
+    basic: &str,
+) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let job: Value = http
@@ -87,12 +92,13 @@ async fn a_bulk_action_changes_only_intents_its_dry_run_counted() {
     };
 
     // the dry run counts 1 and 2; then 1 is cancelled by hand and 5 goes dead
-    let dry: Value = post(json!({"action": "cancel", "filter": {"state": "dead"}, "dry_run": true}))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let dry: Value =
+        post(json!({"action": "cancel", "filter": {"state": "dead"}, "dry_run": true}))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
     assert_eq!(dry["count"], 2, "{dry}");
     assert!(dry["up_to"].as_i64().unwrap() >= five);
     let out = cli(&db, &["cancel", &one.to_string()]).await;
@@ -104,11 +110,25 @@ async fn a_bulk_action_changes_only_intents_its_dry_run_counted() {
     .unwrap();
     assert_eq!(started.status(), 202);
     let job: Value = started.json().await.unwrap();
-    let job = finished(&http, &console, &format!("/api/v1/actions/{}", job["id"]), &basic).await;
+    let job = finished(
+        &http,
+        &console,
+        &format!("/api/v1/actions/{}", job["id"]),
+        &basic,
+    )
+    .await;
     assert_eq!(job["state"], "finished", "{job}");
-    assert_eq!((job["changed"].as_u64(), job["skipped"].as_u64()), (Some(1), Some(1)), "{job}");
+    assert_eq!(
+        (job["changed"].as_u64(), job["skipped"].as_u64()),
+        (Some(1), Some(1)),
+        "{job}"
+    );
     assert_eq!(state_of(&db, two).await, "cancelled");
-    assert_eq!(state_of(&db, five).await, "dead", "not counted by the dry run");
+    assert_eq!(
+        state_of(&db, five).await,
+        "dead",
+        "not counted by the dry run"
+    );
     let by_alice: Vec<i64> = sqlx::query_scalar(
         "SELECT intent_id FROM outbox.operator_actions WHERE actor = 'console:alice' ORDER BY intent_id",
     )
@@ -134,7 +154,15 @@ async fn a_bulk_action_changes_only_intents_its_dry_run_counted() {
     assert!(page.body.contains("id=\"count\">1<"), "{}", page.body);
     set(&db, four, "dead").await;
     let mut form: Vec<(String, String)> = Vec::new();
-    for name in ["csrf", "nonce", "up_to", "expected", "state", "action", "resolve_as"] {
+    for name in [
+        "csrf",
+        "nonce",
+        "up_to",
+        "expected",
+        "state",
+        "action",
+        "resolve_as",
+    ] {
         let value = field_of(&page.body, name).unwrap_or_else(|| panic!("{name}: {}", page.body));
         form.push((name.into(), value));
     }
@@ -143,7 +171,11 @@ async fn a_bulk_action_changes_only_intents_its_dry_run_counted() {
     assert_eq!(confirmed.status, 303, "{}", confirmed.body);
     let path = format!("/api/v1{}", confirmed.location.unwrap());
     let job = finished(&http, &console, &path, &basic).await;
-    assert_eq!((job["changed"].as_u64(), job["skipped"].as_u64()), (Some(1), Some(0)), "{job}");
+    assert_eq!(
+        (job["changed"].as_u64(), job["skipped"].as_u64()),
+        (Some(1), Some(0)),
+        "{job}"
+    );
     assert_eq!(state_of(&db, five).await, "delivered");
     assert_eq!(
         state_of(&db, four).await,
@@ -192,7 +224,10 @@ async fn the_cli_bulk_retry_retries_only_what_it_counted() {
     let out = cli(&db, &["retry", "--state", "dead", "--json"]).await;
     assert!(out.status.success(), "{out:?}");
     let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((answer["retried"].as_u64(), answer["skipped"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(
+        (answer["retried"].as_u64(), answer["skipped"].as_u64()),
+        (Some(1), Some(0))
+    );
     assert_eq!(state_of(&db, c).await, "pending");
 }
 

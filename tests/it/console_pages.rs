@@ -18,7 +18,10 @@ async fn failures_show_rejected_intents_apart() {
     )
     .await;
     // the relay rejects both: an unknown kind, a URL it cannot use
-    engine(db.store.clone(), &config()).run_once().await.unwrap();
+    engine(db.store.clone(), &config())
+        .run_once()
+        .await
+        .unwrap();
     assert_eq!(db.count("state = 'rejected'").await, 2);
     let console = ConsoleServer::start(&db, &[]).await;
     let mut s = Session::new(&console);
@@ -33,7 +36,10 @@ async fn failures_show_rejected_intents_apart() {
         "{rejected}"
     );
     assert!(!page.body.contains("Nothing is failing"), "{}", page.body);
-    assert!(page.body.contains("id=\"none\""), "nothing dead, ambiguous or failing");
+    assert!(
+        page.body.contains("id=\"none\""),
+        "nothing dead, ambiguous or failing"
+    );
     let api: serde_json::Value =
         serde_json::from_str(&s.get("/api/v1/failures").await.body).unwrap();
     assert_eq!(
@@ -63,13 +69,19 @@ async fn a_recovered_destination_says_so_instead_of_its_old_error() {
     let mut s = Session::new(&console);
     let page = s.get("/destinations").await;
     let row = |name: &str| -> String {
-        let at = page.body.find(&format!(">{name}<")).unwrap_or_else(|| panic!("{}", page.body));
+        let at = page
+            .body
+            .find(&format!(">{name}<"))
+            .unwrap_or_else(|| panic!("{}", page.body));
         page.body[at..].split("</tr>").next().unwrap().to_string()
     };
     let recovered = row("http://127.0.0.1:9");
     assert!(recovered.contains("recovered 10m ago"), "{recovered}");
     let failing = row("http://127.0.0.1:8");
-    assert!(failing.contains("HTTP 502") && !failing.contains("recovered"), "{failing}");
+    assert!(
+        failing.contains("HTTP 502") && !failing.contains("recovered"),
+        "{failing}"
+    );
     assert!(failing.contains("ago)"), "the error's age: {failing}");
 }
 

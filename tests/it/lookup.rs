@@ -199,23 +199,27 @@ async fn an_intent_cancelled_while_its_request_succeeded_is_said_to_have_happene
     db.enqueue("late:1", "webhook", json!({"url": rx.url("/"), "body": {}}))
         .await;
     let cancelled = Arc::new(AtomicBool::new(false));
-    run_until(engine(db.store.clone(), &config()), Duration::from_secs(20), || {
-        let (db, rx, cancelled) = (&db, &rx, cancelled.clone());
-        async move {
-            if !cancelled.load(Ordering::SeqCst) && !rx.requests().is_empty() {
-                // the request has left: cancel it while it is in flight
-                db.store.cancel("late:1").await.unwrap();
-                cancelled.store(true, Ordering::SeqCst);
-            }
-            let stale: i64 = sqlx::query_scalar(
+    run_until(
+        engine(db.store.clone(), &config()),
+        Duration::from_secs(20),
+        || {
+            let (db, rx, cancelled) = (&db, &rx, cancelled.clone());
+            async move {
+                if !cancelled.load(Ordering::SeqCst) && !rx.requests().is_empty() {
+                    // the request has left: cancel it while it is in flight
+                    db.store.cancel("late:1").await.unwrap();
+                    cancelled.store(true, Ordering::SeqCst);
+                }
+                let stale: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM outbox.attempts WHERE outcome = 'delivered' AND NOT accepted",
             )
             .fetch_one(db.pool())
             .await
             .unwrap();
-            stale == 1
-        }
-    })
+                stale == 1
+            }
+        },
+    )
     .await;
     assert_eq!(db.count("key = 'late:1' AND state = 'cancelled'").await, 1);
 
@@ -243,15 +247,26 @@ async fn an_intent_cancelled_while_its_request_succeeded_is_said_to_have_happene
     // `show`
     let out = cli(&db, &["show", "late:1"]).await;
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("effect") && text.contains("happened at"), "{text}");
+    assert!(
+        text.contains("effect") && text.contains("happened at"),
+        "{text}"
+    );
 
     // the console's lookup and the intent's page
     let console = crate::common::console::ConsoleServer::start(&db, &[]).await;
     let mut s = crate::common::console::Session::new(&console);
     let page = s.get("/lookup?key=late:1").await;
-    assert!(page.body.contains("Yes: the effect happened"), "{}", page.body);
+    assert!(
+        page.body.contains("Yes: the effect happened"),
+        "{}",
+        page.body
+    );
     let api = s.get("/api/v1/lookup?key=late:1").await;
-    assert!(api.body.contains("Yes: the effect happened"), "{}", api.body);
+    assert!(
+        api.body.contains("Yes: the effect happened"),
+        "{}",
+        api.body
+    );
     let id = db.store.find("late:1").await.unwrap().id;
     let page = s.get(&format!("/intents/{id}")).await;
     assert!(page.body.contains("id=\"effect-anyway\""), "{}", page.body);
