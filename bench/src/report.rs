@@ -128,7 +128,7 @@ pub struct LatencySplit {
 
 /// Claim + complete in claims of a few intents, by a relay of the default
 /// `batch_size`: from the claim statement sized for the claim (the
-/// engine's) and from the one limited to `batch_size` (before session 10).
+/// engine's) and from a single statement limited to `batch_size`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SmallClaims {
     /// Intents per claim.
