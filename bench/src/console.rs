@@ -11,8 +11,7 @@ use outbox_relay::config::Config;
 use outbox_relay::console::App;
 use outbox_relay::store::Store;
 use serde::Serialize;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, Executor};
+use sqlx::Executor;
 
 /// One page's timings, in milliseconds.
 #[derive(Debug, Serialize)]
@@ -141,17 +140,7 @@ pub async fn run(
     history: u64,
     keep: bool,
 ) -> anyhow::Result<ConsoleReport> {
-    let admin: PgConnectOptions = server_url.parse()?;
-    let name = format!("outbox_bench_console_{}", std::process::id());
-    let mut conn = admin.connect().await?;
-    conn.execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
-        .await?;
-    conn.execute(format!("CREATE DATABASE {name}").as_str())
-        .await?;
-    let url = admin.clone().database(&name).to_url_lossy().to_string();
-    let result = async {
-        let store = Store::connect(&url, 8).await?;
-        store.migrate().await?;
+    crate::scratch::with_database(server_url, "console", 8, keep, |store| async move {
         seed(&store, history).await?;
         let mut config = config.clone();
         config.console.users.clear();
@@ -184,21 +173,12 @@ pub async fn run(
         }
         let _ = stop.send(());
         let _ = server.await;
-        store.pool().close().await;
-        Ok::<_, anyhow::Error>(ConsoleReport {
+        Ok(ConsoleReport {
             history_rows: history,
             pages: timings,
         })
-    }
-    .await;
-    if keep {
-        eprintln!("bench: kept database {name}");
-    } else {
-        conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
-            .await?;
-    }
-    conn.close().await.ok();
-    result
+    })
+    .await
 }
 
 pub fn print(r: &ConsoleReport) {

@@ -144,7 +144,9 @@ pub(crate) struct Sampler {
 
 impl Sampler {
     pub(crate) fn start() -> Sampler {
-        let readings = Arc::new(Mutex::new(Vec::new()));
+        // the first reading before the thread runs, and (in `window`) the
+        // last after it stops: a starved thread still leaves both ends
+        let readings = Arc::new(Mutex::new(read().into_iter().collect::<Vec<_>>()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (readings, stop) = (readings.clone(), stop.clone());
@@ -174,7 +176,8 @@ impl Sampler {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let all = self.readings.lock().ok()?;
+        let mut all = self.readings.lock().ok()?;
+        all.extend(read());
         let first = all.iter().rev().find(|r| r.unix <= from)?;
         let last = all.iter().find(|r| r.unix >= to)?;
         between(first, last, jobs, None)

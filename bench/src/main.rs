@@ -24,6 +24,7 @@ mod ordering;
 mod peers;
 mod receiver;
 mod report;
+mod scratch;
 mod sql;
 
 use std::path::PathBuf;

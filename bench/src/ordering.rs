@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use outbox_relay::store::Store;
 use serde::Serialize;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, Executor};
+use sqlx::Executor;
 
 #[derive(Debug, Serialize)]
 pub struct OrderingReport {
@@ -164,30 +163,10 @@ pub async fn run(
     burst: u64,
     keep: bool,
 ) -> anyhow::Result<OrderingReport> {
-    let admin: PgConnectOptions = server_url.parse()?;
-    let name = format!("outbox_bench_ordering_{}", std::process::id());
-    let mut conn = admin.connect().await?;
-    conn.execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
-        .await?;
-    conn.execute(format!("CREATE DATABASE {name}").as_str())
-        .await?;
-    let url = admin.clone().database(&name).to_url_lossy().to_string();
-    let result = async {
-        let store = Store::connect(&url, 4).await?;
-        store.migrate().await?;
-        let report = measure(&store, keys, burst).await;
-        store.pool().close().await;
-        report
-    }
-    .await;
-    if keep {
-        eprintln!("bench: kept database {name}");
-    } else {
-        conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
-            .await?;
-    }
-    conn.close().await.ok();
-    result
+    crate::scratch::with_database(server_url, "ordering", 4, keep, |store| async move {
+        measure(&store, keys, burst).await
+    })
+    .await
 }
 
 pub fn print(r: &OrderingReport) {

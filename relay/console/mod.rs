@@ -223,8 +223,8 @@ pub fn check_post(
         _ if caller.basic || caller.session.is_none() => Err(Refusal::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "refused: send the body as JSON with Content-Type: application/json \
-             (without a session's CSRF token, only a JSON request is accepted: \
-             another site's form cannot send one)",
+             (a request without a signed-in session's form token must be JSON: \
+             another site's form cannot send JSON)",
         )),
         _ => Err(Refusal::new(
             StatusCode::FORBIDDEN,

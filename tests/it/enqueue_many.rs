@@ -354,8 +354,9 @@ async fn an_orm_writes_intents_through_the_outbox_view() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "the SQLAlchemy peer failed (tests/run.sh installs python3-sqlalchemy and \
-         python3-psycopg2; or pip install sqlalchemy psycopg2-binary): {stderr}"
+        "the SQLAlchemy peer failed with {python} (tests/run.sh installs \
+         tests/peers/requirements.txt into target/test-venv and names its \
+         interpreter in OUTBOX_TEST_PYTHON): {stderr}"
     );
     let said: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
     assert_eq!(
