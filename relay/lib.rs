@@ -36,27 +36,14 @@
 //! is a command of its own, `outbox-relay-bench` (bench/), built on this
 //! crate's public API.
 
-pub mod budget;
-pub mod claim;
 pub mod cli;
-pub mod complete;
 pub mod config;
 pub mod console;
-pub mod destination_gauges;
-pub mod dispatch;
 pub mod engine;
-pub mod health;
-pub mod lookup;
-pub mod metrics;
-pub mod reconcile;
-pub mod retention;
-pub mod schedule;
+pub mod observe;
+pub mod services;
 pub mod state;
 pub mod store;
-pub mod supervisor;
-pub mod sweeper;
-pub mod telemetry;
-pub mod transition;
 
 pub use engine::{Engine, EngineConfig};
 pub use store::Store;

@@ -34,8 +34,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use outbox_relay::cli::Failure;
 use outbox_relay::config::Config;
+use outbox_relay::observe::logs::LogFormat;
 use outbox_relay::store::Store;
-use outbox_relay::telemetry::LogFormat;
 
 /// Set (to anything) in the environment of the relay processes the bench
 /// starts: the binary then runs as `outbox-relay` with its arguments.
@@ -164,7 +164,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    outbox_relay::telemetry::init(cli.log_format);
+    outbox_relay::observe::logs::init(cli.log_format);
     outbox_relay::cli::run_to_exit(execute(cli))
 }
 

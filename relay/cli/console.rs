@@ -34,7 +34,7 @@ pub fn hash_password() -> Outcome {
             "the password must be at least 8 characters (read from stdin, one line)",
         ));
     }
-    let hash = console::settings::hash_password(password)
+    let hash = crate::config::console::hash_password(password)
         .map_err(|e| Failure::new(1, format!("{e:#}")))?;
     println!("{hash}");
     Ok(())

@@ -2,15 +2,12 @@
 //! next probe, backlog, rate limit), and the manual overrides `pause` and
 //! `resume`, recorded in `outbox.destination_events`.
 
-use std::collections::BTreeMap;
-
 use clap::{Args, Subcommand};
-use serde::Serialize;
 
 use super::output::{clip, json, opt, table, time};
 use super::{Failure, Outcome};
 use crate::config::Config;
-use crate::health::{self, DestinationRow, HealthSettings};
+use crate::services::health;
 use crate::store::Store;
 
 #[derive(Debug, Args)]
@@ -42,90 +39,6 @@ pub enum DestinationAction {
     },
 }
 
-/// One destination, as `destinations --json` prints it: its row (closed
-/// and healthy when it has none), its backlog and its limit.
-#[derive(Debug, Serialize)]
-pub struct Destination {
-    #[serde(flatten)]
-    pub health: DestinationRow,
-    /// Intents pending or claimed for it.
-    pub pending: i64,
-    /// Its `[limits]` rate.
-    pub limit: Option<String>,
-    /// When its row last changed (its last failure, or the success that
-    /// reset its failures or closed its breaker): the age of `last_error`.
-    pub changed_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-impl Destination {
-    /// Closed with no failure since: its `last_error` is from before it
-    /// recovered.
-    pub fn recovered(&self) -> bool {
-        self.health.state == "closed" && self.health.failures == 0
-    }
-}
-
-/// Every destination that has a row, a limit or a backlog.
-pub async fn list(
-    store: &Store,
-    settings: &HealthSettings,
-) -> Result<Vec<Destination>, sqlx::Error> {
-    let rows: Vec<DestinationRow> = sqlx::query_as(
-        "SELECT name, state, failures, last_error, opened_at, next_probe_at, probe_until,
-                paused_by, paused_at, CASE WHEN slow_until > now() THEN slow_until END AS slow_until
-           FROM outbox.destinations ORDER BY name",
-    )
-    .fetch_all(store.pool())
-    .await?;
-    let changed: BTreeMap<String, chrono::DateTime<chrono::Utc>> =
-        sqlx::query_as("SELECT name, updated_at FROM outbox.destinations")
-            .fetch_all(store.pool())
-            .await?
-            .into_iter()
-            .collect();
-    let backlog: Vec<(Option<String>, i64)> = sqlx::query_as(
-        "SELECT outbox.destination_of(kind, destination, payload), count(*)
-           FROM outbox.intents WHERE state IN ('pending', 'claimed') GROUP BY 1",
-    )
-    .fetch_all(store.pool())
-    .await?;
-    let entry = |health: DestinationRow| Destination {
-        limit: settings.limits.get(&health.name).map(|r| r.text.clone()),
-        changed_at: changed.get(&health.name).copied(),
-        health,
-        pending: 0,
-    };
-    let healthy = |name: &str| DestinationRow {
-        name: name.to_string(),
-        state: "closed".into(),
-        failures: 0,
-        last_error: None,
-        opened_at: None,
-        next_probe_at: None,
-        probe_until: None,
-        paused_by: None,
-        paused_at: None,
-        slow_until: None,
-    };
-    let mut out: BTreeMap<String, Destination> = rows
-        .into_iter()
-        .map(|r| (r.name.clone(), entry(r)))
-        .collect();
-    for name in settings.limits.keys() {
-        out.entry(name.clone())
-            .or_insert_with(|| entry(healthy(name)));
-    }
-    for (name, count) in backlog {
-        let Some(name) = name else { continue };
-        // a named endpoint counts under its origin
-        let name = settings.endpoints.get(&name).cloned().unwrap_or(name);
-        out.entry(name.clone())
-            .or_insert_with(|| entry(healthy(&name)))
-            .pending += count;
-    }
-    Ok(out.into_values().collect())
-}
-
 pub async fn destinations(store: &Store, config: &Config, args: DestinationsArgs) -> Outcome {
     let settings = config
         .health()
@@ -155,7 +68,7 @@ pub async fn destinations(store: &Store, config: &Config, args: DestinationsArgs
             Ok(())
         }
         None => {
-            let list = list(store, &settings)
+            let list = health::list(store, &settings)
                 .await
                 .map_err(crate::store::StoreError::from)?;
             if args.json {

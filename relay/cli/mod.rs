@@ -25,8 +25,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Checks, Config};
+use crate::observe::logs::LogFormat;
 use crate::store::{EnqueueError, Store, StoreError};
-use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(name = "outbox-relay", version, about = "Transactional-outbox relay for Postgres", long_about = None)]
@@ -252,7 +252,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    crate::telemetry::init(cli.log_format);
+    crate::observe::logs::init(cli.log_format);
     run_to_exit(execute(cli))
 }
 

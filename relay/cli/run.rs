@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use super::{Failure, Outcome};
 use crate::config::Config;
+use crate::engine::supervisor::Service;
 use crate::engine::{Engine, EngineConfig};
-use crate::lookup::Access;
-use crate::metrics::{self, Health};
+use crate::observe::readiness::Health;
+use crate::services::lookup::Access;
+use crate::services::{endpoint, gauges};
 use crate::store::Store;
-use crate::supervisor::Service;
 
 /// `run`, or `run --once`. The daemon stops on `shutdown`, which the caller
 /// makes before it connects ([`shutdown_signal`]); `None`, and it is made
@@ -35,7 +36,7 @@ pub async fn run(store: Store, config: &Config, once: bool, shutdown: Option<Shu
         })?;
         let lookup = Access::from_config(&config.relay);
         let (bound, server) =
-            metrics::serve(addr, store.clone(), health.clone(), lookup.clone()).await?;
+            endpoint::serve(addr, store.clone(), health.clone(), lookup.clone()).await?;
         tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
         let lookup_is = lookup.describe(bound);
         if lookup.open_beyond_this_host(bound) {
@@ -46,7 +47,7 @@ pub async fn run(store: Store, config: &Config, once: bool, shutdown: Option<Shu
         services.push(Service::lasting("http listener", server));
         services.push(Service::new(
             "gauges",
-            metrics::gauges_loop(store.clone(), Duration::from_secs(5), stop.clone()),
+            gauges::gauges_loop(store.clone(), Duration::from_secs(5), stop.clone()),
         ));
     }
     let schedules = config
@@ -54,14 +55,14 @@ pub async fn run(store: Store, config: &Config, once: bool, shutdown: Option<Shu
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
     services.push(Service::new(
         "schedules",
-        crate::schedule::run(store.clone(), owner.clone(), schedules, stop.clone()),
+        crate::services::schedule::run(store.clone(), owner.clone(), schedules, stop.clone()),
     ));
     let health_settings = config
         .health()
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
     services.push(Service::new(
         "destination health",
-        crate::health::run(
+        crate::services::health::run(
             store.clone(),
             health_settings,
             owner,
@@ -71,7 +72,7 @@ pub async fn run(store: Store, config: &Config, once: bool, shutdown: Option<Shu
     ));
     services.push(Service::new(
         "retention",
-        crate::retention::run(store.clone(), config.retention.clone(), stop),
+        crate::services::retention::run(store.clone(), config.retention.clone(), stop),
     ));
     engine.run_with(shutdown, services, health).await?;
     Ok(())

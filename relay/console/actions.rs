@@ -563,11 +563,11 @@ pub async fn set_paused(
         } else {
             format!("{} (console user {})", reason.trim(), user.name)
         };
-        crate::health::pause(&app.store, &app.health, destination, Some(&reason))
+        crate::services::health::pause(&app.store, &app.health, destination, Some(&reason))
             .await
             .map_err(|e| Refusal::bad(format!("{e:#}")))
     } else {
-        crate::health::resume(&app.store, &app.health, destination)
+        crate::services::health::resume(&app.store, &app.health, destination)
             .await
             .map(|(d, _)| d)
             .map_err(|e| Refusal::bad(format!("{e:#}")))

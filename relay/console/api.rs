@@ -182,7 +182,7 @@ async fn destinations(
     reply(
         async {
             reader(&caller)?;
-            let rows = crate::cli::destinations::list(&app.store, &app.health)
+            let rows = crate::services::health::list(&app.store, &app.health)
                 .await
                 .map_err(crate::store::StoreError::from)?;
             to_json(rows)

@@ -23,7 +23,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::settings::{verify_password, ConsoleSection, ConsoleUser, Role};
+use crate::config::console::{verify_password, ConsoleSection, ConsoleUser, Role};
 
 /// The session cookie's name.
 pub const COOKIE_NAME: &str = "outbox_console";
@@ -483,7 +483,7 @@ mod tests {
                 name: "alice".into(),
                 role: Role::Operator,
                 password_hash: outbox_providers::Secret::new(
-                    super::super::settings::hash_password("alice-password-1").unwrap(),
+                    crate::config::console::hash_password("alice-password-1").unwrap(),
                 ),
             }],
             ..ConsoleSection::default()

@@ -25,10 +25,10 @@ pub mod api;
 pub mod auth;
 pub mod charts;
 pub mod jobs;
+pub mod login;
 pub mod pages;
 pub mod params;
 pub mod selections;
-pub mod settings;
 pub mod view;
 
 use std::future::Future;
@@ -47,10 +47,10 @@ use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 
-pub use settings::{ConsoleSection, ConsoleUser, Role};
+pub use crate::config::console::{ConsoleSection, ConsoleUser, Role};
 
 use crate::config::Config;
-use crate::health::HealthSettings;
+use crate::config::HealthSettings;
 use crate::store::console::Bucket;
 use crate::store::operator::Intent;
 use crate::store::Store;
@@ -348,8 +348,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/actions", get(actions::recent).post(actions::confirm))
         .route("/actions/new", get(actions::dry_run))
         .route("/actions/{job}", get(actions::progress))
-        .route("/login", get(pages::login_form).post(pages::login))
-        .route("/logout", post(pages::logout))
+        .route("/login", get(login::login_form).post(login::login))
+        .route("/logout", post(login::logout))
         .route("/static/console.css", get(pages::css))
         .route("/static/console.js", get(pages::js))
         .nest("/api/v1", api::router())

@@ -5,17 +5,17 @@ use std::sync::Arc;
 
 use askama::Template;
 use axum::extract::{Path, Query, State};
-use axum::http::header::{CONTENT_TYPE, LOCATION, SET_COOKIE};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::header::{CONTENT_TYPE, LOCATION};
+use axum::http::{StatusCode, Uri};
 use axum::response::{Html, IntoResponse, Response};
-use axum::{Extension, Form};
+use axum::Extension;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
-use super::auth::{LoginError, User};
+use super::auth::User;
 use super::params::FilterParams;
 use super::view::{self, Chart};
-use super::{check_post, App, Caller, Refusal};
+use super::{App, Caller, Refusal};
 use crate::store::console::{FailureGroup, Page, SCAN_WINDOW};
 use crate::store::operator::{Action, Attempt, Intent, Known};
 use crate::store::{IntentState, STATES};
@@ -148,7 +148,7 @@ struct OverviewPage {
 }
 
 /// Counts by kind × state, one row per kind.
-pub fn count_rows(stats: &crate::store::operator::Stats) -> Vec<CountRow> {
+pub fn count_rows(stats: &crate::store::stats::Stats) -> Vec<CountRow> {
     let mut kinds: Vec<String> = stats.by_state.iter().map(|r| r.kind.clone()).collect();
     kinds.dedup();
     kinds
@@ -373,7 +373,7 @@ pub async fn intent(
         );
     };
     let d = or_refuse!(app, caller, detail(&app, id).await);
-    let destination = crate::health::destination_of(
+    let destination = crate::config::destinations::destination_of(
         &d.intent.kind,
         d.intent.destination.as_deref(),
         &d.intent.payload.0,
@@ -536,7 +536,7 @@ pub async fn schedules(
 #[template(path = "destinations.html")]
 struct DestinationsPage {
     layout: Layout,
-    rows: Vec<crate::cli::destinations::Destination>,
+    rows: Vec<crate::services::health::Destination>,
 }
 impl Helpers for DestinationsPage {}
 
@@ -546,7 +546,7 @@ pub async fn destinations(
     uri: Uri,
 ) -> Response {
     sign_in!(caller, uri);
-    let rows = match crate::cli::destinations::list(&app.store, &app.health).await {
+    let rows = match crate::services::health::list(&app.store, &app.health).await {
         Ok(r) => r,
         Err(e) => return refuse(&app, &caller, crate::store::StoreError::from(e).into()),
     };
@@ -663,133 +663,6 @@ pub async fn lookup(
     })
 }
 
-// ---- login -------------------------------------------------------------
-
-#[derive(Template)]
-#[template(path = "login.html")]
-struct LoginPage {
-    layout: Layout,
-    next: String,
-    failure: String,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct NextParam {
-    #[serde(default)]
-    pub next: String,
-}
-
-/// Only a path on this site: never `//host`, a scheme, a backslash, or a
-/// control or space character (a browser drops tabs and newlines from a
-/// Location, which can turn `/\t/host` into `//host`).
-fn local_path(next: &str) -> String {
-    let plain = next.chars().all(|c| c.is_ascii_graphic() && c != '\\');
-    if plain && next.starts_with('/') && !next.starts_with("//") {
-        next.to_string()
-    } else {
-        "/".into()
-    }
-}
-
-pub async fn login_form(
-    State(app): State<Arc<App>>,
-    Extension(caller): Extension<Caller>,
-    Query(q): Query<NextParam>,
-) -> Response {
-    if caller.user.is_some() {
-        return (StatusCode::SEE_OTHER, [(LOCATION, local_path(&q.next))]).into_response();
-    }
-    render(LoginPage {
-        layout: Layout::new(&app, &caller, ""),
-        next: local_path(&q.next),
-        failure: String::new(),
-    })
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct LoginForm {
-    #[serde(default)]
-    user: String,
-    #[serde(default)]
-    password: String,
-    #[serde(default)]
-    csrf: String,
-    #[serde(default)]
-    next: String,
-}
-
-pub async fn login(
-    State(app): State<Arc<App>>,
-    Extension(caller): Extension<Caller>,
-    headers: HeaderMap,
-    Form(form): Form<LoginForm>,
-) -> Response {
-    if let Err(r) = check_post(&caller, &headers, Some(&form.csrf)) {
-        return refuse(&app, &caller, r);
-    }
-    let old = caller
-        .session
-        .as_ref()
-        .map(|(t, _)| t.clone())
-        .unwrap_or_default();
-    match app.auth.login(&old, &form.user, &form.password).await {
-        Ok((token, _)) => {
-            tracing::info!(user = %form.user, "console: logged in");
-            (
-                StatusCode::SEE_OTHER,
-                [
-                    (LOCATION, local_path(&form.next)),
-                    (
-                        SET_COOKIE,
-                        app.auth
-                            .set_cookie(&token)
-                            .to_str()
-                            .unwrap_or("")
-                            .to_string(),
-                    ),
-                ],
-            )
-                .into_response()
-        }
-        Err(e) => {
-            tracing::info!(user = %form.user, "console: a login failed");
-            let failure = match e {
-                LoginError::Wrong => "Wrong user name or password.",
-                LoginError::LockedOut => "Too many failed logins for this user: wait a minute.",
-                LoginError::Busy => "The console is busy checking other logins: try again.",
-            };
-            let mut r = render(LoginPage {
-                layout: Layout::new(&app, &caller, ""),
-                next: local_path(&form.next),
-                failure: failure.into(),
-            });
-            *r.status_mut() = StatusCode::UNAUTHORIZED;
-            r
-        }
-    }
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct CsrfForm {
-    #[serde(default)]
-    pub csrf: String,
-}
-
-pub async fn logout(
-    State(app): State<Arc<App>>,
-    Extension(caller): Extension<Caller>,
-    headers: HeaderMap,
-    Form(form): Form<CsrfForm>,
-) -> Response {
-    if let Err(r) = check_post(&caller, &headers, Some(&form.csrf)) {
-        return refuse(&app, &caller, r);
-    }
-    if let Some((token, _)) = &caller.session {
-        app.auth.logout(token);
-    }
-    (StatusCode::SEE_OTHER, [(LOCATION, "/login")]).into_response()
-}
-
 // ---- static ------------------------------------------------------------
 
 pub async fn css() -> Response {
@@ -821,26 +694,4 @@ pub async fn not_found(
         &caller,
         Refusal::new(StatusCode::NOT_FOUND, format!("no page at {}", uri.path())),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::local_path;
-
-    #[test]
-    fn a_login_redirects_only_within_the_site() {
-        assert_eq!(local_path("/intents?state=dead"), "/intents?state=dead");
-        for bad in [
-            "//evil.example",
-            "/\t/evil.example",
-            "/\\evil.example",
-            "https://evil.example",
-            "/\n/x",
-            "",
-            "intents",
-            "/é",
-        ] {
-            assert_eq!(local_path(bad), "/", "{bad:?}");
-        }
-    }
 }

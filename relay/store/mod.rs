@@ -7,11 +7,13 @@
 
 pub mod claims;
 pub mod console;
+pub mod destinations;
 pub mod enqueue;
 pub mod fleet;
 pub mod operator;
 pub mod recovery;
 pub mod schedules;
+pub mod stats;
 pub mod storable;
 
 use std::time::Duration;

@@ -108,7 +108,7 @@ async fn hash_password_makes_a_hash_the_console_accepts() {
     assert!(out.status.success());
     let hash = String::from_utf8(out.stdout).unwrap().trim().to_string();
     assert!(hash.starts_with("$argon2id$"), "{hash}");
-    assert!(outbox_relay::console::settings::verify_password(
+    assert!(outbox_relay::config::console::verify_password(
         "correct horse battery",
         &hash
     ));

@@ -248,13 +248,16 @@ async fn enqueue_notifies_listeners_on_commit() {
     let mut listener = sqlx::postgres::PgListener::connect_with(db.pool())
         .await
         .unwrap();
-    listener.listen(outbox_relay::claim::CHANNEL).await.unwrap();
+    listener
+        .listen(outbox_relay::engine::claim::CHANNEL)
+        .await
+        .unwrap();
     db.enqueue("notify-me", "webhook", json!({"body": 1})).await;
     let n = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
         .await
         .expect("a notification arrives")
         .unwrap();
-    assert_eq!(n.channel(), outbox_relay::claim::CHANNEL);
+    assert_eq!(n.channel(), outbox_relay::engine::claim::CHANNEL);
     drop(listener); // it holds a pooled connection
 }
 

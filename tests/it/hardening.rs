@@ -101,7 +101,7 @@ async fn an_absurd_charge_retry_after_is_capped_and_run_once_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_for_an_intent_purged_in_flight_is_dropped_and_counted() {
-    let handle = outbox_relay::metrics::recorder();
+    let handle = outbox_relay::observe::metrics::recorder();
     let db = TestDb::new().await;
     let rx = Receiver::start(|r, _| match r.path.as_str() {
         "/slow" => Reply::status(200).after(Duration::from_millis(1500)),
@@ -163,7 +163,7 @@ async fn a_completion_for_an_intent_purged_in_flight_is_dropped_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_smtp_550_is_a_rejection_not_an_invariant_violation() {
-    let handle = outbox_relay::metrics::recorder();
+    let handle = outbox_relay::observe::metrics::recorder();
     let db = TestDb::new().await;
     let peer = SmtpPeer::start().await;
     let mut cfg = config();

@@ -13,12 +13,16 @@ use outbox_providers::AmbiguityPolicy;
 use outbox_relay::config::Dur;
 
 /// A subprocess relay configuration with destination health settings.
+/// (The lease leaves 2.4 s past what an attempt needs: three debug-built
+/// relays on a loaded two-core machine may take a second to start a
+/// claimed attempt, and a claim without room for its attempt is handed
+/// back.)
 fn relay_config(extra: &str) -> std::path::PathBuf {
     common::config_file(&format!(
         r#"
 [relay]
 concurrency = 16
-lease = "4s"
+lease = "6s"
 poll_interval = "50ms"
 sweep_interval = "100ms"
 shutdown_timeout = "5s"
@@ -405,7 +409,7 @@ async fn an_operator_pauses_and_resumes_a_destination_and_both_are_recorded() {
     // the relays' health loop raises the pause's alert, once whichever runs
     let settings = cfg.health().unwrap();
     for _ in 0..3 {
-        outbox_relay::health::raise_pause_alerts(&db.store, &settings).await;
+        outbox_relay::services::health::raise_pause_alerts(&db.store, &settings).await;
     }
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
     assert!(
@@ -499,9 +503,9 @@ async fn the_dead_count_alert_is_raised_once_per_crossing_by_any_number_of_relay
         let checks = (0..3).map(|_| {
             let store = db.store.clone();
             let settings = settings.clone();
-            tokio::spawn(
-                async move { outbox_relay::health::check_dead_alert(&store, &settings).await },
-            )
+            tokio::spawn(async move {
+                outbox_relay::services::health::check_dead_alert(&store, &settings).await
+            })
         });
         for c in checks.collect::<Vec<_>>() {
             c.await.unwrap();
@@ -517,13 +521,13 @@ async fn the_dead_count_alert_is_raised_once_per_crossing_by_any_number_of_relay
         .execute(db.pool())
         .await
         .unwrap();
-    outbox_relay::health::check_dead_alert(&db.store, &settings).await;
+    outbox_relay::services::health::check_dead_alert(&db.store, &settings).await;
     sqlx::query("UPDATE outbox.intents SET state = 'dead' WHERE key = 'doomed:0'")
         .execute(db.pool())
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
-    outbox_relay::health::check_dead_alert(&db.store, &settings).await;
+    outbox_relay::services::health::check_dead_alert(&db.store, &settings).await;
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
     assert_eq!(alerts(&alert_rx).len(), 2, "{:?}", alerts(&alert_rx));
 }
@@ -563,9 +567,11 @@ async fn an_open_breaker_with_nothing_left_to_send_is_closed_by_itself() {
     cfg.alerts.url = Some(alert_rx.url("/alerts"));
     let settings = cfg.health().unwrap();
     let mut seen = std::collections::HashSet::new();
-    outbox_relay::health::refresh_backlog_gauges(&db.store, &settings, "relay-1", &mut seen)
-        .await
-        .unwrap();
+    outbox_relay::services::health::refresh_backlog_gauges(
+        &db.store, &settings, "relay-1", &mut seen,
+    )
+    .await
+    .unwrap();
     let states: Vec<(String, String)> =
         sqlx::query_as("SELECT name, state FROM outbox.destinations ORDER BY name")
             .fetch_all(db.pool())
@@ -601,7 +607,7 @@ async fn a_pause_holds_for_every_spelling_of_an_ipv4_origin() {
     let port = rx.addr.port();
     let cfg = config();
     let settings = cfg.health().unwrap();
-    let paused = outbox_relay::health::pause(
+    let paused = outbox_relay::services::health::pause(
         &db.store,
         &settings,
         &format!("http://127.0.0.1:{port}"),
@@ -642,7 +648,7 @@ async fn a_pause_holds_for_every_spelling_of_an_ipv4_origin() {
         spellings.len() as i64
     );
     // the same URLs reach the receiver once it is resumed
-    outbox_relay::health::resume(&db.store, &settings, &paused)
+    outbox_relay::services::health::resume(&db.store, &settings, &paused)
         .await
         .unwrap();
     common::run_until(
@@ -744,14 +750,15 @@ max_cooldown = "1s"
     let window = settings.failure_window();
     assert_eq!(window, Duration::from_secs(1));
     let paused = format!("http://127.0.0.1:{}", common::free_port());
-    outbox_relay::health::pause(&db.store, &settings, &paused, None)
+    outbox_relay::services::health::pause(&db.store, &settings, &paused, None)
         .await
         .unwrap();
-    let names = |rows: Vec<outbox_relay::health::DestinationRow>| {
+    let names = |rows: Vec<outbox_relay::store::destinations::DestinationRow>| {
         rows.into_iter().map(|r| r.name).collect::<Vec<_>>()
     };
     let viewed = names(
-        outbox_relay::health::read_unhealthy(&db.store, Duration::from_secs(3600), 5)
+        db.store
+            .read_unhealthy(Duration::from_secs(3600), 5)
             .await
             .unwrap(),
     );
@@ -761,11 +768,7 @@ max_cooldown = "1s"
         "the paused destination first: {viewed:?}"
     );
     tokio::time::sleep(window).await;
-    let viewed = names(
-        outbox_relay::health::read_unhealthy(&db.store, window, 10_000)
-            .await
-            .unwrap(),
-    );
+    let viewed = names(db.store.read_unhealthy(window, 10_000).await.unwrap());
     assert_eq!(
         viewed,
         std::slice::from_ref(&paused),
@@ -832,7 +835,7 @@ async fn an_incident_across_many_origins_is_a_handful_of_alerts() {
         .await
         .unwrap();
     for _ in 0..3 {
-        outbox_relay::health::raise_alert_summaries(&db.store, &settings).await;
+        outbox_relay::services::health::raise_alert_summaries(&db.store, &settings).await;
     }
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
     let summaries: Vec<Value> = alert_rx
@@ -876,9 +879,14 @@ async fn a_pause_holds_for_a_claim_recovered_after_a_crash() {
     park.webhook.on_ambiguous = AmbiguityPolicy::Park;
     let settings = redeliver.health().unwrap();
     for r in [&rx, &parked_rx] {
-        outbox_relay::health::pause(&db.store, &settings, &format!("http://{}", r.addr), None)
-            .await
-            .unwrap();
+        outbox_relay::services::health::pause(
+            &db.store,
+            &settings,
+            &format!("http://{}", r.addr),
+            None,
+        )
+        .await
+        .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
 
@@ -915,9 +923,13 @@ async fn a_pause_holds_for_a_claim_recovered_after_a_crash() {
     // resumed: the recovery goes on where it stopped. Redelivered under the
     // same key, or, with the park policy, parked: the lost attempt is still
     // asked about, not forgotten by the deferral
-    outbox_relay::health::resume(&db.store, &settings, &format!("http://{}", parked_rx.addr))
-        .await
-        .unwrap();
+    outbox_relay::services::health::resume(
+        &db.store,
+        &settings,
+        &format!("http://{}", parked_rx.addr),
+    )
+    .await
+    .unwrap();
     let parked = run_for(
         engine(db.store.clone(), &park),
         Duration::from_secs(15),
@@ -938,7 +950,7 @@ async fn a_pause_holds_for_a_claim_recovered_after_a_crash() {
         .last_error
         .unwrap();
     assert!(reason.contains("dead-relay"), "{reason}");
-    outbox_relay::health::resume(&db.store, &settings, &format!("http://{}", rx.addr))
+    outbox_relay::services::health::resume(&db.store, &settings, &format!("http://{}", rx.addr))
         .await
         .unwrap();
     common::run_until(

@@ -190,7 +190,7 @@ async fn lookup_false_turns_the_endpoint_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_intent_cancelled_while_its_request_succeeded_is_said_to_have_happened() {
     use crate::common::{cli, config, engine, run_until, Receiver, Reply};
-    use outbox_relay::lookup::{route, Access};
+    use outbox_relay::services::lookup::{route, Access};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 

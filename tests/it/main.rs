@@ -26,6 +26,7 @@ mod enqueue_many_equivalence;
 mod first_steps;
 mod hardening;
 mod health;
+mod layout;
 mod lifecycle;
 mod lookup;
 mod metrics;

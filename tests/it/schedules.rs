@@ -3,8 +3,9 @@
 //! takes `now`), against the real store: no waiting for the clock.
 
 use chrono::{DateTime, TimeZone, Utc};
+use outbox_relay::config::Schedule;
 use outbox_relay::config::ScheduleEntry;
-use outbox_relay::schedule::{Schedule, Scheduler};
+use outbox_relay::services::schedule::Scheduler;
 use outbox_relay::store::schedules::Turn;
 use serde_json::{json, Value};
 

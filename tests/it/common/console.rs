@@ -9,8 +9,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use outbox_providers::Secret;
+use outbox_relay::config::console::hash_password;
 use outbox_relay::config::Config;
-use outbox_relay::console::settings::hash_password;
 use outbox_relay::console::{App, ConsoleUser, Role};
 
 use super::TestDb;

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
-use crate::budget::ClaimBudget;
-use crate::complete::BatchCounts;
-use crate::dispatch::Deliverer;
+use crate::engine::budget::ClaimBudget;
+use crate::engine::complete::BatchCounts;
+use crate::engine::dispatch::Deliverer;
 use crate::store::{ClaimQuery, Claimed, Store};
 
 /// The NOTIFY channel `outbox.enqueue` signals on.

@@ -17,75 +17,16 @@
 //! `outbox_schedule_standing_aside`).
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, Utc};
-use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::config::ScheduleEntry;
+use crate::config::Schedule;
 use crate::store::schedules::{Evaluation, ScheduleConfig, Turn};
 use crate::store::{NewIntent, Store};
 
-#[derive(Debug, Clone)]
-pub struct Schedule {
-    pub name: String,
-    pub expression: String,
-    cron: cron::Schedule,
-    pub kind: String,
-    pub destination: Option<String>,
-    pub payload: Value,
-    pub catch_up: usize,
-}
-
 impl Schedule {
-    pub fn from_entry(e: &ScheduleEntry) -> Result<Schedule, String> {
-        let name_ok = !e.name.is_empty()
-            && e.name.len() <= 64
-            && e.name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-        if !name_ok {
-            return Err(format!(
-                "schedule name {:?} must be 1-64 letters, digits, '_', '.' or '-'",
-                e.name
-            ));
-        }
-        let cron = cron::Schedule::from_str(&e.cron).map_err(|err| {
-            format!(
-                "schedule {:?}: cron {:?} is invalid ({}); it has 6 or 7 fields, seconds first, e.g. \"0 0 9 * * *\"",
-                e.name,
-                e.cron,
-                cron_reason(&err.to_string(), &e.cron)
-            )
-        })?;
-        if cron.upcoming(Utc).next().is_none() {
-            return Err(format!(
-                "schedule {:?}: cron {:?} never fires",
-                e.name, e.cron
-            ));
-        }
-        if !(1..=1000).contains(&e.catch_up) {
-            return Err(format!(
-                "schedule {:?}: catch_up must be between 1 and 1000",
-                e.name
-            ));
-        }
-        if !e.payload.is_object() {
-            return Err(format!("schedule {:?}: payload must be a table", e.name));
-        }
-        Ok(Schedule {
-            name: e.name.clone(),
-            expression: e.cron.clone(),
-            cron,
-            kind: e.kind.clone(),
-            destination: e.destination.clone(),
-            payload: e.payload.clone(),
-            catch_up: e.catch_up as usize,
-        })
-    }
-
     /// `schedule:<name>:<tick>`, the tick as RFC 3339 UTC with seconds.
     pub fn key(&self, tick: DateTime<Utc>) -> String {
         format!(
@@ -308,30 +249,10 @@ pub async fn run(
     }
 }
 
-/// The cron crate's parse error on one line. It echoes the expression, a
-/// caret under the failing position and, sometimes, a reason.
-fn cron_reason(message: &str, expression: &str) -> String {
-    let lines: Vec<&str> = message.lines().collect();
-    let caret = lines
-        .iter()
-        .find(|l| l.trim() == "^")
-        .and_then(|l| l.find('^'));
-    let reason = lines
-        .iter()
-        .rev()
-        .map(|l| l.trim())
-        .find(|l| !l.is_empty() && *l != "^" && *l != expression.trim());
-    match (reason, caret) {
-        (Some(r), _) => r.to_string(),
-        (None, Some(c)) if c >= expression.trim_end().len() => "too few fields".to_string(),
-        (None, Some(c)) => format!("unexpected text at character {}", c + 1),
-        (None, None) => message.split_whitespace().collect::<Vec<_>>().join(" "),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ScheduleEntry;
     use chrono::TimeZone;
 
     fn every(expr: &str, catch_up: u32) -> Schedule {

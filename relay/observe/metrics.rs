@@ -1,8 +1,6 @@
-//! Prometheus metrics, queue gauges and the health endpoints.
-//!
-//! One listener at `relay.metrics_addr` serves `/metrics`, `/healthz`
-//! (the process is alive) and `/readyz` (the database answers, the schema is
-//! current, and the relay is not shutting down).
+//! The Prometheus recorder, every metric's description, and the bounded
+//! labels (`kind`, `client`). The endpoint that serves them is
+//! `services::endpoint`; the queue gauges are `services::gauges`.
 //!
 //! A broken idempotency layer fails by doing extra work successfully, so
 //! every kind of extra work has its own counter: replays are counted by
@@ -11,18 +9,11 @@
 //! effect once.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::{Mutex, OnceLock};
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::state::{AttemptOutcome, IntentState};
-use crate::store::Store;
+use crate::state::AttemptOutcome;
 
 /// The process-wide recorder (installed once).
 pub fn recorder() -> PrometheusHandle {
@@ -143,7 +134,7 @@ fn describe() {
         "Deliveries held back by destination health (reason: paused, breaker, slow, limit)"
     );
     // outbox_destination_state and outbox_destination_pending: see
-    // crate::destination_gauges
+    // crate::observe::destination_gauges
     describe_gauge!("outbox_intents", "Intents by kind and state");
     describe_gauge!(
         "outbox_schedule_configurations",
@@ -190,168 +181,4 @@ fn describe() {
         Unit::Count,
         "Completions per completion statement"
     );
-}
-
-/// Readiness inputs shared with the daemon.
-#[derive(Debug, Default)]
-pub struct Health {
-    pub shutting_down: AtomicBool,
-    /// Set by the supervisor when a task died or got stuck: the relay is
-    /// broken and on its way out.
-    failure: Mutex<Option<String>>,
-}
-
-impl Health {
-    /// Mark the relay broken, naming why.
-    pub fn fail(&self, why: &str) {
-        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
-        failure.get_or_insert_with(|| why.to_string());
-    }
-
-    /// Why the relay is broken, if it is.
-    pub fn failure(&self) -> Option<String> {
-        self.failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-}
-
-#[derive(Clone)]
-struct Served {
-    handle: PrometheusHandle,
-    store: Store,
-    health: Arc<Health>,
-}
-
-/// Bind `addr` (port 0 picks one). Returns the bound address and the
-/// server, which runs until it is dropped: it answers (`/readyz` 503)
-/// through the whole shutdown. `lookup` says who may ask
-/// `GET /v1/intents/{key}` ([`crate::lookup`]).
-pub async fn serve(
-    addr: SocketAddr,
-    store: Store,
-    health: Arc<Health>,
-    lookup: crate::lookup::Access,
-) -> anyhow::Result<(
-    SocketAddr,
-    impl std::future::Future<Output = ()> + Send + 'static,
-)> {
-    let served = Served {
-        handle: recorder(),
-        store,
-        health,
-    };
-    let app = axum::Router::new()
-        .route("/metrics", get(render))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .route(
-            "/v1/intents/{*key}",
-            crate::lookup::route(served.store.clone(), lookup),
-        )
-        .with_state(served);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on relay.metrics_addr {addr}: {e}"))?;
-    let bound = listener.local_addr()?;
-    let server = async move {
-        if let Err(err) = axum::serve(listener, app).await {
-            tracing::error!(error = %err, "metrics listener stopped");
-        }
-    };
-    Ok((bound, server))
-}
-
-async fn render(State(s): State<Served>) -> String {
-    let mut text = s.handle.render();
-    text.push_str(&crate::destination_gauges::render());
-    text
-}
-
-async fn ready(State(s): State<Served>) -> (StatusCode, String) {
-    if let Some(why) = s.health.failure() {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("broken: {why}; the relay is stopping\n"),
-        );
-    }
-    if s.health.shutting_down.load(Ordering::SeqCst) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".into());
-    }
-    let check = tokio::time::timeout(Duration::from_secs(2), s.store.migrations_current()).await;
-    match check {
-        Ok(Ok(true)) => (StatusCode::OK, "ready\n".into()),
-        Ok(Ok(false)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "schema not current: run `outbox-relay migrate`\n".into(),
-        ),
-        Ok(Err(e)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("database unreachable: {e}\n"),
-        ),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "database did not answer within 2s\n".into(),
-        ),
-    }
-}
-
-/// The states `outbox_intents` reports (terminal history is counted by the
-/// counters, not rescanned every few seconds).
-pub const GAUGED_STATES: [IntentState; 4] = [
-    IntentState::Pending,
-    IntentState::Claimed,
-    IntentState::Ambiguous,
-    IntentState::Dead,
-];
-
-/// Refresh the queue gauges from one cheap query. Kinds seen before keep
-/// being reported (at 0) after they drain.
-pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
-    let s = store.stats_for_gauges().await?;
-    metrics::gauge!("outbox_blocked_ordering_keys").set(s.blocked as f64);
-    metrics::gauge!("outbox_stranded_ordering_intents").set(s.stranded as f64);
-    // known kinds by name, every other kind summed as `other`
-    let labels = outbox_providers::KNOWN_KINDS
-        .iter()
-        .copied()
-        .chain(["other"]);
-    for label in labels {
-        for state in GAUGED_STATES {
-            let n: i64 = s
-                .counts
-                .iter()
-                .filter(|r| kind_label(&r.0) == label && r.1 == state.as_sql())
-                .map(|r| r.2)
-                .sum();
-            metrics::gauge!("outbox_intents", "kind" => label, "state" => state.as_sql())
-                .set(n as f64);
-        }
-        let oldest = s
-            .oldest
-            .iter()
-            .filter(|r| kind_label(&r.0) == label)
-            .map(|r| r.1)
-            .fold(0.0, f64::max);
-        metrics::gauge!("outbox_oldest_due_seconds", "kind" => label).set(oldest);
-    }
-    Ok(())
-}
-
-/// Refresh the gauges every `every` until `stop` turns true.
-pub async fn gauges_loop(
-    store: Store,
-    every: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        if let Err(err) = refresh_gauges(&store).await {
-            tracing::debug!(error = %err, "gauge refresh failed");
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-    }
 }

@@ -7,6 +7,15 @@
 //! `sweeper` ← `engine`. Each part owns what it needs; the engine builds
 //! them and hands each the rest.
 
+pub mod budget;
+pub mod claim;
+pub mod complete;
+pub mod dispatch;
+pub mod reconcile;
+pub mod supervisor;
+pub mod sweeper;
+pub mod transition;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -21,17 +30,17 @@ use outbox_providers::webhook::WebhookProvider;
 use outbox_providers::{ProviderSet, KNOWN_KINDS};
 use tokio::sync::{watch, Notify};
 
-use crate::budget::ClaimBudget;
-use crate::claim::{self, Claimer, Mode};
-use crate::complete::{self, Gauges, Sink};
 use crate::config::{Config, RetrySection};
-use crate::dispatch::{self, Deliverer};
-use crate::metrics::Health;
+use crate::observe::readiness::Health;
 use crate::store::{ClaimQuery, Store};
-use crate::supervisor::{Service, Supervisor};
-use crate::sweeper::Sweeper;
+use budget::ClaimBudget;
+use claim::{Claimer, Mode};
+use complete::{Gauges, Sink};
+use dispatch::Deliverer;
+use supervisor::{Service, Supervisor};
+use sweeper::Sweeper;
 
-pub use crate::complete::{BatchCounts, Batches};
+pub use complete::{BatchCounts, Batches};
 
 /// The providers `config` enables: webhook always; email when
 /// `email.smtp_url` is set; charge when an API key is; nats and amqp
@@ -80,7 +89,7 @@ pub struct EngineConfig {
     pub attempt_times: HashMap<String, Duration>,
     pub retry: RetrySection,
     /// Rate limits, breakers and alerts per destination.
-    pub health: crate::health::HealthSettings,
+    pub health: crate::config::HealthSettings,
 }
 
 impl EngineConfig {
@@ -105,7 +114,7 @@ impl EngineConfig {
             // checked when the configuration was loaded
             health: config.health().unwrap_or_else(|e| {
                 tracing::error!(error = %format!("{e:#}"), "destination health is misconfigured; limits and breakers are off");
-                crate::health::HealthSettings::default()
+                crate::config::HealthSettings::default()
             }),
         }
     }
@@ -164,7 +173,7 @@ impl Engine {
                 .collect::<HashMap<_, _>>(),
             default_policy: cfg.retry.policy("*"),
         };
-        let gate = Arc::new(crate::health::Gate::new(
+        let gate = Arc::new(crate::services::health::Gate::new(
             cfg.health.clone(),
             store.clone(),
             cfg.owner.clone(),

@@ -4,50 +4,8 @@ use std::time::Duration;
 
 use outbox_providers::{AmbiguityPolicy, Outcome};
 
+use crate::config::RetryPolicy;
 use crate::state::IntentState;
-
-/// How often and how patiently one kind is retried.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RetryPolicy {
-    /// Attempts per round (an operator retry starts a new round).
-    pub max_attempts: u32,
-    /// Delay after the 1st, 2nd, ... failed attempt; the last step repeats.
-    pub schedule: Vec<Duration>,
-    /// Each delay is stretched by a random factor in `[1, 1 + jitter)` so that
-    /// a burst of failures does not come back as a burst.
-    pub jitter: f64,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 10,
-            schedule: ["5s", "5m", "30m", "2h", "5h", "10h"]
-                .iter()
-                .map(|s| humantime::parse_duration(s).expect("valid default"))
-                .collect(),
-            jitter: 0.2,
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// The delay after failed attempt number `attempt` (1-based), before
-    /// jitter. An empty schedule retries immediately.
-    pub fn backoff(&self, attempt: u32) -> Duration {
-        let i = (attempt.max(1) - 1) as usize;
-        self.schedule
-            .get(i)
-            .or(self.schedule.last())
-            .copied()
-            .unwrap_or(Duration::ZERO)
-    }
-
-    /// `base` stretched by `1 + jitter * unit`, with `unit` in `[0, 1)`.
-    pub fn jittered(&self, base: Duration, unit: f64) -> Duration {
-        base.mul_f64(1.0 + self.jitter * unit.clamp(0.0, 1.0))
-    }
-}
 
 /// The intent's next state.
 #[derive(Debug, Clone, PartialEq)]
@@ -227,7 +185,7 @@ mod tests {
 
     /// The Mermaid block of docs/state-machine.md, as (from, to) pairs.
     fn drawn_edges() -> std::collections::BTreeSet<(String, String)> {
-        let doc = include_str!("../docs/state-machine.md");
+        let doc = include_str!("../../docs/state-machine.md");
         let block = doc
             .split("```mermaid")
             .nth(1)

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::metrics::kind_label;
+use crate::observe::metrics::kind_label;
 use crate::state::IntentState;
 use crate::store::{sqlstate, Completion, Store, Written};
 

@@ -17,15 +17,16 @@ use outbox_providers::{AmbiguityPolicy, Delivery, Outcome, ProviderSet};
 use tokio::sync::{watch, Semaphore};
 use tracing::Instrument;
 
-use crate::budget::{ClaimBudget, Permit};
-use crate::complete::Sink;
-use crate::health::{Admit, Gate};
-use crate::metrics::kind_label;
-use crate::reconcile::{self, Recovery};
+use crate::config::RetryPolicy;
+use crate::engine::budget::{ClaimBudget, Permit};
+use crate::engine::complete::Sink;
+use crate::engine::reconcile::{self, Recovery};
+use crate::engine::supervisor::panic_message;
+use crate::engine::transition::{self, Next};
+use crate::observe::metrics::kind_label;
+use crate::services::health::{Admit, Gate};
 use crate::state::{AttemptOutcome, IntentState};
 use crate::store::{Claimed, Completion, Store};
-use crate::supervisor::panic_message;
-use crate::transition::{self, Next, RetryPolicy};
 
 /// What delivering needs to know about time and retries.
 #[derive(Debug, Clone)]

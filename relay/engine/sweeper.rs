@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::budget::ClaimBudget;
-use crate::dispatch::Deliverer;
-use crate::metrics::{client_label, kind_label};
+use crate::engine::budget::ClaimBudget;
+use crate::engine::dispatch::Deliverer;
+use crate::observe::metrics::{client_label, kind_label};
 use crate::store::Store;
 
 /// Noted ordering keys looked at per transaction (each holds a share lock

@@ -1,0 +1,124 @@
+//! What a destination is called: a webhook's origin
+//! (`scheme://host[:port]`, also for a named endpoint), or `smtp`,
+//! `charge`, `nats`, `amqp`. One destination has one name, however an
+//! operator or a payload spells it.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+/// The destinations that are not a URL's origin.
+pub const NAMED: &[&str] = &["smtp", "charge", "nats", "amqp"];
+
+/// `scheme://host[:port]` of a URL, lowercase, without a default port, an
+/// IPv4 address in its dotted form however it was written (`0x7f.1`,
+/// `[::ffff:127.0.0.1]`): one destination has one name.
+pub fn origin(url: &str) -> Option<String> {
+    let mut url = url::Url::parse(url).ok()?;
+    if let Some(url::Host::Ipv6(v6)) = url.host() {
+        if let Some(v4) = v6.to_ipv4_mapped() {
+            url.set_ip_host(std::net::IpAddr::V4(v4)).ok()?;
+        }
+    }
+    let origin = url.origin();
+    origin.is_tuple().then(|| origin.ascii_serialization())
+}
+
+/// Where an intent's effect goes, or None when the payload does not say
+/// (the provider will refuse it).
+pub fn destination_of(
+    kind: &str,
+    destination: Option<&str>,
+    payload: &Value,
+    endpoints: &HashMap<String, String>,
+) -> Option<String> {
+    match kind {
+        "webhook" => match destination {
+            Some(name) => endpoints.get(name).cloned(),
+            None => payload.get("url").and_then(Value::as_str).and_then(origin),
+        },
+        "email" => Some("smtp".into()),
+        "charge" | "nats" | "amqp" => Some(kind.into()),
+        _ => None,
+    }
+}
+
+/// A destination as an operator names it (an origin, an endpoint name,
+/// `smtp`, ...), as the relay names it.
+pub fn canonical(name: &str, endpoints: &HashMap<String, String>) -> Result<String, String> {
+    if NAMED.contains(&name) {
+        return Ok(name.to_string());
+    }
+    if let Some(o) = endpoints.get(name) {
+        return Ok(o.clone());
+    }
+    match origin(name) {
+        Some(o) if name.contains("://") => Ok(o),
+        _ => Err(format!(
+            "{name:?} is not a destination: give an origin (https://host[:port]), a webhook endpoint name, or one of {}",
+            NAMED.join(", ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn destinations_are_origins_or_names() {
+        let endpoints = HashMap::from([("billing".to_string(), "https://pay.example".to_string())]);
+        let d = |kind, dest, payload: Value| destination_of(kind, dest, &payload, &endpoints);
+        assert_eq!(
+            d(
+                "webhook",
+                None,
+                json!({"url": "HTTPS://API.Example:443/a?b"})
+            )
+            .as_deref(),
+            Some("https://api.example")
+        );
+        assert_eq!(
+            d("webhook", None, json!({"url": "http://127.0.0.1:8080/x"})).as_deref(),
+            Some("http://127.0.0.1:8080")
+        );
+        assert_eq!(
+            d("webhook", Some("billing"), json!({})).as_deref(),
+            Some("https://pay.example")
+        );
+        assert_eq!(d("webhook", None, json!({"url": 5})), None);
+        assert_eq!(d("webhook", Some("unknown"), json!({})), None);
+        assert_eq!(d("email", None, json!({})).as_deref(), Some("smtp"));
+        assert_eq!(d("charge", None, json!({})).as_deref(), Some("charge"));
+        assert_eq!(d("amqp", None, json!({})).as_deref(), Some("amqp"));
+        assert_eq!(d("sms", None, json!({})), None);
+        assert_eq!(
+            canonical("billing", &endpoints).unwrap(),
+            "https://pay.example"
+        );
+        assert_eq!(
+            canonical("https://A.example:443/x", &endpoints).unwrap(),
+            "https://a.example"
+        );
+        for spelling in [
+            "http://[::ffff:127.0.0.1]:8080/x",
+            "http://[::FFFF:7f00:1]:8080",
+            "http://0x7f.1:8080/",
+        ] {
+            assert_eq!(
+                canonical(spelling, &endpoints).unwrap(),
+                "http://127.0.0.1:8080",
+                "{spelling}"
+            );
+        }
+        assert_eq!(
+            canonical("http://[::1]:8080", &endpoints).unwrap(),
+            "http://[::1]:8080"
+        );
+        assert_eq!(canonical("smtp", &endpoints).unwrap(), "smtp");
+        assert!(canonical("partner", &endpoints)
+            .unwrap_err()
+            .contains("not a destination"));
+    }
+}

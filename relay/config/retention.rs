@@ -1,0 +1,38 @@
+//! `[retention]`.
+
+use serde::Deserialize;
+
+use super::duration::{dur, Dur};
+
+/// `[retention]`: how long terminal intents and their keys are kept. The
+/// ledger retention is the client's retry deadline.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionSection {
+    /// Delivered, rejected and cancelled intents are purged this long after
+    /// their last change ("0s" disables the daemon's purge).
+    pub intents: Dur,
+    /// Purge dead intents too.
+    pub include_dead: bool,
+    /// Purged keys are remembered (duplicate / OB409 / show) this long.
+    pub ledger: Dur,
+    /// How often the daemon purges.
+    pub interval: Dur,
+    /// Rows per purge statement.
+    pub batch_size: u32,
+    /// Pause between purge batches, leaving the database room for deliveries.
+    pub batch_pause: Dur,
+}
+
+impl Default for RetentionSection {
+    fn default() -> Self {
+        RetentionSection {
+            intents: dur("7d"),
+            include_dead: false,
+            ledger: dur("90d"),
+            interval: dur("1m"),
+            batch_size: 500,
+            batch_pause: dur("100ms"),
+        }
+    }
+}

@@ -1,0 +1,448 @@
+//! The house: `relay/` reads as its architecture. Its modules import one
+//! another one way only (no module imports one that imports it back,
+//! counting every `crate::` path outside tests), each role folder imports
+//! only the roles below it, and no source file of the product grows past
+//! 800 lines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use syn::visit::Visit;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The role folders of `relay/`, lowest first: a role may import the roles
+/// before it and never one after it (the README's architecture section).
+/// The services run beside the engine without knowing it; the engine asks
+/// one of them (destination health) before each attempt.
+const ROLES: &[&str] = &[
+    "state", "observe", "config", "store", "services", "engine", "console", "cli",
+];
+
+const MAX_LINES: usize = 800;
+
+#[test]
+fn the_modules_of_relay_import_one_another_one_way() {
+    let graph = Graph::of(&Path::new(ROOT).join("relay"));
+    let cycles = graph.cycles();
+    assert!(
+        cycles.is_empty(),
+        "modules of relay/ import one another in a circle (each line: a module, \
+         the modules it imports from the same circle, and the paths that do):\n{}",
+        cycles.join("\n\n")
+    );
+}
+
+#[test]
+fn each_role_of_relay_imports_only_the_roles_below_it() {
+    let graph = Graph::of(&Path::new(ROOT).join("relay"));
+    let mut wrong = Vec::new();
+    let mut unplaced = BTreeSet::new();
+    // the crate root declares every module and re-exports a few: it is
+    // above them all
+    for (from, edges) in graph.edges.iter().filter(|(m, _)| !m.is_empty()) {
+        let Some(a) = role(from) else {
+            unplaced.insert(from.clone());
+            continue;
+        };
+        for (to, paths) in edges {
+            match role(to) {
+                _ if to.is_empty() => wrong.push(format!(
+                    "{from} imports the crate root: name the module ({})",
+                    paths.iter().cloned().collect::<Vec<_>>().join(", ")
+                )),
+                Some(b) if b > a => wrong.push(format!(
+                    "{from} ({}) imports {to} ({}): {}",
+                    ROLES[a],
+                    ROLES[b],
+                    paths.iter().cloned().collect::<Vec<_>>().join(", ")
+                )),
+                Some(_) => {}
+                None => {
+                    unplaced.insert(to.clone());
+                }
+            }
+        }
+    }
+    for module in graph.files.keys() {
+        if role(module).is_none() && !module.is_empty() {
+            unplaced.insert(module.clone());
+        }
+    }
+    assert!(
+        unplaced.is_empty(),
+        "modules of relay/ outside every role folder ({ROLES:?}): {unplaced:?}"
+    );
+    assert!(
+        wrong.is_empty(),
+        "a role imports one above it:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn no_source_file_of_the_product_is_longer_than_800_lines() {
+    let mut long = Vec::new();
+    for dir in ["relay", "providers", "bench/src"] {
+        for file in rust_files(&Path::new(ROOT).join(dir)) {
+            let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+            if lines > MAX_LINES {
+                long.push(format!("{} ({lines} lines)", file.display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these by meaning: {long:?}");
+}
+
+#[test]
+fn the_layout_check_sees_a_circle_and_a_role_upside_down() {
+    let dir = std::env::temp_dir().join(format!(
+        "outbox-layout-{}-{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    std::fs::create_dir_all(dir.join("engine")).unwrap();
+    std::fs::create_dir_all(dir.join("config")).unwrap();
+    std::fs::write(dir.join("lib.rs"), "pub mod engine;\npub mod config;\n").unwrap();
+    std::fs::write(
+        dir.join("engine/mod.rs"),
+        "use crate::{config::{Config, retry::Retry}};\n#[cfg(test)]\nmod tests { use crate::console::X; }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("config/mod.rs"),
+        "pub mod retry;\npub struct Config;\nfn f() { let _ = format!(\"{}\", crate::engine::name()); }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("config/retry.rs"),
+        "pub struct Retry(super::Config);\n#[cfg(test)]\nmod tests;\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("config/retry")).unwrap();
+    std::fs::write(
+        dir.join("config/retry/tests.rs"),
+        "use crate::console::Page;\n",
+    )
+    .unwrap();
+    let graph = Graph::of(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    // a path inside a macro counts; a test module's does not; super:: is
+    // a module's own family
+    assert_eq!(
+        graph.edges["engine"].keys().collect::<Vec<_>>(),
+        ["config", "config::retry"]
+    );
+    assert_eq!(graph.edges["config"].keys().collect::<Vec<_>>(), ["engine"]);
+    assert!(!graph.edges.contains_key("config::retry"));
+    assert!(!graph.files.contains_key("config::retry::tests"));
+    let cycles = graph.cycles();
+    assert_eq!(cycles.len(), 1, "{cycles:?}");
+    assert!(cycles[0].contains("engine imports config"), "{cycles:?}");
+    assert!(role("config::retry") < role("engine"));
+}
+
+/// The role a module belongs to: its first path segment's place in ROLES.
+fn role(module: &str) -> Option<usize> {
+    let top = module.split("::").next().unwrap_or("");
+    ROLES.iter().position(|r| *r == top)
+}
+
+/// Modules of one crate (file paths as `a::b`, the root as ""), and the
+/// modules each imports through `crate::` paths, with the paths.
+struct Graph {
+    files: BTreeMap<String, PathBuf>,
+    edges: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+}
+
+impl Graph {
+    fn of(src: &Path) -> Graph {
+        let mut files = BTreeMap::new();
+        for file in rust_files(src) {
+            let rel = file.strip_prefix(src).unwrap().with_extension("");
+            let parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if parts == ["main"] {
+                continue;
+            }
+            let module = match parts.as_slice() {
+                [only] if only == "lib" => String::new(),
+                [dirs @ .., last] if last == "mod" => dirs.join("::"),
+                all => all.join("::"),
+            };
+            files.insert(module, file);
+        }
+        let mut found = BTreeMap::new();
+        let mut tests = BTreeSet::new();
+        for (module, file) in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            let ast = syn::parse_file(&text)
+                .unwrap_or_else(|e| panic!("{} does not parse: {e}", file.display()));
+            let mut paths = Paths::default();
+            paths.visit_file(&ast);
+            for name in paths.test_modules {
+                tests.insert(match module.as_str() {
+                    "" => name,
+                    parent => format!("{parent}::{name}"),
+                });
+            }
+            found.insert(module.clone(), paths.found);
+        }
+        // a test module's files, and theirs, are tests
+        files.retain(|m, _| {
+            !tests
+                .iter()
+                .any(|t| m == t || m.starts_with(&format!("{t}::")))
+        });
+        let mut edges: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+        for module in files.keys() {
+            for path in found.remove(module).unwrap_or_default() {
+                let segments: Vec<&str> = path.split("::").skip(1).collect();
+                // the deepest module the path names
+                let target = (0..=segments.len())
+                    .rev()
+                    .map(|n| segments[..n].join("::"))
+                    .find(|m| files.contains_key(m))
+                    .unwrap_or_default();
+                if target != *module {
+                    edges
+                        .entry(module.clone())
+                        .or_default()
+                        .entry(target)
+                        .or_default()
+                        .insert(path);
+                }
+            }
+        }
+        Graph { files, edges }
+    }
+
+    /// Each circle of imports (a strongly connected set of two or more
+    /// modules), described.
+    fn cycles(&self) -> Vec<String> {
+        let nodes: Vec<&String> = self.files.keys().collect();
+        let index: BTreeMap<&String, usize> =
+            nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+        let next: Vec<Vec<usize>> = nodes
+            .iter()
+            .map(|n| {
+                self.edges
+                    .get(*n)
+                    .map(|e| e.keys().filter_map(|t| index.get(t).copied()).collect())
+                    .unwrap_or_default()
+            })
+            .collect();
+        strongly_connected(&next)
+            .into_iter()
+            .filter(|c| c.len() > 1)
+            .map(|component| {
+                let members: BTreeSet<&String> = component.iter().map(|i| nodes[*i]).collect();
+                members
+                    .iter()
+                    .map(|m| {
+                        let imports: Vec<String> = self.edges[*m]
+                            .iter()
+                            .filter(|(t, _)| members.contains(t))
+                            .map(|(t, paths)| {
+                                let p: Vec<&str> = paths.iter().map(String::as_str).collect();
+                                format!("{m} imports {t} ({})", p.join(", "))
+                            })
+                            .collect();
+                        imports.join("\n")
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .collect()
+    }
+}
+
+/// Tarjan's strongly connected components, iteratively.
+fn strongly_connected(next: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    let n = next.len();
+    let (mut index, mut low) = (vec![usize::MAX; n], vec![0; n]);
+    let (mut on_stack, mut stack, mut out) = (vec![false; n], Vec::new(), Vec::new());
+    let mut counter = 0;
+    for start in 0..n {
+        if index[start] != usize::MAX {
+            continue;
+        }
+        let mut work = vec![(start, 0usize)];
+        while let Some((v, i)) = work.pop() {
+            if i == 0 {
+                index[v] = counter;
+                low[v] = counter;
+                counter += 1;
+                stack.push(v);
+                on_stack[v] = true;
+            }
+            if let Some(&w) = next[v].get(i) {
+                work.push((v, i + 1));
+                if index[w] == usize::MAX {
+                    work.push((w, 0));
+                } else if on_stack[w] {
+                    low[v] = low[v].min(index[w]);
+                }
+                continue;
+            }
+            if low[v] == index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on_stack[w] = false;
+                    component.push(w);
+                    if w == v {
+                        break;
+                    }
+                }
+                out.push(component);
+            }
+            if let Some(&(parent, _)) = work.last() {
+                low[parent] = low[parent].min(low[v]);
+            }
+        }
+    }
+    out
+}
+
+/// Every `crate::…` path a file names outside `#[cfg(test)]` items: in
+/// `use` trees, in code, and in macro arguments.
+#[derive(Default)]
+struct Paths {
+    found: BTreeSet<String>,
+    /// `#[cfg(test)] mod name;`: files that are tests
+    test_modules: Vec<String>,
+}
+
+/// `#[cfg(test)]` and the like: compiled for tests only.
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg")
+            && quote::ToTokens::to_token_stream(&a.meta)
+                .to_string()
+                .contains("test")
+    })
+}
+
+impl Paths {
+    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(prefix, &p.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => self.add(prefix, Some(n.ident.to_string())),
+            syn::UseTree::Rename(r) => self.add(prefix, Some(r.ident.to_string())),
+            syn::UseTree::Glob(_) => self.add(prefix, None),
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    self.use_tree(prefix, t);
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, prefix: &[String], last: Option<String>) {
+        let mut all: Vec<String> = prefix.to_vec();
+        all.extend(last.filter(|l| l != "self"));
+        // (`crate` alone is `pub(crate)`, not an import)
+        if all.len() > 1 && all[0] == "crate" {
+            self.found.insert(all.join("::"));
+        }
+    }
+
+    fn tokens(&mut self, tokens: proc_macro2::TokenStream) {
+        let flat: Vec<proc_macro2::TokenTree> = tokens.into_iter().collect();
+        for (i, t) in flat.iter().enumerate() {
+            match t {
+                proc_macro2::TokenTree::Group(g) => self.tokens(g.stream()),
+                proc_macro2::TokenTree::Ident(id) if id == "crate" => {
+                    let mut path = vec!["crate".to_string()];
+                    let mut j = i + 1;
+                    // `::` is two `:` puncts, then an identifier
+                    while let (
+                        Some(proc_macro2::TokenTree::Punct(a)),
+                        Some(proc_macro2::TokenTree::Punct(b)),
+                        Some(proc_macro2::TokenTree::Ident(name)),
+                    ) = (flat.get(j), flat.get(j + 1), flat.get(j + 2))
+                    {
+                        if a.as_char() != ':' || b.as_char() != ':' {
+                            break;
+                        }
+                        path.push(name.to_string());
+                        j += 3;
+                    }
+                    if path.len() > 1 {
+                        self.found.insert(path.join("::"));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Paths {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let attrs = match item {
+            syn::Item::Mod(m) => &m.attrs,
+            syn::Item::Fn(f) => &f.attrs,
+            syn::Item::Impl(i) => &i.attrs,
+            syn::Item::Use(u) => &u.attrs,
+            syn::Item::Struct(s) => &s.attrs,
+            syn::Item::Enum(e) => &e.attrs,
+            syn::Item::Const(c) => &c.attrs,
+            syn::Item::Static(s) => &s.attrs,
+            syn::Item::Trait(t) => &t.attrs,
+            syn::Item::Type(t) => &t.attrs,
+            syn::Item::Macro(m) => &m.attrs,
+            _ => return syn::visit::visit_item(self, item),
+        };
+        if !is_test_only(attrs) {
+            syn::visit::visit_item(self, item);
+        } else if let syn::Item::Mod(m) = item {
+            self.test_modules.push(m.ident.to_string());
+        }
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if !is_test_only(&f.attrs) {
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        self.use_tree(&mut Vec::new(), &u.tree);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        self.add(&segments, None);
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.tokens(mac.tokens.clone());
+        syn::visit::visit_macro(self, mac);
+    }
+}
+
+/// The `.rs` files under a folder, sorted.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
