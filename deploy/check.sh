@@ -28,7 +28,7 @@ RULES=deploy/prometheus/alerts.yml
 RULES_TEST=deploy/prometheus/alerts_test.yml
 DASHBOARD=deploy/grafana/outbox-relay.json
 
-# What the relay exports (relay/metrics.rs), and `up` from Prometheus itself.
+# What the relay exports (relay/observe/metrics.rs), and `up` from Prometheus itself.
 KNOWN_METRICS="
 outbox_delivered_total
 outbox_replays_total

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/pgbench/destination-view.sh: what the gate's reread of the unhealthy
 # destinations costs beside many destinations (every relay runs it every
-# half second while it delivers; relay/health.rs `UNHEALTHY_SQL`).
+# half second while it delivers; relay/store/destinations.rs `UNHEALTHY_SQL`).
 #
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres bench/pgbench/destination-view.sh [ORIGINS] [SECONDS]
 #
@@ -48,7 +48,7 @@ SELECT name, state, failures, last_error, opened_at, next_probe_at, probe_until,
   FROM outbox.destinations
  WHERE state <> 'closed' OR failures > 0 OR slow_until > now();
 SQL
-# relay/health.rs UNHEALTHY_SQL, with the default failure window (10m) and VIEW_MAX
+# relay/store/destinations.rs UNHEALTHY_SQL, with the default failure window (10m) and VIEW_MAX
 cat >"$WORK/after.sql" <<'SQL'
 SELECT name, state, failures, last_error, opened_at, next_probe_at,
         probe_until, paused_by, paused_at, slow_until

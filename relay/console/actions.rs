@@ -335,7 +335,7 @@ fn confirm_page(
         query: filter.query(),
         note,
         count: run.count(),
-        batch: i64::from(app.config.console.batch_size),
+        batch: i64::from(app.console.batch_size),
         up_to: run.up_to,
         nonce,
         hidden,
@@ -401,7 +401,7 @@ pub fn start(
         query: filter.query(),
         expected: selection.ids.len() as i64,
         ids: selection.ids,
-        batch: app.config.console.batch_size as usize,
+        batch: app.console.batch_size as usize,
         search: selection.search,
         change,
     };

@@ -6,8 +6,10 @@
 //! work without JavaScript; the little there is (`static/console.js`) only
 //! refreshes a bulk action's progress in place.
 //!
-//! - [`settings`]: `[console]` and its users, password hashes.
-//! - [`auth`]: sessions, logins, CSRF tokens, the same-origin check.
+//! - [`auth`]: sessions, logins, CSRF tokens, the same-origin check
+//!   (`[console]` itself, its users and password hashes, are
+//!   `config::console`).
+//! - [`login`]: `/login` and `/logout`.
 //! - [`params`]: the filter as query parameters.
 //! - [`pages`]: the HTML pages.
 //! - [`actions`]: dry run, confirmation, bulk jobs, single-intent actions.
@@ -49,8 +51,8 @@ use tokio::net::TcpListener;
 
 pub use crate::config::console::{ConsoleSection, ConsoleUser, Role};
 
-use crate::config::Config;
 use crate::config::HealthSettings;
+use crate::config::{Config, Schedule};
 use crate::store::console::Bucket;
 use crate::store::operator::Intent;
 use crate::store::Store;
@@ -59,7 +61,10 @@ use auth::{Auth, User};
 /// What every handler is handed.
 pub struct App {
     pub store: Store,
-    pub config: Arc<Config>,
+    /// `[console]`.
+    pub console: ConsoleSection,
+    /// The configured schedules, parsed.
+    pub schedules: Vec<Schedule>,
     pub health: HealthSettings,
     pub auth: Auth,
     pub jobs: jobs::Jobs,
@@ -68,12 +73,15 @@ pub struct App {
 }
 
 impl App {
+    /// The console's app, handed the sections of `config` it reads.
     pub fn new(store: Store, config: Config) -> anyhow::Result<Arc<App>> {
         let health = config.health()?;
+        let schedules = config.schedules()?;
         let auth = Auth::new(&config.console);
         Ok(Arc::new(App {
             store,
-            config: Arc::new(config),
+            console: config.console,
+            schedules,
             health,
             auth,
             jobs: jobs::Jobs::default(),
@@ -83,7 +91,7 @@ impl App {
     }
 
     pub(crate) fn mask(&self) -> &[String] {
-        &self.config.console.mask
+        &self.console.mask
     }
 
     /// `intent` with its payload and the provider's answer masked

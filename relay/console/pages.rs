@@ -479,10 +479,7 @@ struct SchedulesPage {
 
 /// The configured schedules with their last and next ticks.
 pub async fn schedule_rows(app: &App) -> Result<Vec<serde_json::Value>, Refusal> {
-    let schedules = app
-        .config
-        .schedules()
-        .map_err(|e| Refusal::bad(format!("{e:#}")))?;
+    let schedules = &app.schedules;
     let marks = app.store.schedule_watermarks().await?;
     let now = Utc::now();
     Ok(schedules
