@@ -1,5 +1,5 @@
 //! The states of an intent and the outcomes of an attempt, as types, with
-//! their SQL spelling in one place (`docs/state-machine.md` draws them).
+//! their SQL spelling in one place (`docs/concepts/state-machine.md` draws them).
 
 use std::fmt;
 

@@ -183,9 +183,9 @@ mod tests {
         }
     }
 
-    /// The Mermaid block of docs/state-machine.md, as (from, to) pairs.
+    /// The Mermaid block of docs/concepts/state-machine.md, as (from, to) pairs.
     fn drawn_edges() -> std::collections::BTreeSet<(String, String)> {
-        let doc = include_str!("../../docs/state-machine.md");
+        let doc = include_str!("../../docs/concepts/state-machine.md");
         let block = doc
             .split("```mermaid")
             .nth(1)
@@ -264,7 +264,7 @@ mod tests {
         let extra: Vec<_> = drawn.difference(&code).collect();
         assert!(
             missing.is_empty() && extra.is_empty(),
-            "docs/state-machine.md is out of step with the code:\n  not drawn: {missing:?}\n  drawn, not made: {extra:?}"
+            "docs/concepts/state-machine.md is out of step with the code:\n  not drawn: {missing:?}\n  drawn, not made: {extra:?}"
         );
     }
 
