@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/pgbench/hot-storage.sh: what a narrow queue table would save the
-# database per intent, against today's storage, on the claim + complete path
-# alone (issue 16's "storage design at the database's limit").
+# database per intent, against the current storage, on the claim + complete
+# path alone.
 #
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres bench/pgbench/hot-storage.sh [INTENTS] [ROUNDS]
 #

@@ -280,8 +280,8 @@ async fn a_lost_confirm_is_parked_when_configured_and_not_republished() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_that_goes_away_is_transient_and_the_relay_reconnects_when_it_is_back() {
-    // the relay's log, shown when this test fails: it failed twice in about
-    // fifty runs in session 10, and never while anyone was looking
+    // the relay's log, shown when this test fails: a rare failure here is
+    // otherwise hard to explain
     let _ = tracing_subscriber::fmt()
         .with_env_filter("info,outbox_providers=debug")
         .with_test_writer()

@@ -1,4 +1,4 @@
-//! The faults adversarial testing found (issue 14), one test each, against
+//! The faults adversarial testing found, one test each, against
 //! real Postgres, real receivers on loopback and the SMTP peer.
 
 use std::time::Duration;

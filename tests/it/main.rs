@@ -11,6 +11,7 @@ mod common;
 
 mod amqp;
 mod bad_input;
+mod book;
 mod chaos;
 mod charge;
 mod cli;
