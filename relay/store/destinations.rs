@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 
 use super::Store;
+use crate::config::health::{AlertTarget, BreakerSettings};
 
 /// A destination's row in `outbox.destinations`.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
@@ -43,22 +44,6 @@ impl DestinationRow {
             slow_until: None,
         }
     }
-}
-
-/// Where the operator alerts a change raises go (`[alerts]`): a URL or a
-/// webhook endpoint's name; neither, and none is raised.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AlertTo<'a> {
-    pub url: Option<&'a str>,
-    pub endpoint: Option<&'a str>,
-}
-
-/// How a failure counts towards a destination's breaker.
-#[derive(Debug, Clone, Copy)]
-pub struct BreakerLimits {
-    pub failures: u32,
-    pub cooldown: Duration,
-    pub max_cooldown: Duration,
 }
 
 /// The gate's reread ($1 the failure window, $2 the most rows).
@@ -163,8 +148,8 @@ impl Store {
         reason: Option<&str>,
         probe: bool,
         owner: &str,
-        breaker: BreakerLimits,
-        alerts: AlertTo<'_>,
+        breaker: BreakerSettings,
+        alerts: &AlertTarget,
     ) -> Result<String, sqlx::Error> {
         sqlx::query_scalar("SELECT outbox.destination_failed($1, $2, $3, $4, $5, $6, $7, $8, $9)")
             .bind(dest)
@@ -174,8 +159,8 @@ impl Store {
             .bind(breaker.failures as i32)
             .bind(interval(breaker.cooldown))
             .bind(interval(breaker.max_cooldown))
-            .bind(alerts.url)
-            .bind(alerts.endpoint)
+            .bind(&alerts.url)
+            .bind(&alerts.endpoint)
             .fetch_one(self.pool())
             .await
     }
@@ -187,33 +172,33 @@ impl Store {
         dest: &str,
         probe: bool,
         owner: &str,
-        alerts: AlertTo<'_>,
+        alerts: &AlertTarget,
     ) -> Result<String, sqlx::Error> {
         sqlx::query_scalar("SELECT outbox.destination_succeeded($1, $2, $3, $4, $5)")
             .bind(dest)
             .bind(probe)
             .bind(owner)
-            .bind(alerts.url)
-            .bind(alerts.endpoint)
+            .bind(&alerts.url)
+            .bind(&alerts.endpoint)
             .fetch_one(self.pool())
             .await
     }
 
     /// The alerts of destinations paused by hand (each raised once).
-    pub async fn raise_pause_alerts(&self, alerts: AlertTo<'_>) -> Result<(), sqlx::Error> {
+    pub async fn raise_pause_alerts(&self, alerts: &AlertTarget) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT outbox.raise_pause_alerts($1, $2)")
-            .bind(alerts.url)
-            .bind(alerts.endpoint)
+            .bind(&alerts.url)
+            .bind(&alerts.endpoint)
             .execute(self.pool())
             .await
             .map(drop)
     }
 
     /// The summaries of alert windows that held alerts back.
-    pub async fn raise_alert_summaries(&self, alerts: AlertTo<'_>) -> Result<(), sqlx::Error> {
+    pub async fn raise_alert_summaries(&self, alerts: &AlertTarget) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT outbox.raise_alert_summaries($1, $2)")
-            .bind(alerts.url)
-            .bind(alerts.endpoint)
+            .bind(&alerts.url)
+            .bind(&alerts.endpoint)
             .execute(self.pool())
             .await
             .map(drop)
@@ -223,12 +208,12 @@ impl Store {
     pub async fn check_dead_alert(
         &self,
         threshold: u64,
-        alerts: AlertTo<'_>,
+        alerts: &AlertTarget,
     ) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT outbox.check_dead_alert($1, $2, $3)")
             .bind(threshold.min(i64::MAX as u64) as i64)
-            .bind(alerts.url)
-            .bind(alerts.endpoint)
+            .bind(&alerts.url)
+            .bind(&alerts.endpoint)
             .execute(self.pool())
             .await
             .map(drop)
@@ -267,13 +252,13 @@ impl Store {
         &self,
         dest: &str,
         owner: &str,
-        alerts: AlertTo<'_>,
+        alerts: &AlertTarget,
     ) -> Result<bool, sqlx::Error> {
         sqlx::query_scalar("SELECT outbox.close_idle_breaker($1, $2, $3, $4)")
             .bind(dest)
             .bind(owner)
-            .bind(alerts.url)
-            .bind(alerts.endpoint)
+            .bind(&alerts.url)
+            .bind(&alerts.endpoint)
             .fetch_one(self.pool())
             .await
     }

@@ -4,13 +4,12 @@
 //! openings and closings are raised by the database functions that change
 //! the breaker.)
 
-use super::alert_to;
 use crate::config::HealthSettings;
 use crate::store::Store;
 
 /// The alerts of destinations paused by hand (each raised by one relay).
 pub async fn raise_pause_alerts(store: &Store, settings: &HealthSettings) {
-    let alerts = alert_to(settings);
+    let alerts = &settings.alerts;
     if alerts.url.is_none() && alerts.endpoint.is_none() {
         return;
     }
@@ -23,7 +22,7 @@ pub async fn raise_pause_alerts(store: &Store, settings: &HealthSettings) {
 /// of each kind of destination event, 3 are raised one by one per five
 /// minutes, the rest summed up in one `alerts.suppressed` after it).
 pub async fn raise_alert_summaries(store: &Store, settings: &HealthSettings) {
-    if let Err(e) = store.raise_alert_summaries(alert_to(settings)).await {
+    if let Err(e) = store.raise_alert_summaries(&settings.alerts).await {
         tracing::warn!(error = %e, "cannot raise the alert summaries");
     }
 }
@@ -34,7 +33,7 @@ pub async fn check_dead_alert(store: &Store, settings: &HealthSettings) {
     let Some(threshold) = settings.dead_threshold else {
         return;
     };
-    let alerts = alert_to(settings);
+    let alerts = &settings.alerts;
     if alerts.url.is_none() && alerts.endpoint.is_none() {
         return;
     }

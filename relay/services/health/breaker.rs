@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use outbox_providers::Outcome;
 
 use super::gate::{Admit, Gate};
-use super::{alert_to, MAX_WAIT, VIEW_MAX};
-use crate::store::destinations::BreakerLimits;
+use super::{MAX_WAIT, VIEW_MAX};
 
 impl Gate {
     pub(super) async fn take_probe(&self, dest: &str) -> bool {
@@ -64,16 +63,11 @@ impl Gate {
             return;
         };
         let (failed, answered) = shown(outcome);
-        let alerts = alert_to(&self.settings);
+        let alerts = &self.settings.alerts;
         let result: Result<Option<String>, sqlx::Error> = if failed {
             let reason = outcome.reason().map(|r| clip(r, 500));
-            let limits = BreakerLimits {
-                failures: breaker.failures,
-                cooldown: breaker.cooldown,
-                max_cooldown: breaker.max_cooldown,
-            };
             self.store
-                .destination_failed(dest, reason.as_deref(), probe, &self.owner, limits, alerts)
+                .destination_failed(dest, reason.as_deref(), probe, &self.owner, breaker, alerts)
                 .await
                 .map(Some)
         } else if answered && (probe || self.unhealthy(dest)) {

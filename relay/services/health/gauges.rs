@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use super::alert_to;
 use crate::config::HealthSettings;
 use crate::store::Store;
 
@@ -110,7 +109,7 @@ async fn close_idle_breakers(
     let idle = store.overdue_open_breakers().await?;
     for name in idle.iter().filter(|n| !backlog.contains_key(*n)) {
         let closed = store
-            .close_idle_breaker(name, owner, alert_to(settings))
+            .close_idle_breaker(name, owner, &settings.alerts)
             .await?;
         if closed {
             tracing::info!(destination = %name, "closed the breaker of a destination with nothing left to send");

@@ -45,7 +45,6 @@ pub use listing::{list, Destination};
 
 use crate::config::destinations::canonical;
 use crate::config::HealthSettings;
-use crate::store::destinations::AlertTo;
 use crate::store::Store;
 
 /// The most unhealthy destinations the gate reads and keeps: the paused
@@ -59,14 +58,6 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// How long destination events and idle closed destinations are kept.
 const HISTORY: Duration = Duration::from_secs(30 * 24 * 3600);
-
-/// Where the settings send alerts.
-fn alert_to(settings: &HealthSettings) -> AlertTo<'_> {
-    AlertTo {
-        url: settings.alerts.url.as_deref(),
-        endpoint: settings.alerts.endpoint.as_deref(),
-    }
-}
 
 /// The destination gauges and the dead-count alert, every `every` until
 /// `stop` turns true (the backlog gauges every third time: they scan the
