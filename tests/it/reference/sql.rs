@@ -120,14 +120,15 @@ async fn the_sql_api_and_every_sqlstate_are_in_the_reference_and_no_other() {
     for (name, body) in &bodies {
         let (codes, raises) = errcodes(body);
         if raises > body.to_uppercase().matches("ERRCODE").count() {
-            unnamed.push(name.clone());
+            unnamed.push(format!("outbox.{name}"));
         }
         raised.extend(codes);
     }
     assert!(
         unnamed.is_empty(),
-        "outbox.{unnamed:?}: a RAISE EXCEPTION without an ERRCODE (it raises P0001): \
-         give it a SQLSTATE and document it in docs/reference/{PAGE}"
+        "a RAISE EXCEPTION without an ERRCODE (it raises P0001) in {}: give it a SQLSTATE \
+         and document it in docs/reference/{PAGE}",
+        unnamed.join(", ")
     );
     for code in ["22023", "OB409", "OB413"] {
         assert!(raised.contains(code), "the scan missed {code}: {raised:?}");
