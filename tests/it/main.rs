@@ -37,6 +37,7 @@ mod outage;
 mod pooler;
 mod privileges;
 mod recovery;
+mod reference;
 mod schedules;
 mod secrets;
 mod tls;
