@@ -15,7 +15,7 @@ pub struct EnqueueArgs {
     /// The intent's idempotency key, e.g. order:42:confirmation.
     #[arg(long)]
     key: String,
-    /// webhook, email or charge.
+    /// webhook, email, charge, nats or amqp.
     #[arg(long)]
     kind: String,
     /// The payload as JSON; @FILE reads a file, @- reads standard input.

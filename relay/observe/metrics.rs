@@ -123,7 +123,15 @@ fn describe() {
     describe_counter!("outbox_reconcile_total", "Reconcile decisions by result");
     describe_counter!(
         "outbox_deferrals_total",
-        "Deliveries deferred without an attempt (per-host limit)"
+        "Deliveries deferred without an attempt (a per-host limit or destination health)"
+    );
+    describe_counter!(
+        "outbox_completions_sanitised_total",
+        "Completions the database refused as written, taken once the provider's text was dropped"
+    );
+    describe_counter!(
+        "outbox_completions_dropped_total",
+        "Completions with no claim left to record them on (intent_gone, refused)"
     );
     describe_counter!(
         "outbox_invariant_violations_total",
