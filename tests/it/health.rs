@@ -688,21 +688,24 @@ async fn rows(db: &TestDb, from_where: &str) -> i64 {
         .unwrap()
 }
 
-/// `n` webhook origins on loopback that refuse every connection.
-fn refused_origins(n: usize) -> Vec<String> {
-    let mut ports: Vec<u16> = (0..n).map(|_| common::free_port()).collect();
-    ports.sort_unstable();
-    ports.dedup();
-    ports
-        .into_iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect()
+/// `n` webhook origins on loopback that refuse every connection, and the
+/// sockets that hold their ports: bound but never listening, so a
+/// connection is refused and no other test can take the port meanwhile.
+fn refused_origins(n: usize) -> (Vec<String>, Vec<tokio::net::TcpSocket>) {
+    (0..n)
+        .map(|_| {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let port = socket.local_addr().unwrap().port();
+            (format!("http://127.0.0.1:{port}"), socket)
+        })
+        .unzip()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_that_stopped_are_pruned_and_the_gate_reads_only_recent_ones() {
     let db = TestDb::new().await;
-    let origins = refused_origins(50);
+    let (origins, _held) = refused_origins(50);
     for (n, o) in origins.iter().enumerate() {
         db.enqueue(
             &format!("refused:{n}"),
@@ -796,7 +799,7 @@ max_cooldown = "1s"
 async fn an_incident_across_many_origins_is_a_handful_of_alerts() {
     let db = TestDb::new().await;
     let alert_rx = Receiver::ok().await;
-    let origins = refused_origins(50);
+    let (origins, _held) = refused_origins(50);
     for (n, o) in origins.iter().enumerate() {
         db.enqueue(
             &format!("refused:{n}"),

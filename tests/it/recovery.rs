@@ -287,7 +287,12 @@ async fn four_relays_drain_5000_intents_and_each_webhook_arrives_once() {
     .execute(db.pool())
     .await
     .unwrap();
-    let cfg_file = common::config_file(common::SUBPROCESS_CONFIG);
+    // no relay dies here, so no lease should expire: a long one keeps a
+    // starved machine (four debug-built relays and Postgres on two shared
+    // cores) from turning a slow completion into a redelivery
+    let cfg_file = common::config_file(
+        &common::SUBPROCESS_CONFIG.replace("lease = \"4s\"", "lease = \"10s\""),
+    );
     let mut relays: Vec<_> = (0..4)
         .map(|i| spawn_relay(&db, &cfg_file, &format!("relay-{i}")))
         .collect();
