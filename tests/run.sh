@@ -141,6 +141,12 @@ scratch_rabbit_setup
 scratch_pg_setup pg-test
 drop_leftover_test_dbs
 
+# docs/getting-started.md runs demo-receiver, a binary of another package of
+# the workspace: built here, before the suite, so that its test (which runs
+# the same command, then a no-op) does not compile it while other tests run.
+say "building the demo receiver: cargo build --locked -p outbox-demo-receiver"
+cargo build --locked -p outbox-demo-receiver
+
 if cargo nextest --version >/dev/null 2>&1; then
 	# nextest does not run doctests: run them first, when no filter was given
 	if [ "$#" -eq 0 ]; then

@@ -25,6 +25,7 @@ mod enqueue;
 mod enqueue_many;
 mod enqueue_many_equivalence;
 mod first_steps;
+mod getting_started;
 mod hardening;
 mod health;
 mod layout;

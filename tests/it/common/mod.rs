@@ -46,6 +46,16 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> TestDb {
+        TestDb::create(true).await
+    }
+
+    /// A fresh database without the outbox schema, for a test in which
+    /// `outbox-relay migrate` creates it.
+    pub async fn unmigrated() -> TestDb {
+        TestDb::create(false).await
+    }
+
+    async fn create(migrate: bool) -> TestDb {
         sweep_leftovers_once();
         let admin: PgConnectOptions = admin_url().parse().expect("DATABASE_URL");
         let name = format!(
@@ -68,7 +78,9 @@ impl TestDb {
         let store = Store::connect(&url, 8)
             .await
             .expect("connect to test database");
-        store.migrate().await.expect("migrate");
+        if migrate {
+            store.migrate().await.expect("migrate");
+        }
         TestDb {
             name,
             url,
