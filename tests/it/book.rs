@@ -6,6 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
+use crate::common::files_under;
+
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Migrations are immutable once released (their checksums are recorded in
@@ -20,7 +22,7 @@ fn every_page_of_the_book_is_in_its_summary() {
         .into_iter()
         .map(|l| normal(&docs.join(l.split('#').next().unwrap_or(""))))
         .collect();
-    let missing: Vec<String> = files(&docs, "md")
+    let missing: Vec<String> = files_under(&docs, "md")
         .into_iter()
         .filter(|p| !p.ends_with("SUMMARY.md") && !listed.contains(&normal(p)))
         .map(|p| p.display().to_string())
@@ -34,7 +36,7 @@ fn every_page_of_the_book_is_in_its_summary() {
 #[test]
 fn every_relative_link_of_the_book_and_the_readme_resolves() {
     let root = Path::new(ROOT);
-    let mut pages = files(&root.join("docs"), "md");
+    let mut pages = files_under(&root.join("docs"), "md");
     pages.push(root.join("README.md"));
     let mut anchors: BTreeMap<PathBuf, BTreeSet<String>> = BTreeMap::new();
     let mut broken = Vec::new();
@@ -96,10 +98,10 @@ fn no_text_of_the_product_speaks_of_sessions_or_issues_by_number() {
             "md", "rs", "sh", "toml", "sql", "py", "js", "html", "css", "yml", "yaml", "json",
             "txt",
         ] {
-            texts.extend(files(&root.join(dir), ext));
+            texts.extend(files_under(&root.join(dir), ext));
         }
     }
-    texts.extend(files(&root.join(".ci"), ""));
+    texts.extend(files_under(&root.join(".ci"), ""));
     for file in texts {
         if released_migration(&file) || file.ends_with("tests/it/book.rs") {
             continue;
@@ -228,35 +230,6 @@ fn headings(text: &str) -> BTreeSet<String> {
         });
         *n += 1;
     }
-    out
-}
-
-/// Files under `dir` with extension `ext` ("" for none), skipping build
-/// output, virtual environments and dependencies.
-fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if path.is_dir() {
-                if !["target", "node_modules", ".venv", "__pycache__"].contains(&name.as_ref()) {
-                    todo.push(path);
-                }
-            } else if match path.extension() {
-                Some(e) => e == ext,
-                None => ext.is_empty(),
-            } {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
     out
 }
 

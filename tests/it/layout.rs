@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use syn::visit::Visit;
 
+use crate::common::files_under;
+
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// The role folders of `relay/`, lowest first: a role may import the roles
@@ -84,7 +86,7 @@ fn each_role_of_relay_imports_only_the_roles_below_it() {
 fn no_source_file_of_the_product_is_longer_than_800_lines() {
     let mut long = Vec::new();
     for dir in ["relay", "providers", "bench/src"] {
-        for file in rust_files(&Path::new(ROOT).join(dir)) {
+        for file in files_under(&Path::new(ROOT).join(dir), "rs") {
             let lines = std::fs::read_to_string(&file).unwrap().lines().count();
             if lines > MAX_LINES {
                 long.push(format!("{} ({lines} lines)", file.display()));
@@ -158,7 +160,7 @@ struct Graph {
 impl Graph {
     fn of(src: &Path) -> Graph {
         let mut files = BTreeMap::new();
-        for file in rust_files(src) {
+        for file in files_under(src, "rs") {
             let rel = file.strip_prefix(src).unwrap().with_extension("");
             let parts: Vec<String> = rel
                 .components()
@@ -427,22 +429,4 @@ impl<'ast> Visit<'ast> for Paths {
         self.tokens(mac.tokens.clone());
         syn::visit::visit_macro(self, mac);
     }
-}
-
-/// The `.rs` files under a folder, sorted.
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                todo.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    out
 }

@@ -184,20 +184,7 @@ pub fn same(what: &str, page: &str, code: &BTreeSet<String>, documented: &[Strin
 
 /// The Rust files under `relay/`, sorted.
 pub fn relay_files() -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![Path::new(ROOT).join("relay")];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                todo.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    out
+    crate::common::files_under(&Path::new(ROOT).join("relay"), "rs")
 }
 
 /// A Rust file as tokens (inside macros too, which a syntax tree leaves

@@ -582,3 +582,32 @@ pub async fn terminate(child: &mut tokio::process::Child) -> std::process::ExitS
         .expect("relay exits after SIGTERM")
         .expect("wait")
 }
+
+/// Files under `dir` with extension `ext` ("" for none), skipping build
+/// output, virtual environments and dependencies.
+pub fn files_under(dir: &std::path::Path, ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if path.is_dir() {
+                if !["target", "node_modules", ".venv", "__pycache__"].contains(&name.as_ref()) {
+                    todo.push(path);
+                }
+            } else if match path.extension() {
+                Some(e) => e == ext,
+                None => ext.is_empty(),
+            } {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
