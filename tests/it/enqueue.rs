@@ -13,19 +13,27 @@ async fn call(db: &TestDb, key: &str, payload: &str) -> Result<(i64, bool), sqlx
         .await
 }
 
-/// The README's first SQL example runs as copied, on a migrated database.
+/// The first SQL example of the README and of the enqueueing guide runs as
+/// copied, on a migrated database.
 #[tokio::test]
 async fn the_readme_enqueue_example_runs_as_copied() {
-    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
-    let start = readme.find("```sql\n").expect("a SQL example") + "```sql\n".len();
-    let example = &readme[start..start + readme[start..].find("```").unwrap()];
-    assert!(example.contains("outbox.enqueue("), "{example}");
-    let db = TestDb::new().await;
-    sqlx::raw_sql(example)
-        .execute(db.pool())
-        .await
-        .unwrap_or_else(|e| panic!("{e}:\n{example}"));
-    assert_eq!(db.state("order:42:confirmation").await, "pending");
+    for page in [
+        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/guides/enqueue.md"
+        )),
+    ] {
+        let start = page.find("```sql\n").expect("a SQL example") + "```sql\n".len();
+        let example = &page[start..start + page[start..].find("```").unwrap()];
+        assert!(example.contains("outbox.enqueue("), "{example}");
+        let db = TestDb::new().await;
+        sqlx::raw_sql(example)
+            .execute(db.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{e}:\n{example}"));
+        assert_eq!(db.state("order:42:confirmation").await, "pending");
+    }
 }
 
 #[tokio::test]
