@@ -12,6 +12,8 @@
 //! - [`email`]: SMTP with failures placed before or after the body.
 //! - [`charge`]: Stripe-compatible PaymentIntents with reconcile by metadata.
 //! - [`nats`]: NATS JetStream publishes deduped by `Nats-Msg-Id`.
+//! - [`span`]: what an attempt's trace span says, and the trace context
+//!   it carries outward.
 //! - [`amqp`]: RabbitMQ publishes with confirms, `mandatory` and a stable
 //!   `message_id`.
 
@@ -23,11 +25,13 @@ pub mod keys;
 pub mod nats;
 pub mod outcome;
 pub mod secret;
+pub mod span;
 pub mod webhook;
 
 use std::sync::Arc;
 
 pub use outcome::{AmbiguityPolicy, Outcome, Reconciled};
+pub use span::{SpanShape, TraceHeaders};
 
 /// Why a provider could not be set up. The relay branches on it: a
 /// configuration error is the operator's to fix (exit 2, invalid
@@ -75,6 +79,9 @@ pub struct Delivery<'a> {
     /// one that provably did not is transient. The relay's own timer is
     /// only a backstop after it, so the two never race.
     pub deadline: Option<std::time::Instant>,
+    /// The trace context to send with the effect (webhook headers, broker
+    /// message headers), replacing any the payload's own headers name.
+    pub trace: Option<TraceHeaders<'a>>,
 }
 
 impl Delivery<'_> {
@@ -115,6 +122,12 @@ pub trait Provider: Send + Sync {
 
     /// What to do when an outcome is ambiguous and reconcile cannot tell.
     fn on_ambiguous(&self) -> AmbiguityPolicy;
+
+    /// The span of an attempt of this delivery, by the OpenTelemetry
+    /// semantic conventions. Asked only when the relay records spans.
+    fn span_shape(&self, delivery: &Delivery<'_>) -> SpanShape {
+        SpanShape::plain(delivery.kind)
+    }
 }
 
 /// The providers one relay is configured with, by kind.

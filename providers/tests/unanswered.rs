@@ -108,6 +108,7 @@ fn delivery<'a>(kind: &'a str, payload: &'a Value, deadline: Option<Instant>) ->
         key_generation: 0,
         previous_attempt_at: None,
         deadline,
+        trace: None,
     }
 }
 

@@ -8,6 +8,7 @@ use crate::config::Config;
 use crate::engine::supervisor::Service;
 use crate::engine::{Engine, EngineConfig};
 use crate::observe::readiness::Health;
+use crate::observe::trace::Tracer;
 use crate::services::lookup::Access;
 use crate::services::{endpoint, gauges};
 use crate::store::Store;
@@ -16,16 +17,59 @@ use crate::store::Store;
 /// makes before it connects ([`shutdown_signal`]); `None`, and it is made
 /// here.
 pub async fn run(store: Store, config: &Config, once: bool, shutdown: Option<Shutdown>) -> Outcome {
+    let tracer = start_tracing(config)?;
+    let ran = run_traced(store, config, once, shutdown, tracer.clone()).await;
+    tracer.shutdown().await;
+    ran
+}
+
+/// Start the export of attempt spans when `[telemetry]` or the `OTEL_*`
+/// variables name an endpoint.
+fn start_tracing(config: &Config) -> Result<Tracer, Failure> {
+    let settings = config
+        .telemetry
+        .settings()
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let export = settings
+        .resolve(|name| std::env::var(name).ok())
+        .map_err(|e| Failure::usage(format!("{e:#}")))?;
+    let Some(export) = export else {
+        return Ok(Tracer::off());
+    };
+    let tracer = Tracer::start(&export).map_err(|e| Failure::usage(format!("{e:#}")))?;
+    tracing::info!(
+        protocol = ?export.protocol,
+        endpoint = export
+            .endpoint
+            .as_deref()
+            .and_then(|e| url::Url::parse(e).ok())
+            .map(|u| outbox_providers::span::redacted_url(&u))
+            .unwrap_or_else(|| "from OTEL_EXPORTER_OTLP_*".into()),
+        "exporting a trace span of every attempt"
+    );
+    Ok(tracer)
+}
+
+async fn run_traced(
+    store: Store,
+    config: &Config,
+    once: bool,
+    shutdown: Option<Shutdown>,
+    tracer: Tracer,
+) -> Outcome {
     if once {
         let providers = prepare(&store, config).await?;
-        let engine = Engine::new(store, providers, EngineConfig::from_config(config));
+        let mut engine_config = EngineConfig::from_config(config);
+        engine_config.tracer = tracer;
+        let engine = Engine::new(store, providers, engine_config);
         engine.run_once().await?;
         return Ok(());
     }
     let shutdown = shutdown.unwrap_or_else(shutdown_signal);
     let providers = prepare(&store, config).await?;
     let health = Arc::new(Health::default());
-    let engine_config = EngineConfig::from_config(config);
+    let mut engine_config = EngineConfig::from_config(config);
+    engine_config.tracer = tracer;
     let owner = engine_config.owner.clone();
     let engine = Engine::new(store.clone(), providers, engine_config);
     let stop = engine.stop_signal();

@@ -28,6 +28,9 @@ pub struct ConsoleSection {
     pub mask: Vec<String>,
     /// Intents changed per statement by a bulk action.
     pub batch_size: u32,
+    /// A link to an intent's trace in the tracing UI, `{trace_id}` standing
+    /// for its trace id, e.g. `https://tracing.example/trace/{trace_id}`.
+    pub trace_url: Option<String>,
 }
 
 impl Default for ConsoleSection {
@@ -50,6 +53,7 @@ impl Default for ConsoleSection {
             .map(String::from)
             .to_vec(),
             batch_size: 500,
+            trace_url: None,
         }
     }
 }
@@ -86,6 +90,9 @@ impl Role {
 
 impl ConsoleSection {
     pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(template) = &self.trace_url {
+            trace_link(template, "0af7651916cd43dd8448eb211c80319c")?;
+        }
         self.addr.parse::<SocketAddr>().map_err(|_| {
             anyhow::anyhow!(
                 "console.addr {:?} is not an address like 127.0.0.1:9188",
@@ -161,6 +168,19 @@ pub fn verify_password(password: &str, hash: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// `console.trace_url` with `trace_id` in place of `{trace_id}`: an
+/// `http(s)` URL, so a link on the intent page can only lead to a web page.
+pub fn trace_link(template: &str, trace_id: &str) -> anyhow::Result<String> {
+    if !template.contains("{trace_id}") {
+        bail!("console.trace_url {template:?} must contain {{trace_id}}");
+    }
+    let link = template.replace("{trace_id}", trace_id);
+    match url::Url::parse(&link) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => Ok(link),
+        _ => bail!("console.trace_url {template:?} must be an http:// or https:// URL"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +241,16 @@ mod tests {
         c.users.clear();
         c.addr = "localhost".into();
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_trace_link_is_a_web_address_with_the_trace_id() {
+        assert_eq!(
+            super::trace_link("https://tracing.example/trace/{trace_id}?x=1", "abc").unwrap(),
+            "https://tracing.example/trace/abc?x=1"
+        );
+        for bad in ["https://tracing.example/", "javascript:alert({trace_id})"] {
+            assert!(super::trace_link(bad, "abc").is_err(), "{bad}");
+        }
     }
 }

@@ -28,6 +28,7 @@ mod relay;
 mod retention;
 mod retry;
 pub mod schedule;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 mod webhook;
@@ -45,6 +46,7 @@ pub use relay::RelaySection;
 pub use retention::RetentionSection;
 pub use retry::{RetryOverride, RetryPolicy, RetrySection};
 pub use schedule::{Schedule, ScheduleEntry};
+pub use telemetry::TelemetrySection;
 pub use webhook::WebhookSection;
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -67,6 +69,8 @@ pub struct Config {
     pub retention: RetentionSection,
     /// `[console]`: the operator web UI (`outbox-relay console`).
     pub console: ConsoleSection,
+    /// `[telemetry]`: trace spans of attempts, over OTLP.
+    pub telemetry: TelemetrySection,
     #[serde(rename = "schedule")]
     pub schedules: Vec<ScheduleEntry>,
 }
@@ -296,6 +300,7 @@ impl Config {
         self.schedules()?;
         self.check_schedule_payloads()?;
         self.console.validate()?;
+        self.telemetry.settings()?;
         let ret = &self.retention;
         if ret.ledger.0 < ret.intents.0 {
             bail!(

@@ -308,6 +308,10 @@ struct IntentPage {
     actions: Vec<Action>,
     payload: String,
     response: Option<String>,
+    trace_id: String,
+    /// The trace id is the application's (else derived from the key).
+    trace_from_app: bool,
+    trace_link: Option<String>,
 }
 impl Helpers for IntentPage {}
 
@@ -381,7 +385,16 @@ pub async fn intent(
     )
     .or(d.intent.destination.clone())
     .unwrap_or_else(|| "—".into());
+    let trace_id = d.intent.trace_id();
+    let trace_link = app
+        .console
+        .trace_url
+        .as_deref()
+        .and_then(|t| crate::config::console::trace_link(t, &trace_id).ok());
     render(IntentPage {
+        trace_from_app: d.intent.traceparent.is_some(),
+        trace_link,
+        trace_id,
         layout: Layout::new(&app, &caller, "intents"),
         delivered: d.intent.state == IntentState::Delivered,
         provider_key: provider_key(&d.intent),

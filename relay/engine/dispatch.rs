@@ -24,6 +24,7 @@ use crate::engine::reconcile::{self, Recovery};
 use crate::engine::supervisor::panic_message;
 use crate::engine::transition::{self, Next};
 use crate::observe::metrics::kind_label;
+use crate::observe::trace::{Identity, IntentContext, Tracer};
 use crate::services::health::{Admit, Gate};
 use crate::state::{AttemptOutcome, IntentState};
 use crate::store::{Claimed, Completion, Store};
@@ -75,6 +76,8 @@ pub struct Deliverer {
     stopping: watch::Receiver<bool>,
     /// Destination health: limits, breakers, pauses.
     gate: Arc<Gate>,
+    /// The span of each attempt, and the trace context it sends.
+    tracer: Tracer,
 }
 
 impl Deliverer {
@@ -103,7 +106,14 @@ impl Deliverer {
             store,
             stopping,
             gate,
+            tracer: Tracer::off(),
         }
+    }
+
+    /// Export a span of every attempt.
+    pub fn with_tracer(mut self, tracer: Tracer) -> Deliverer {
+        self.tracer = tracer;
+        self
     }
 
     /// Destination health for this relay's attempts.
@@ -178,6 +188,8 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
         kind = %claim.kind,
         attempt = claim.attempt,
         outcome = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
     );
     async move {
         let started = Utc::now();
@@ -357,9 +369,22 @@ async fn attempt_at(
         key_generation: claim.key_generation,
         previous_attempt_at: claim.previous_attempt_at.map(std::time::SystemTime::from),
         deadline: Some(deadline.into_std()),
+        trace: None,
+    };
+    let who = Identity {
+        id: claim.id,
+        key: &claim.key,
+        kind: &claim.kind,
+        attempt: claim.attempt,
+        fence: claim.fence,
+        context: IntentContext {
+            traceparent: claim.traceparent.as_deref(),
+            tracestate: claim.tracestate.as_deref(),
+        },
     };
     let policy = provider.on_ambiguous();
     if let Some(previous) = &claim.recovered_from {
+        let span = d.tracer.reconcile(&who, previous);
         let recovered = tokio::time::timeout_at(
             backstop,
             reconcile::recover(provider.as_ref(), &delivery, previous),
@@ -367,6 +392,10 @@ async fn attempt_at(
         .await
         // no answer in time is no answer: the kind's policy decides
         .unwrap_or_else(|_| reconcile::decide(policy, previous));
+        match &recovered {
+            Recovery::Settled(outcome) => span.end_reconcile(outcome.class(), outcome.reason()),
+            Recovery::Redeliver { .. } => span.end_reconcile("redeliver", None),
+        }
         match recovered {
             Recovery::Settled(outcome) => {
                 metrics::counter!("outbox_reconcile_total", "kind" => kind_label(&claim.kind), "result" => outcome.class())
@@ -393,6 +422,20 @@ async fn attempt_at(
         };
         return (outcome, policy);
     }
+    let shape = if d.tracer.is_on() {
+        provider.span_shape(&delivery)
+    } else {
+        outbox_providers::SpanShape::plain(&claim.kind)
+    };
+    let span = d.tracer.attempt(&who, shape);
+    let log = tracing::Span::current();
+    log.record("trace_id", span.trace_id());
+    log.record("span_id", span.span_id());
+    let delivery = Delivery {
+        trace: span.headers(),
+        ..delivery
+    };
+    let http_status = outbox_providers::reports_http_status(&claim.kind);
     let attempted_at = std::time::SystemTime::now();
     let outcome = tokio::time::timeout_at(backstop, provider.deliver(&delivery))
         .await
@@ -418,8 +461,10 @@ async fn attempt_at(
         .unwrap_or(unsettled);
         metrics::counter!("outbox_reconcile_total", "kind" => kind_label(&claim.kind), "result" => settled.class())
             .increment(1);
+        span.end(&settled, http_status);
         return (settled, policy);
     }
+    span.end(&outcome, http_status);
     (outcome, policy)
 }
 
@@ -542,6 +587,8 @@ mod tests {
             claimed_at: std::time::Instant::now(),
             recovered_from: None,
             previous_attempt_at: None,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

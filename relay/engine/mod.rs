@@ -90,6 +90,8 @@ pub struct EngineConfig {
     pub retry: RetrySection,
     /// Rate limits, breakers and alerts per destination.
     pub health: crate::config::HealthSettings,
+    /// Spans of attempts (off unless the daemon starts an export).
+    pub tracer: crate::observe::trace::Tracer,
 }
 
 impl EngineConfig {
@@ -116,6 +118,7 @@ impl EngineConfig {
                 tracing::error!(error = %format!("{e:#}"), "destination health is misconfigured; limits and breakers are off");
                 crate::config::HealthSettings::default()
             }),
+            tracer: crate::observe::trace::Tracer::off(),
         }
     }
 }
@@ -189,7 +192,8 @@ impl Engine {
                 store.clone(),
                 stop_rx.clone(),
             )
-            .with_gate(gate),
+            .with_gate(gate)
+            .with_tracer(cfg.tracer.clone()),
         );
         let claimer = Arc::new(Claimer {
             store: store.clone(),

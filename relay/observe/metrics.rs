@@ -126,6 +126,10 @@ fn describe() {
         "Deliveries deferred without an attempt (a per-host limit or destination health)"
     );
     describe_counter!(
+        "outbox_spans_dropped_total",
+        "Trace spans of attempts dropped: the export queue was full or the collector refused a batch"
+    );
+    describe_counter!(
         "outbox_completions_sanitised_total",
         "Completions the database refused as written, taken once the provider's text was dropped"
     );

@@ -1,4 +1,5 @@
-//! What the relay tells the people running it: logs (`logs`), and the
+//! What the relay tells the people running it: logs (`logs`), trace spans
+//! of its attempts (`trace`), and the
 //! Prometheus recorder with its labels and descriptions (`metrics`,
 //! `destination_gauges`). Everything above may record; nothing here reads
 //! the database or serves a request.
@@ -7,3 +8,4 @@ pub mod destination_gauges;
 pub mod logs;
 pub mod metrics;
 pub mod readiness;
+pub mod trace;

@@ -50,6 +50,10 @@ pub struct Claimed {
     pub recovered_from: Option<String>,
     /// With `recovered_from`: when the lost attempt's claim was taken.
     pub previous_attempt_at: Option<DateTime<Utc>>,
+    /// The W3C trace context the intent was enqueued with: its attempts'
+    /// spans are children of it, and it goes out with the effect.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// The recorded result of one attempt and the intent's next state.
@@ -102,7 +106,8 @@ pub struct Written {
 const CLAIMED_COLUMNS: &str =
     "i.id, i.key, i.kind, i.destination, i.payload::text AS payload, i.attempts, \
      i.attempts_base, i.fence, i.key_generation, i.created_at, \
-     i.delivered_at IS NOT NULL AS delivered_before, i.recover_owner, i.recover_at";
+     i.delivered_at IS NOT NULL AS delivered_before, i.recover_owner, i.recover_at, \
+     i.traceparent, i.tracestate";
 
 fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
     let payload_text: String = row.try_get("payload")?;
@@ -130,6 +135,8 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
         created_at: row.try_get("created_at")?,
         delivered_before: row.try_get("delivered_before")?,
         claimed_at: std::time::Instant::now(),
+        traceparent: row.try_get("traceparent")?,
+        tracestate: row.try_get("tracestate")?,
         // a fresh claim of an intent whose recovery was deferred (see
         // Store::keep_recovery) is a recovered claim still
         recovered_from: if recovered {

@@ -43,9 +43,25 @@ pub struct Intent {
     /// even when the intent is not delivered (cancelled, or retried as a
     /// new effect, while that request was in flight).
     pub effect_at: Option<DateTime<Utc>>,
+    /// The W3C trace context the application enqueued it with.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 impl Intent {
+    /// The trace its attempts are in: the application's, from its
+    /// `traceparent`, else the one the relay derives from the key.
+    pub fn trace_id(&self) -> String {
+        let context = crate::observe::trace::IntentContext {
+            traceparent: self.traceparent.as_deref(),
+            tracestate: None,
+        };
+        match context.ids() {
+            Some((trace, _)) => trace.to_string(),
+            None => crate::observe::trace::context::derived_trace_id(&self.key).to_string(),
+        }
+    }
+
     /// The effect happened although the intent is not delivered: a
     /// provider answered success to an attempt whose completion was refused.
     pub fn happened_anyway(&self) -> bool {
@@ -197,7 +213,7 @@ const INTENT_COLUMNS: &str =
     ordering_key, provider_ref, last_error, response, owner, lease_expires_at, key_generation, \
     duplicates + (SELECT count(*) FROM outbox.enqueue_duplicates d \
                    WHERE d.intent_id = intents.id)::int AS duplicates, \
-    source, created_at, updated_at, delivered_at, \
+    source, created_at, updated_at, delivered_at, traceparent, tracestate, \
     (SELECT max(coalesce(a.finished_at, a.started_at)) FROM outbox.attempts a \
       WHERE a.intent_id = intents.id AND a.outcome = 'delivered') AS effect_at";
 

@@ -34,7 +34,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
 
-use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Secret};
+use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Secret, SpanShape};
 
 /// AMQP settings, validated by the relay's config loader. The password
 /// comes from the environment or a file and is never logged; the URL
@@ -286,10 +286,15 @@ impl Provider for AmqpProvider {
         if let Err(reason) = crate::refuse_destination("amqp", d.destination) {
             return Outcome::invalid(reason);
         }
-        let publish = match request::parse(d.payload, d.raw_body()) {
+        let mut publish = match request::parse(d.payload, d.raw_body()) {
             Ok(p) => p,
             Err(reason) => return Outcome::invalid(reason),
         };
+        if let Some(trace) = d.trace {
+            crate::span::set_trace_headers(&mut publish.headers, trace, |v| {
+                request::Header::Text(v.to_string())
+            });
+        }
         // within the attempt's budget (`timeout`, cut to the attempt's
         // deadline), with room for the relay to record what happened
         let started = Instant::now();
@@ -378,6 +383,28 @@ impl Provider for AmqpProvider {
 
     fn on_ambiguous(&self) -> AmbiguityPolicy {
         self.config.on_ambiguous
+    }
+
+    /// A messaging `publish` span on the intent's exchange (`(default)`
+    /// for the nameless one), with its routing key.
+    fn span_shape(&self, d: &Delivery<'_>) -> SpanShape {
+        let text = |name: &str| d.payload.get(name).and_then(|v| v.as_str());
+        match (text("exchange"), text("routing_key")) {
+            (Some(exchange), Some(routing_key)) => {
+                let name = if exchange.is_empty() {
+                    "(default)"
+                } else {
+                    exchange
+                };
+                crate::span::publish(
+                    "rabbitmq",
+                    name,
+                    request::message_id(d.key, d.key_generation),
+                )
+                .with("messaging.rabbitmq.destination.routing_key", routing_key)
+            }
+            _ => SpanShape::plain("amqp"),
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Reconciled, Secret};
+use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Reconciled, Secret, SpanShape};
 
 #[derive(Debug, Clone)]
 pub struct ChargeConfig {
@@ -161,6 +161,17 @@ impl Provider for ChargeProvider {
 
     fn on_ambiguous(&self) -> AmbiguityPolicy {
         self.config.on_ambiguous
+    }
+
+    /// A client span of the charge (its search and its POST), naming the
+    /// payment API's server.
+    fn span_shape(&self, _d: &Delivery<'_>) -> SpanShape {
+        let shape = SpanShape {
+            name: "charge".into(),
+            kind: crate::span::SpanKind::Client,
+            attributes: vec![("http.request.method", "POST".into())],
+        };
+        crate::span::server_of(shape, &self.config.api_base)
     }
 }
 

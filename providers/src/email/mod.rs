@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use lettre::message::Mailbox;
 
-use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Secret};
+use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Secret, SpanShape};
 pub use smtp::{Security, SmtpTarget};
 
 /// Email settings, validated by the relay's config loader.
@@ -104,5 +104,18 @@ impl Provider for EmailProvider {
 
     fn on_ambiguous(&self) -> AmbiguityPolicy {
         self.config.on_ambiguous
+    }
+
+    /// A client span of the SMTP transaction, naming the server.
+    fn span_shape(&self, _d: &Delivery<'_>) -> SpanShape {
+        let target = &self.config.target;
+        SpanShape {
+            name: "smtp send".into(),
+            kind: crate::span::SpanKind::Client,
+            attributes: Vec::new(),
+        }
+        .with("network.protocol.name", "smtp")
+        .with("server.address", target.host.as_str())
+        .with("server.port", i64::from(target.port))
     }
 }

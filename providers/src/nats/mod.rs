@@ -24,7 +24,7 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::HeaderMap;
 use tokio::sync::OnceCell;
 
-use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Reconciled, Secret};
+use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Reconciled, Secret, SpanShape};
 
 /// NATS settings, validated by the relay's config loader. Credentials come
 /// from the environment or files and are never logged.
@@ -160,10 +160,13 @@ impl Provider for NatsProvider {
         if let Err(reason) = crate::refuse_destination("nats", d.destination) {
             return Outcome::invalid(reason);
         }
-        let publish = match request::parse(d.payload, d.raw_body()) {
+        let mut publish = match request::parse(d.payload, d.raw_body()) {
             Ok(p) => p,
             Err(reason) => return Outcome::invalid(reason),
         };
+        if let Some(trace) = d.trace {
+            crate::span::set_trace_headers(&mut publish.headers, trace, |v| v.to_string());
+        }
         // every wait of the attempt ends by its deadline: before the
         // publish is handed over nothing was sent (transient), after it the
         // stream may have stored it (ambiguous)
@@ -299,6 +302,18 @@ impl Provider for NatsProvider {
 
     fn on_ambiguous(&self) -> AmbiguityPolicy {
         self.config.on_ambiguous
+    }
+
+    /// A messaging `publish` span on the intent's subject.
+    fn span_shape(&self, d: &Delivery<'_>) -> SpanShape {
+        match d.payload.get("subject").and_then(|s| s.as_str()) {
+            Some(subject) => crate::span::publish(
+                "nats",
+                subject,
+                request::message_id(d.key, d.key_generation),
+            ),
+            None => SpanShape::plain("nats"),
+        }
     }
 }
 

@@ -17,7 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ipnet::IpNet;
 use reqwest::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 
-use crate::{keys, AmbiguityPolicy, Delivery, Outcome, Provider, Secret};
+use crate::span::SpanKind;
+use crate::{keys, AmbiguityPolicy, Delivery, Outcome, Provider, Secret, SpanShape};
 use sign::SigningKey;
 
 /// Webhook settings, already validated by the relay's config loader.
@@ -145,10 +146,14 @@ impl WebhookProvider {
             .duration_since(UNIX_EPOCH)
             .map(|t| t.as_secs() as i64)
             .unwrap_or(0);
+        let mut headers = req.headers;
+        if let Some(trace) = d.trace {
+            set_trace_headers(&mut headers, trace);
+        }
         let mut builder = self
             .client
             .post(req.url.clone())
-            .headers(req.headers)
+            .headers(headers)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .header(
                 USER_AGENT,
@@ -187,5 +192,34 @@ impl Provider for WebhookProvider {
     /// on every attempt: redelivering is safe by default.
     fn on_ambiguous(&self) -> AmbiguityPolicy {
         self.config.on_ambiguous
+    }
+
+    /// An HTTP client span: `POST`, the URL with its secrets redacted.
+    fn span_shape(&self, d: &Delivery<'_>) -> SpanShape {
+        let Some(url) = request::target_url(d.payload, d.destination, &self.config.endpoints)
+        else {
+            return SpanShape::plain("webhook");
+        };
+        let shape = SpanShape {
+            name: "POST".into(),
+            kind: SpanKind::Client,
+            attributes: vec![
+                ("http.request.method", "POST".into()),
+                ("url.full", crate::span::redacted_url(&url).into()),
+            ],
+        };
+        crate::span::server_of(shape, &url)
+    }
+}
+
+/// The attempt's `traceparent` and `tracestate`, in place of any the
+/// payload's headers give.
+fn set_trace_headers(headers: &mut reqwest::header::HeaderMap, trace: crate::TraceHeaders<'_>) {
+    headers.remove("tracestate");
+    if let Ok(v) = HeaderValue::from_str(trace.traceparent) {
+        headers.insert("traceparent", v);
+    }
+    if let Some(v) = trace.tracestate.and_then(|t| HeaderValue::from_str(t).ok()) {
+        headers.insert("tracestate", v);
     }
 }

@@ -57,27 +57,7 @@ pub fn parse(
             "webhook payload has an unknown field {unknown:?} (expected url, body, headers)"
         ));
     }
-    let url_text = match (obj.get("url"), destination) {
-        (Some(_), Some(name)) => {
-            return Err(format!(
-                "webhook payload has a \"url\" and the intent names destination {name:?}: use one or the other"
-            ))
-        }
-        (Some(Value::String(u)), None) => u.clone(),
-        (Some(other), _) => {
-            return Err(format!(
-                "webhook \"url\" must be a string, not {}",
-                type_name(other)
-            ))
-        }
-        (None, Some(name)) => endpoints.get(name).cloned().ok_or_else(|| {
-            format!("webhook destination {name:?} is not a configured endpoint (webhook.endpoints)")
-        })?,
-        (None, None) => {
-            return Err("webhook payload has no \"url\" and the intent names no destination".into())
-        }
-    };
-    let url = parse_url(&url_text)?;
+    let url = url_of(obj, destination, endpoints)?;
     let body = crate::payload_body("webhook", obj, raw_body)?;
     let headers = match obj.get("headers") {
         None | Some(Value::Null) => HeaderMap::new(),
@@ -116,6 +96,46 @@ pub fn parse(
         }
     };
     Ok(WebhookRequest { url, body, headers })
+}
+
+/// Where a webhook goes: the payload's `url`, or the configured endpoint its
+/// destination names.
+fn url_of(
+    obj: &serde_json::Map<String, Value>,
+    destination: Option<&str>,
+    endpoints: &HashMap<String, String>,
+) -> Result<reqwest::Url, String> {
+    let url_text = match (obj.get("url"), destination) {
+        (Some(_), Some(name)) => {
+            return Err(format!(
+                "webhook payload has a \"url\" and the intent names destination {name:?}: use one or the other"
+            ))
+        }
+        (Some(Value::String(u)), None) => u.clone(),
+        (Some(other), _) => {
+            return Err(format!(
+                "webhook \"url\" must be a string, not {}",
+                type_name(other)
+            ))
+        }
+        (None, Some(name)) => endpoints.get(name).cloned().ok_or_else(|| {
+            format!("webhook destination {name:?} is not a configured endpoint (webhook.endpoints)")
+        })?,
+        (None, None) => {
+            return Err("webhook payload has no \"url\" and the intent names no destination".into())
+        }
+    };
+    parse_url(&url_text)
+}
+
+/// The URL a webhook payload is sent to, when it has a readable one (for
+/// the attempt's span; the attempt itself checks the payload fully).
+pub fn target_url(
+    payload: &Value,
+    destination: Option<&str>,
+    endpoints: &HashMap<String, String>,
+) -> Option<reqwest::Url> {
+    url_of(payload.as_object()?, destination, endpoints).ok()
 }
 
 /// The `body` member of a payload's JSON text, byte for byte as it stands
