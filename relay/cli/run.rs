@@ -38,7 +38,7 @@ fn start_tracing(config: &Config) -> Result<Tracer, Failure> {
     };
     let tracer = Tracer::start(&export).map_err(|e| Failure::usage(format!("{e:#}")))?;
     tracing::info!(
-        protocol = ?export.protocol,
+        protocol = %export.protocol,
         endpoint = export
             .endpoint
             .as_deref()

@@ -600,3 +600,38 @@ async fn a_missing_exchange_or_a_full_queue_does_not_hold_back_the_other_publish
         "the missing exchange's intents wait on their own schedule"
     );
 }
+
+/// Without an export the intent's own trace context rides along as
+/// message headers, so consumers join the application's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_carries_the_applications_trace_context() {
+    let db = TestDb::new().await;
+    let rabbit = Rabbit::shared();
+    let (_conn, ch, exchange, queue) = rabbit.topology("traced").await;
+    let (traceparent, _, _) = crate::traces::app_span();
+    sqlx::query("SELECT outbox.enqueue('traced:1', 'amqp', $1, p_traceparent => $2, p_tracestate => 'vendor=abc')")
+        .bind(json!({"exchange": exchange, "routing_key": "traced", "body": 1}))
+        .bind(&traceparent)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    engine(db.store.clone(), &amqp_config(&rabbit))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(db.state("traced:1").await, "delivered");
+    let msgs = drain(&ch, &queue).await;
+    assert_eq!(msgs.len(), 1);
+    let headers = msgs[0]
+        .delivery
+        .properties
+        .headers()
+        .clone()
+        .unwrap_or_default();
+    let text = |name: &str| match headers.inner().get(name) {
+        Some(lapin::types::AMQPValue::LongString(s)) => Some(s.to_string()),
+        _ => None,
+    };
+    assert_eq!(text("traceparent"), Some(traceparent));
+    assert_eq!(text("tracestate").as_deref(), Some("vendor=abc"));
+}

@@ -332,3 +332,64 @@ async fn a_subject_without_a_stream_does_not_hold_back_the_other_publishes() {
     );
     assert_eq!(messages(&server, "ORDERS").await.len(), 10);
 }
+
+/// A message carries the trace context of its attempt's `publish` span,
+/// which the receiver of the traces sees as the application's child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_carries_its_publish_spans_traceparent() {
+    use crate::common::otlp::Collector;
+    use crate::traces::{app_span, export, traced_engine_with};
+    use outbox_relay::observe::trace::{Protocol, Tracer};
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    stream(&server, "TRACED", "traced.>", Duration::from_secs(120)).await;
+    let collector = Collector::start().await;
+    let (traceparent, trace, app) = app_span();
+    sqlx::query("SELECT outbox.enqueue('traced:1', 'nats', $1, p_traceparent => $2)")
+        .bind(json!({"subject": "traced.created", "body": 1, "headers": {"traceparent": "stale"}}))
+        .bind(&traceparent)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let tracer = Tracer::start(&export(&collector, Protocol::HttpProtobuf, 64)).unwrap();
+    traced_engine_with(&db, &nats_config(&server), &tracer)
+        .run_once()
+        .await
+        .unwrap();
+    tracer.shutdown().await;
+    assert_eq!(db.state("traced:1").await, "delivered");
+    let spans = collector
+        .wait_for(Duration::from_secs(10), |s| !s.is_empty())
+        .await;
+    let publish = &spans[0];
+    assert_eq!(
+        (publish.name.as_str(), publish.kind),
+        ("publish traced.created", 4)
+    );
+    assert_eq!(
+        (publish.trace_id.as_str(), publish.parent_span_id.as_str()),
+        (trace.as_str(), app.as_str())
+    );
+    assert_eq!(publish.attr("messaging.system"), Some("nats"));
+    assert_eq!(
+        publish.attr("messaging.destination.name"),
+        Some("traced.created")
+    );
+    let id = message_id("traced:1", 0);
+    assert_eq!(publish.attr("messaging.message.id"), Some(id.as_str()));
+    let js = server.jetstream().await;
+    let stored = js
+        .get_stream("TRACED")
+        .await
+        .unwrap()
+        .get_raw_message(1)
+        .await
+        .unwrap();
+    let header = |name: &str| stored.headers.get(name).map(|v| v.as_str().to_string());
+    assert_eq!(
+        header("traceparent"),
+        Some(format!("00-{trace}-{}-01", publish.span_id))
+    );
+    let msg_id = stored.headers.get(async_nats::header::NATS_MESSAGE_ID);
+    assert_eq!(msg_id.map(|v| v.as_str()), Some(id.as_str()));
+}

@@ -43,6 +43,15 @@ impl Protocol {
     }
 }
 
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protocol::Grpc => "grpc",
+            Protocol::HttpProtobuf => "http/protobuf",
+        })
+    }
+}
+
 /// What `[telemetry]` says; the standard `OTEL_*` variables take
 /// precedence over it ([`Settings::resolve`]).
 #[derive(Debug, Clone, Default, PartialEq)]

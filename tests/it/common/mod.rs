@@ -6,6 +6,7 @@ pub mod amqp;
 pub mod cluster;
 pub mod console;
 pub mod nats;
+pub mod otlp;
 pub mod proxy;
 pub mod smtp;
 pub mod stripe;
