@@ -45,6 +45,10 @@ fn start_tracing(config: &Config) -> Result<Tracer, Failure> {
             .and_then(|e| url::Url::parse(e).ok())
             .map(|u| outbox_providers::span::redacted_url(&u))
             .unwrap_or_else(|| "from OTEL_EXPORTER_OTLP_*".into()),
+        also_set = ?crate::observe::trace::READ_BY_THE_SDK
+            .iter()
+            .filter(|v| std::env::var_os(v).is_some())
+            .collect::<Vec<_>>(),
         "exporting a trace span of every attempt"
     );
     Ok(tracer)

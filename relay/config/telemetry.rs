@@ -14,8 +14,8 @@ pub struct TelemetrySection {
     /// The OTLP endpoint (as `OTEL_EXPORTER_OTLP_ENDPOINT`), e.g.
     /// `http://127.0.0.1:4318`; none: no spans are exported.
     pub otlp_endpoint: Option<String>,
-    /// `grpc` or `http/protobuf` (the default).
-    pub protocol: Option<String>,
+    /// `http/protobuf` or `grpc`.
+    pub protocol: String,
     /// The share of traces the relay starts that are sampled, 0 to 1;
     /// an attempt under the application's span follows its decision.
     pub sample_ratio: Option<f64>,
@@ -28,7 +28,7 @@ impl Default for TelemetrySection {
     fn default() -> Self {
         TelemetrySection {
             otlp_endpoint: None,
-            protocol: None,
+            protocol: "http/protobuf".into(),
             sample_ratio: None,
             queue: 2048,
         }
@@ -38,12 +38,8 @@ impl Default for TelemetrySection {
 impl TelemetrySection {
     /// The section, checked.
     pub fn settings(&self) -> anyhow::Result<Settings> {
-        let protocol = match &self.protocol {
-            Some(p) => {
-                Some(Protocol::parse(p).map_err(|e| anyhow::anyhow!("telemetry.protocol: {e:#}"))?)
-            }
-            None => None,
-        };
+        let protocol = Protocol::parse(&self.protocol)
+            .map_err(|e| anyhow::anyhow!("telemetry.protocol: {e:#}"))?;
         if let Some(r) = self.sample_ratio {
             if !(0.0..=1.0).contains(&r) {
                 bail!("telemetry.sample_ratio must be between 0 and 1 (got {r})");
@@ -55,7 +51,7 @@ impl TelemetrySection {
         let endpoint = self.otlp_endpoint.clone().filter(|e| !e.trim().is_empty());
         let settings = Settings {
             endpoint,
-            protocol,
+            protocol: Some(protocol),
             sample_ratio: self.sample_ratio,
             queue: self.queue as usize,
         };

@@ -24,6 +24,17 @@ use opentelemetry_sdk::Resource;
 pub use attempt::{Attempt, Identity};
 pub use context::IntentContext;
 
+/// The standard variables the OpenTelemetry SDK and its OTLP exporter
+/// read by themselves (the relay reads the endpoint, protocol, service
+/// name and sampler variables too, in [`Settings::resolve`]). The relay
+/// logs which are set when it starts exporting, never their values: the
+/// headers may carry a collector's API key.
+pub const READ_BY_THE_SDK: &[&str] = &[
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_TRACES_SAMPLER_ARG",
+];
+
 /// The OTLP transports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
