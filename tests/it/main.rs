@@ -42,3 +42,4 @@ mod reference;
 mod schedules;
 mod secrets;
 mod tls;
+mod trace_context;
