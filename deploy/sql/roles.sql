@@ -32,9 +32,11 @@ $$;
 
 GRANT USAGE ON SCHEMA outbox TO outbox_app, outbox_relay, outbox_operator, outbox_console;
 
-GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, text, timestamptz, text, text)
+-- (0016 added p_traceparent, p_tracestate and p_traceparents, p_tracestates)
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, text, timestamptz, text, text, text, text)
     TO outbox_app, outbox_relay;
-GRANT EXECUTE ON FUNCTION outbox.enqueue_many(text[], text[], jsonb[], text[], timestamptz[], text[], text)
+GRANT EXECUTE ON FUNCTION
+    outbox.enqueue_many(text[], text[], jsonb[], text[], timestamptz[], text[], text, text[], text[])
     TO outbox_app, outbox_relay;
 -- the insertable outbox (0006): INSERT only, for ORMs; it reads nothing
 GRANT INSERT ON outbox.outbox TO outbox_app;

@@ -33,6 +33,14 @@ pub struct EnqueueArgs {
     /// The enqueuing client or service, for per-source duplicate rates.
     #[arg(long)]
     source: Option<String>,
+    /// A W3C traceparent (00-<trace-id>-<parent-id>-<flags>) to store with the
+    /// intent; a malformed one is not stored.
+    #[arg(long)]
+    traceparent: Option<String>,
+    /// The W3C tracestate that goes with --traceparent (stored only with a
+    /// valid one).
+    #[arg(long)]
+    tracestate: Option<String>,
     /// Print the result as JSON (id, duplicate).
     #[arg(long)]
     json: bool,
@@ -67,6 +75,8 @@ pub async fn enqueue(store: &Store, a: EnqueueArgs) -> Outcome {
         run_after: a.run_after,
         ordering_key: a.ordering_key,
         source: a.source,
+        traceparent: a.traceparent,
+        tracestate: a.tracestate,
         ..NewIntent::new(a.key, a.kind, serde_json::Value::Null)
     };
     let r = store_enqueue(store.pool(), &intent)

@@ -37,6 +37,16 @@ pub struct NewIntent {
     pub ordering_key: Option<String>,
     /// Which client or service enqueued it, to see duplicate rates per source.
     pub source: Option<String>,
+    /// The W3C `traceparent` of the trace this intent belongs to, e.g.
+    /// `00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01`. `None`
+    /// takes the transaction's `outbox.traceparent` setting, if any. A
+    /// malformed value is not stored (the intent gets no context) and never
+    /// fails the enqueue.
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` that goes with `traceparent`: stored only with a
+    /// valid explicit `traceparent` (with the setting's, the setting
+    /// `outbox.tracestate` is taken instead).
+    pub tracestate: Option<String>,
 }
 
 impl NewIntent {
@@ -49,6 +59,8 @@ impl NewIntent {
             run_after: None,
             ordering_key: None,
             source: None,
+            traceparent: None,
+            tracestate: None,
         }
     }
 }
@@ -118,22 +130,34 @@ impl From<sqlx::Error> for EnqueueError {
 
 /// Call `outbox.enqueue` on any executor: a pool, a connection, or (the
 /// point of an outbox) `&mut *tx` inside the business transaction.
+///
+/// The trace context's parameters are sent only with a `traceparent` (a
+/// `tracestate` alone would not be stored), so an intent without one is
+/// enqueued by the same call as before them, on a schema not yet migrated
+/// to them too.
 pub async fn enqueue<'e, E>(executor: E, intent: &NewIntent) -> Result<Enqueued, EnqueueError>
 where
     E: sqlx::PgExecutor<'e>,
 {
-    let (id, duplicate): (i64, bool) = sqlx::query_as(
-        "SELECT id, duplicate FROM outbox.enqueue($1, $2, $3, $4, coalesce($5, now()), $6, $7)",
-    )
+    let traced = intent.traceparent.is_some();
+    let query = sqlx::query_as(if traced {
+        "SELECT id, duplicate FROM outbox.enqueue($1, $2, $3, $4, coalesce($5, now()), $6, $7, $8, $9)"
+    } else {
+        "SELECT id, duplicate FROM outbox.enqueue($1, $2, $3, $4, coalesce($5, now()), $6, $7)"
+    })
     .bind(&intent.key)
     .bind(&intent.kind)
     .bind(&intent.payload)
     .bind(&intent.destination)
     .bind(intent.run_after)
     .bind(&intent.ordering_key)
-    .bind(&intent.source)
-    .fetch_one(executor)
-    .await?;
+    .bind(&intent.source);
+    let query = if traced {
+        query.bind(&intent.traceparent).bind(&intent.tracestate)
+    } else {
+        query
+    };
+    let (id, duplicate): (i64, bool) = query.fetch_one(executor).await?;
     Ok(Enqueued { id, duplicate })
 }
 
@@ -143,7 +167,10 @@ where
 /// `p_source` per call, so intents are sent in runs of equal `source`
 /// (one statement for the usual slice whose intents share it). Any
 /// executor, as for [`enqueue`]; inside a transaction an error leaves none
-/// of the slice written.
+/// of the slice written. Trace contexts go as `p_traceparents` and
+/// `p_tracestates` only when some intent of the run has a `traceparent`
+/// (otherwise every intent takes the transaction's setting, if any, and
+/// the call is the one made before those parameters existed).
 pub async fn enqueue_all(
     conn: &mut sqlx::PgConnection,
     intents: &[NewIntent],
@@ -155,18 +182,32 @@ pub async fn enqueue_all(
                 run.iter().map($f).collect::<Vec<_>>()
             };
         }
-        let rows: Vec<(i32, i64, bool)> = sqlx::query_as(
-            "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, $4, $5, $6, $7)",
-        )
+        let traced = run.iter().any(|i| i.traceparent.is_some());
+        let query = sqlx::query_as(if traced {
+            "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+        } else {
+            "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, $4, $5, $6, $7)"
+        })
         .bind(col!(|i| i.key.as_str()))
         .bind(col!(|i| i.kind.as_str()))
         .bind(col!(|i| &i.payload))
         .bind(col!(|i| i.destination.as_deref()))
         .bind(col!(|i| i.run_after))
         .bind(col!(|i| i.ordering_key.as_deref()))
-        .bind(run[0].source.as_deref())
-        .fetch_all(&mut *conn)
-        .await?;
+        .bind(run[0].source.as_deref());
+        let query = if traced {
+            // no tracestate in the run: NULL rather than an array of NULLs
+            let tracestates = run
+                .iter()
+                .any(|i| i.tracestate.is_some())
+                .then(|| col!(|i| i.tracestate.as_deref()));
+            query
+                .bind(col!(|i| i.traceparent.as_deref()))
+                .bind(tracestates)
+        } else {
+            query
+        };
+        let rows: Vec<(i32, i64, bool)> = query.fetch_all(&mut *conn).await?;
         debug_assert!(rows.iter().enumerate().all(|(i, r)| r.0 as usize == i + 1));
         out.extend(
             rows.into_iter()

@@ -233,14 +233,15 @@ async fn enqueue_refuses_bad_input_with_clear_errors() {
 
 #[tokio::test]
 async fn replacing_enqueue_kept_its_least_privilege_setup() {
-    // 0004 re-creates outbox.enqueue: it must still run as its owner with a
-    // fixed search_path (0003), and PUBLIC must still not execute it
+    // 0004 re-creates outbox.enqueue, and 0016 drops it for a new signature:
+    // it must still run as its owner with a fixed search_path (0003), and
+    // PUBLIC must still not execute it
     let db = TestDb::new().await;
     let (definer, config, public): (bool, Vec<String>, bool) = sqlx::query_as(
         "SELECT p.prosecdef, p.proconfig,
                 has_function_privilege('public', p.oid, 'EXECUTE')
            FROM pg_proc p
-          WHERE p.oid = 'outbox.enqueue(text, text, jsonb, text, timestamptz, text, text)'::regprocedure",
+          WHERE p.oid = 'outbox.enqueue(text, text, jsonb, text, timestamptz, text, text, text, text)'::regprocedure",
     )
     .fetch_one(db.pool())
     .await

@@ -42,4 +42,5 @@ mod reference;
 mod schedules;
 mod secrets;
 mod tls;
+mod trace_context;
 mod traces;

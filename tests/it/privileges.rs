@@ -161,6 +161,66 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_application_role_enqueues_with_a_trace_context() {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const TP2: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let db = TestDb::new().await;
+    roles(&db).await;
+    let app = Store::connect(&url_as(&db, "t_outbox_app"), 2)
+        .await
+        .unwrap();
+    let target = json!({"url": "http://127.0.0.1:9/", "body": 1});
+    // explicit, through outbox.enqueue and outbox.enqueue_many
+    let traced = NewIntent {
+        traceparent: Some(TP.into()),
+        tracestate: Some("rojo=1".into()),
+        ..NewIntent::new("trace:1", "webhook", target.clone())
+    };
+    assert!(!enqueue(app.pool(), &traced).await.unwrap().duplicate);
+    let mut conn = app.pool().acquire().await.unwrap();
+    let batch = [NewIntent {
+        traceparent: Some(TP2.into()),
+        ..NewIntent::new("trace:2", "webhook", target.clone())
+    }];
+    outbox_relay::store::enqueue_all(&mut conn, &batch)
+        .await
+        .unwrap();
+    drop(conn);
+    // from SET LOCAL, through the view
+    let mut tx = app.pool().begin().await.unwrap();
+    sqlx::query(&format!("SET LOCAL outbox.traceparent = '{TP2}'"))
+        .execute(&mut *tx)
+        .await
+        .expect("the application role sets outbox.traceparent");
+    sqlx::query("INSERT INTO outbox.outbox (key, kind, payload) VALUES ('trace:3', 'webhook', $1)")
+        .bind(&target)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let stored: Vec<(String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT key, traceparent, tracestate FROM outbox.intents ORDER BY key")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        stored,
+        [
+            ("trace:1".into(), Some(TP.into()), Some("rojo=1".into())),
+            ("trace:2".into(), Some(TP2.into()), None),
+            ("trace:3".into(), Some(TP2.into()), None),
+        ]
+    );
+    // the checks behind it are not the application's to call
+    let err = sqlx::query("SELECT outbox.valid_traceparent('x')")
+        .execute(app.pool())
+        .await
+        .unwrap_err();
+    assert!(denied(err));
+    app.pool().close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_role_reads_and_acts_but_never_touches_payloads_or_creates_intents() {
     use outbox_relay::console::Role;
     use outbox_relay::store::console::Search;
