@@ -209,6 +209,12 @@ async fn an_operator_finds_an_incident_retries_it_in_bulk_and_sees_it_delivered(
     assert!(text(b, "#provider-key")
         .await
         .starts_with("webhook-id msg_"));
+    // no trace context was enqueued: the trace the relay derives from the key
+    let trace = text(b, "#trace-id").await;
+    assert!(
+        trace.ends_with("derived from the key") && trace.len() > 32,
+        "{trace}"
+    );
     let opened = b.current_url().await.unwrap();
 
     // a hostile payload is shown as text and runs nothing

@@ -123,3 +123,59 @@ async fn an_api_post_that_is_not_json_is_told_so_and_a_cross_site_form_is_still_
     assert_eq!(cross.status, 403, "{}", cross.body);
     assert!(cross.body.contains("CSRF"), "{}", cross.body);
 }
+
+/// The intent page names the intent's trace (the application's, else the
+/// one derived from its key) and links it through `console.trace_url`,
+/// escaped.
+#[tokio::test]
+async fn the_intent_page_names_and_links_its_trace() {
+    let db = TestDb::new().await;
+    let traced: i64 = sqlx::query_scalar(
+        "SELECT id FROM outbox.enqueue('traced', 'webhook', '{\"url\": \"http://127.0.0.1:9/\", \"body\": 1}', \
+         p_traceparent => '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let plain = db
+        .enqueue(
+            "plain",
+            "webhook",
+            json!({"url": "http://127.0.0.1:9/", "body": 2}),
+        )
+        .await;
+    let console = ConsoleServer::start_with(&db, &[], |c| {
+        c.console.trace_url =
+            Some("https://tracing.example/trace/{trace_id}?from=outbox&x=\"".into());
+    })
+    .await;
+    let mut s = Session::new(&console);
+    let page = s.get(&format!("/intents/{traced}")).await.body;
+    assert!(
+        page.contains(
+            "<a href=\"https://tracing.example/trace/0af7651916cd43dd8448eb211c80319c?from=outbox&#38;x=&#34;\""
+        ) || page.contains(
+            "<a href=\"https://tracing.example/trace/0af7651916cd43dd8448eb211c80319c?from=outbox&amp;x=&quot;\""
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains("the application&#39;s") || page.contains("the application's"),
+        "{page}"
+    );
+    let page = s.get(&format!("/intents/{plain}")).await.body;
+    let derived = db.store.find("plain").await.unwrap().trace_id();
+    assert!(
+        page.contains(&derived) && page.contains("derived from the key"),
+        "{page}"
+    );
+    let api: serde_json::Value =
+        serde_json::from_str(&s.get(&format!("/api/v1/intents/{traced}")).await.body).unwrap();
+    assert_eq!(
+        api["intent"]["traceparent"]
+            .as_str()
+            .or(api["traceparent"].as_str()),
+        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        "{api}"
+    );
+}

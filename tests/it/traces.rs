@@ -347,6 +347,12 @@ async fn a_redelivery_after_a_sigkilled_relay_stays_in_the_applications_trace() 
         ],
         "{spans:#?}"
     );
+    for s in &spans {
+        eprintln!(
+            "span {} parent {} {:?} kind {} status {} {:?}",
+            s.span_id, s.parent_span_id, s.name, s.kind, s.status_code, s.attributes
+        );
+    }
     let reconcile = spans.iter().find(|s| s.name == "outbox.reconcile").unwrap();
     assert_eq!(reconcile.attr("outbox.previous_owner"), Some("doomed"));
     assert_eq!(reconcile.attr("outbox.reconcile.result"), Some("redeliver"));
@@ -522,5 +528,31 @@ async fn a_python_applications_span_is_the_parent_of_the_relays_attempt() {
     assert_eq!(
         rx.requests()[0].header("traceparent"),
         Some(format!("00-{}-{}-01", app.trace_id, attempt.span_id))
+    );
+}
+
+/// The tracing guide's SQL example runs as copied and stores its context.
+#[tokio::test]
+async fn the_tracing_guides_example_runs_as_copied() {
+    let page = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/guides/tracing.md"
+    ));
+    let start = page.find("```sql\n").expect("a SQL example") + "```sql\n".len();
+    let example = &page[start..start + page[start..].find("```").unwrap()];
+    let db = TestDb::new().await;
+    sqlx::raw_sql(example)
+        .execute(db.pool())
+        .await
+        .unwrap_or_else(|e| panic!("{e}:\n{example}"));
+    let stored: Option<String> = sqlx::query_scalar(
+        "SELECT traceparent FROM outbox.intents WHERE key = 'order:44:confirmation'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        stored.as_deref(),
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
     );
 }
