@@ -271,6 +271,13 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
         ("key generation", intent.key_generation.to_string()),
         ("duplicates", intent.duplicates.to_string()),
         ("source", opt(intent.source.as_deref())),
+        (
+            "trace",
+            match &intent.traceparent {
+                Some(parent) => format!("{} (traceparent {parent})", intent.trace_id()),
+                None => format!("{} (derived from the key)", intent.trace_id()),
+            },
+        ),
         ("created", time(intent.created_at)),
         ("updated", time(intent.updated_at)),
         ("delivered", opt(intent.delivered_at.map(time))),

@@ -651,6 +651,17 @@ async fn the_cli_enqueues_with_a_trace_context() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(context(&db, "cli:traced").await, ctx(Some(TP), Some(TS)));
+    // `show` names the trace and where it came from
+    let shown = common::cli(&db, &["show", "cli:traced"]).await;
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    let trace_line = shown
+        .lines()
+        .find(|l| l.starts_with("trace "))
+        .unwrap_or_default();
+    assert!(
+        trace_line.contains(&TP[3..35]) && trace_line.contains(&format!("(traceparent {TP})")),
+        "{shown}"
+    );
     let out = common::cli(
         &db,
         &[
@@ -672,6 +683,9 @@ async fn the_cli_enqueues_with_a_trace_context() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(context(&db, "cli:malformed").await, ctx(None, None));
+    let shown = common::cli(&db, &["show", "cli:malformed"]).await;
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("(derived from the key)"), "{shown}");
 }
 
 #[tokio::test]
