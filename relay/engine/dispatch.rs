@@ -422,12 +422,7 @@ async fn attempt_at(
         };
         return (outcome, policy);
     }
-    let shape = if d.tracer.is_on() {
-        provider.span_shape(&delivery)
-    } else {
-        outbox_providers::SpanShape::plain(&claim.kind)
-    };
-    let span = d.tracer.attempt(&who, shape);
+    let span = d.tracer.attempt(&who, || provider.span_shape(&delivery));
     let log = tracing::Span::current();
     log.record("trace_id", span.trace_id());
     log.record("span_id", span.span_id());

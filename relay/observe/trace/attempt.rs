@@ -33,8 +33,13 @@ pub struct Attempt {
 }
 
 impl Tracer {
-    /// Start the span of an attempt shaped by its provider.
-    pub fn attempt(&self, who: &Identity<'_>, shape: SpanShape) -> Attempt {
+    /// Start the span of an attempt shaped by its provider (`shape` is
+    /// asked only when spans are exported).
+    pub fn attempt(&self, who: &Identity<'_>, shape: impl FnOnce() -> SpanShape) -> Attempt {
+        if !self.is_on() {
+            return forwarded(who);
+        }
+        let shape = shape();
         let kind = match shape.kind {
             Kind::Client => SpanKind::Client,
             Kind::Producer => SpanKind::Producer,
@@ -55,6 +60,9 @@ impl Tracer {
     /// Start the span of a reconcile: what became of an attempt whose
     /// lease was lost.
     pub fn reconcile(&self, who: &Identity<'_>, previous_owner: &str) -> Attempt {
+        if !self.is_on() {
+            return forwarded(who);
+        }
         let mut attributes = identity(who);
         attributes.push(KeyValue::new(
             "outbox.previous_owner",
@@ -76,15 +84,7 @@ impl Tracer {
         attributes: Vec<KeyValue>,
     ) -> Attempt {
         let Some(tracer) = self.sdk() else {
-            // no export: the application's own context goes out unchanged
-            let ids = who.context.ids();
-            return Attempt {
-                span: None,
-                traceparent: who.context.traceparent.map(str::to_string),
-                tracestate: who.context.tracestate.map(str::to_string),
-                trace_id: ids.map(|(t, _)| t.to_string()),
-                span_id: ids.map(|(_, s)| s.to_string()),
-            };
+            return forwarded(who);
         };
         let builder = SpanBuilder::from_name(name)
             .with_kind(kind)
@@ -106,6 +106,18 @@ impl Tracer {
             trace_id: Some(sc.trace_id().to_string()),
             span_id: Some(sc.span_id().to_string()),
         }
+    }
+}
+
+/// No export: the application's own context goes out unchanged.
+fn forwarded(who: &Identity<'_>) -> Attempt {
+    let ids = who.context.ids();
+    Attempt {
+        span: None,
+        traceparent: who.context.traceparent.map(str::to_string),
+        tracestate: who.context.tracestate.map(str::to_string),
+        trace_id: ids.map(|(t, _)| t.to_string()),
+        span_id: ids.map(|(_, s)| s.to_string()),
     }
 }
 
