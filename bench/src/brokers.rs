@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use outbox_relay::config::{Config, Dur};
-use outbox_relay::store::{enqueue_all, NewIntent, Store};
+use outbox_relay::store::{enqueue_many, NewIntent, Store};
 use outbox_relay::{Engine, EngineConfig};
 use serde::Serialize;
 use serde_json::json;
@@ -70,7 +70,7 @@ async fn enqueue(
         let batch: Vec<NewIntent> = (start..(start + 1000).min(n))
             .map(|i| NewIntent::new(format!("{prefix}{i}"), kind, payload(i)))
             .collect();
-        enqueue_all(&mut conn, &batch).await?;
+        enqueue_many(&mut conn, &batch).await?;
     }
     Ok(())
 }

@@ -199,7 +199,7 @@ impl Failure {
             StoreError::NotFound(_) => 3,
             StoreError::InvalidState { .. } => 4,
             StoreError::Enqueue(EnqueueError::Conflict { .. }) => 4,
-            StoreError::Enqueue(EnqueueError::Invalid(_))
+            StoreError::Enqueue(EnqueueError::Invalid { .. })
             | StoreError::Enqueue(EnqueueError::PayloadTooLarge { .. }) => 2,
             StoreError::Enqueue(EnqueueError::Database(e)) | StoreError::Database(e) => {
                 if is_unreachable(e) {

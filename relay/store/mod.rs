@@ -22,7 +22,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 pub use claims::{ClaimQuery, Claimed, Completion, Written};
-pub use enqueue::{enqueue, enqueue_all, EnqueueError, Enqueued, NewIntent};
+pub use enqueue::{enqueue, enqueue_many, EnqueueError, Enqueued, NewIntent};
 
 /// The migrations in `schema/`, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./schema");

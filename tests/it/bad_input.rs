@@ -337,7 +337,7 @@ async fn every_bad_input_is_refused_with_its_reason_and_nothing_is_lost_or_sent(
             ..NewIntent::new(p.key.clone(), c.kind.clone(), payload.clone())
         };
         match enqueue(db.pool(), &intent).await {
-            Err(e @ (EnqueueError::Invalid(_) | EnqueueError::PayloadTooLarge { .. }))
+            Err(e @ (EnqueueError::Invalid { .. } | EnqueueError::PayloadTooLarge { .. }))
                 if e.to_string().contains(&c.reason_contains) =>
             {
                 if c.sqlstate.as_deref() == Some("OB413")

@@ -191,7 +191,7 @@ async fn enqueue_refuses_bad_input_with_clear_errors() {
         let e = enqueue(db.pool(), &NewIntent::new(key, kind, payload))
             .await
             .unwrap_err();
-        assert!(matches!(e, EnqueueError::Invalid(_)), "{e:?}");
+        assert!(matches!(e, EnqueueError::Invalid { .. }), "{e:?}");
         assert!(e.to_string().contains(needle), "{e}");
     }
     // the size limit has its own SQLSTATE (OB413) and error; the message

@@ -1,11 +1,11 @@
 //! `outbox.enqueue_many` (one statement, each row as `outbox.enqueue` would
-//! answer it), the Rust `enqueue_all` over it, and the insertable view
+//! answer it), the Rust `enqueue_many` over it, and the insertable view
 //! `outbox.outbox`.
 
 use std::time::Duration;
 
 use crate::common::TestDb;
-use outbox_relay::store::{enqueue, enqueue_all, EnqueueError, NewIntent};
+use outbox_relay::store::{enqueue, enqueue_many, EnqueueError, NewIntent};
 use serde_json::{json, Value};
 
 fn p(n: i64) -> Value {
@@ -262,7 +262,7 @@ async fn under_repeatable_read_every_row_still_gets_its_answer() {
 }
 
 #[tokio::test]
-async fn enqueue_all_sends_a_slice_in_one_statement_per_source() {
+async fn enqueue_many_sends_a_slice_in_one_statement_per_source() {
     let db = TestDb::new().await;
     let mut intents: Vec<NewIntent> = (0..5)
         .map(|i| NewIntent::new(format!("r:{i}"), "webhook", p(i)))
@@ -270,10 +270,10 @@ async fn enqueue_all_sends_a_slice_in_one_statement_per_source() {
     intents[3].source = Some("billing".into());
     intents[4].source = Some("billing".into());
     let mut conn = db.pool().acquire().await.unwrap();
-    let got = enqueue_all(&mut conn, &intents).await.unwrap();
+    let got = enqueue_many(&mut conn, &intents).await.unwrap();
     assert_eq!(got.len(), 5);
     assert!(got.iter().all(|e| !e.duplicate));
-    let again = enqueue_all(&mut conn, &intents).await.unwrap();
+    let again = enqueue_many(&mut conn, &intents).await.unwrap();
     assert_eq!(
         again.iter().map(|e| e.id).collect::<Vec<_>>(),
         got.iter().map(|e| e.id).collect::<Vec<_>>()
@@ -287,7 +287,7 @@ async fn enqueue_all_sends_a_slice_in_one_statement_per_source() {
     assert_eq!(sources[2], None);
     assert_eq!(sources[3].as_deref(), Some("billing"));
     intents[1].payload = p(100);
-    match enqueue_all(&mut conn, &intents).await {
+    match enqueue_many(&mut conn, &intents).await {
         Err(EnqueueError::Conflict { message, .. }) => {
             assert!(message.contains("r:1"), "{message}")
         }

@@ -74,7 +74,7 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read_a
     assert_eq!(key.len(), 64);
     // ... the set form, and an INSERT into the outbox view
     let mut conn = app.pool().acquire().await.unwrap();
-    let batch = outbox_relay::store::enqueue_all(
+    let batch = outbox_relay::store::enqueue_many(
         &mut conn,
         &[NewIntent::new(
             "priv:2",
@@ -182,7 +182,7 @@ async fn the_application_role_enqueues_with_a_trace_context() {
         traceparent: Some(TP2.into()),
         ..NewIntent::new("trace:2", "webhook", target.clone())
     }];
-    outbox_relay::store::enqueue_all(&mut conn, &batch)
+    outbox_relay::store::enqueue_many(&mut conn, &batch)
         .await
         .unwrap();
     drop(conn);

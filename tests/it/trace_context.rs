@@ -6,7 +6,7 @@
 //! signatures keeps the EXECUTE grants a deployment made.
 
 use crate::common::{self, TestDb};
-use outbox_relay::store::{enqueue, enqueue_all, NewIntent};
+use outbox_relay::store::{enqueue, enqueue_many, NewIntent};
 use serde_json::{json, Value};
 use sqlx::Connection;
 
@@ -143,7 +143,7 @@ async fn the_rust_batch_sends_each_intents_own_context() {
         with("b4", None, Some(TS), Some("other")),
         with("b5", None, None, Some("other")),
     ];
-    let out = enqueue_all(&mut tx, &batch).await.unwrap();
+    let out = enqueue_many(&mut tx, &batch).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(out.len(), 5);
     assert!(out.iter().all(|r| !r.duplicate));
@@ -786,7 +786,7 @@ async fn an_upgrade_keeps_the_execute_grants_made_on_the_old_signatures() {
             .duplicate
     );
     let mut conn = db.pool().acquire().await.unwrap();
-    enqueue_all(&mut conn, &[plain("before:batch")])
+    enqueue_many(&mut conn, &[plain("before:batch")])
         .await
         .unwrap();
     drop(conn);
@@ -862,7 +862,7 @@ async fn an_upgrade_keeps_the_execute_grants_made_on_the_old_signatures() {
             .duplicate
     );
     let mut conn = db.pool().acquire().await.unwrap();
-    enqueue_all(&mut conn, &[plain("after:batch")])
+    enqueue_many(&mut conn, &[plain("after:batch")])
         .await
         .unwrap();
     drop(conn);

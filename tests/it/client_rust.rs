@@ -1,0 +1,201 @@
+//! The Rust client (`outbox-client`) against real Postgres and the real
+//! engine: an intent committed with its business row is delivered, a
+//! rollback leaves neither, duplicates and conflicts are told apart, a
+//! batch answers in input order, and a current OpenTelemetry span's trace
+//! reaches the receiver.
+
+use opentelemetry::context::FutureExt as _;
+use opentelemetry::trace::{Span as _, TraceContextExt as _, Tracer as _, TracerProvider as _};
+use outbox_client::{
+    enqueue, enqueue_many, Amqp, Charge, Email, EnqueueError, Nats, NewIntent, Webhook,
+};
+use serde_json::json;
+
+use crate::common::{config, engine, Receiver, TestDb};
+
+async fn orders(db: &TestDb) {
+    sqlx::query("CREATE TABLE orders (id bigint PRIMARY KEY)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+}
+
+async fn order_count(db: &TestDb, id: i64) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders WHERE id = $1")
+        .bind(id)
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intent_commits_and_rolls_back_with_its_business_row() {
+    let db = TestDb::new().await;
+    orders(&db).await;
+    let rx = Receiver::ok().await;
+    for (id, commit) in [(1, true), (2, false)] {
+        let mut tx = db.pool().begin().await.unwrap();
+        sqlx::query("INSERT INTO orders (id) VALUES ($1)")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let hook = Webhook::new(rx.url("/orders"), json!({"order": id})).header("X-Tenant", "t1");
+        let r = enqueue(
+            &mut *tx,
+            &NewIntent::of(format!("order:{id}"), hook).source("shop"),
+        )
+        .await
+        .unwrap();
+        assert!(!r.duplicate);
+        if commit {
+            tx.commit().await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+    }
+    assert_eq!(
+        (order_count(&db, 1).await, order_count(&db, 2).await),
+        (1, 0)
+    );
+    assert_eq!(db.count("key = 'order:2'").await, 0, "rolled back together");
+    engine(db.store.clone(), &config())
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(db.state("order:1").await, "delivered");
+    let got = rx.requests();
+    assert_eq!(got.len(), 1);
+    assert!(got[0].webhook_id().starts_with("msg_"));
+    assert_eq!(got[0].header("x-tenant").as_deref(), Some("t1"));
+    assert_eq!(&got[0].body[..], br#"{"order": 1}"#);
+}
+
+#[tokio::test]
+async fn a_duplicate_is_told_and_a_conflict_names_its_key() {
+    let db = TestDb::new().await;
+    orders(&db).await;
+    let intent = NewIntent::of("order:7", Nats::new("orders.created", json!({"id": 7})));
+    let first = enqueue(db.pool(), &intent).await.unwrap();
+    let again = enqueue(db.pool(), &intent).await.unwrap();
+    assert_eq!((again.id, again.duplicate), (first.id, true));
+
+    let mut tx = db.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id) VALUES (7)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let other = NewIntent::of("order:7", Nats::new("orders.created", json!({"id": 8})));
+    let err = enqueue(&mut *tx, &other).await.unwrap_err();
+    match &err {
+        EnqueueError::Conflict { key, message, .. } => {
+            assert_eq!(key, "order:7");
+            assert!(message.contains("already used"), "{message}");
+        }
+        e => panic!("not a conflict: {e:?}"),
+    }
+    assert_eq!(err.sqlstate().as_deref(), Some("OB409"));
+    drop(tx); // the caller's transaction, which the error aborted
+    assert_eq!(
+        order_count(&db, 7).await,
+        0,
+        "the business row is not committed"
+    );
+
+    let err = enqueue(db.pool(), &NewIntent::of("", Nats::new("a", json!(1))))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, EnqueueError::Invalid { sqlstate, message } if sqlstate == "22023" && message.contains("key must not be empty")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_answers_in_input_order_and_names_a_conflicts_key() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool().acquire().await.unwrap();
+    let old = enqueue(
+        &mut *conn,
+        &NewIntent::of("b", Charge::new(100, "usd", "pm_card_visa")),
+    )
+    .await
+    .unwrap();
+    let batch = [
+        NewIntent::of("a", Email::new(["a@x.example"], "Hi").text("hello")),
+        NewIntent::of("b", Charge::new(100, "usd", "pm_card_visa")),
+        NewIntent::of(
+            "c",
+            Amqp::new("orders", "created", json!({"id": 3})).header("v", 2),
+        ),
+        NewIntent::of("d", Webhook::to_endpoint("partner", json!({"id": 4}))),
+    ];
+    let answers = enqueue_many(&mut conn, &batch).await.unwrap();
+    assert_eq!(
+        answers.iter().map(|a| a.duplicate).collect::<Vec<_>>(),
+        [false, true, false, false]
+    );
+    assert_eq!(answers[1].id, old.id);
+    let ids: Vec<(i64, String)> =
+        sqlx::query_as("SELECT id, key FROM outbox.intents WHERE key IN ('a', 'c', 'd')")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    for (i, key) in [(0, "a"), (2, "c"), (3, "d")] {
+        assert!(ids.contains(&(answers[i].id, key.to_string())), "{ids:?}");
+    }
+    let destination: Option<String> =
+        sqlx::query_scalar("SELECT destination FROM outbox.intents WHERE key = 'd'")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(destination.as_deref(), Some("partner"));
+    let clash = [
+        NewIntent::of("e", Nats::new("x", json!(1))),
+        NewIntent::of("c", Amqp::new("orders", "created", json!({"id": 99}))),
+    ];
+    match enqueue_many(&mut conn, &clash).await {
+        Err(EnqueueError::Conflict { key, .. }) => assert_eq!(key, "c"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        db.count("key = 'e'").await,
+        0,
+        "one statement: nothing of it written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_current_spans_trace_reaches_the_receiver() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let span = provider.tracer("checkout").start("POST /orders");
+    let trace_id = span.span_context().trace_id().to_string();
+    let cx = opentelemetry::Context::current_with_span(span);
+    let hook = Webhook::new(rx.url("/traced"), json!(1));
+    enqueue(db.pool(), &NewIntent::of("traced", hook))
+        .with_context(cx)
+        .await
+        .unwrap();
+    let batch = [NewIntent::of(
+        "untraced",
+        Webhook::new(rx.url("/untraced"), json!(2)),
+    )];
+    enqueue_many(&mut db.pool().acquire().await.unwrap(), &batch)
+        .await
+        .unwrap();
+    engine(db.store.clone(), &config())
+        .run_once()
+        .await
+        .unwrap();
+    let header = |path: &str| {
+        rx.requests()
+            .into_iter()
+            .find(|r| r.path == path)
+            .and_then(|r| r.header("traceparent"))
+    };
+    let sent = header("/traced").expect("a traceparent");
+    assert_eq!(&sent[3..35], trace_id, "{sent}");
+    assert_eq!(header("/untraced"), None, "no span was current");
+}
