@@ -69,6 +69,26 @@ async fn enqueue_traced(db: &TestDb, traceparent: Option<&str>, intents: &[(&str
     tx.commit().await.unwrap();
 }
 
+/// Run an engine exporting to `collector` until `intents` are settled,
+/// flush, and wait for `spans` spans (at most 10 s more): the spans then.
+async fn deliver_traced(
+    db: &TestDb,
+    collector: &Collector,
+    protocol: Protocol,
+    intents: i64,
+    spans: usize,
+) -> Vec<SpanSeen> {
+    let tracer = Tracer::start(&export(collector, protocol, 64)).unwrap();
+    run_until(traced_engine(db, &tracer), Duration::from_secs(20), || {
+        delivered_all(db, intents)
+    })
+    .await;
+    tracer.shutdown().await;
+    collector
+        .wait_for(Duration::from_secs(10), |s| s.len() >= spans)
+        .await
+}
+
 async fn delivered_all(db: &TestDb, n: i64) -> bool {
     db.count("state IN ('delivered', 'rejected')").await == n
 }
@@ -105,15 +125,7 @@ async fn an_attempt_is_a_child_of_the_enqueuing_span_and_the_webhook_names_it() 
         ],
     )
     .await;
-    let tracer = Tracer::start(&export(&collector, Protocol::HttpProtobuf, 64)).unwrap();
-    run_until(traced_engine(&db, &tracer), Duration::from_secs(20), || {
-        delivered_all(&db, 2)
-    })
-    .await;
-    tracer.shutdown().await;
-    let spans = collector
-        .wait_for(Duration::from_secs(10), |s| s.len() >= 2)
-        .await;
+    let spans = deliver_traced(&db, &collector, Protocol::HttpProtobuf, 2, 2).await;
 
     let hook = by_key(&spans, "order:1:hook");
     assert_eq!(hook.len(), 1, "{spans:#?}");
@@ -236,15 +248,7 @@ async fn an_intent_without_context_has_its_own_trace_across_attempts() {
         &[("lonely", json!({"url": rx.url("/l"), "body": 1}))],
     )
     .await;
-    let tracer = Tracer::start(&export(&collector, Protocol::Grpc, 64)).unwrap();
-    run_until(traced_engine(&db, &tracer), Duration::from_secs(20), || {
-        delivered_all(&db, 1)
-    })
-    .await;
-    tracer.shutdown().await;
-    let spans = collector
-        .wait_for(Duration::from_secs(10), |s| s.len() >= 2)
-        .await;
+    let spans = deliver_traced(&db, &collector, Protocol::Grpc, 1, 2).await;
     let intent = db.store.find("lonely").await.unwrap();
     let attempts = by_key(&spans, "lonely");
     assert_eq!(attempts.len(), 2, "{spans:#?}");
@@ -505,15 +509,7 @@ async fn a_python_applications_span_is_the_parent_of_the_relays_attempt() {
     .unwrap();
     assert_eq!(stored.as_deref(), said["traceparent"].as_str());
 
-    let tracer = Tracer::start(&export(&collector, Protocol::HttpProtobuf, 64)).unwrap();
-    run_until(traced_engine(&db, &tracer), Duration::from_secs(20), || {
-        delivered_all(&db, 1)
-    })
-    .await;
-    tracer.shutdown().await;
-    let spans = collector
-        .wait_for(Duration::from_secs(10), |s| s.len() >= 2)
-        .await;
+    let spans = deliver_traced(&db, &collector, Protocol::HttpProtobuf, 1, 2).await;
     let app = spans
         .iter()
         .find(|s| s.service == "checkout")
