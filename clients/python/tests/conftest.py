@@ -129,7 +129,7 @@ class Db:
     def __init__(self, url: str) -> None:
         self.conn = psycopg.connect(url, autocommit=True)
         self.conn.execute(
-            "CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, note text NOT NULL)"
+            "CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, total bigint, note text)"
         )
 
     def order_exists(self, order_id: int) -> bool:
