@@ -241,16 +241,29 @@ def test_misuse_is_refused_before_anything_is_sent(receiver: Receiver) -> None:
         enqueue(no_conn, "k", Webhook(url="https://h/x", body=1))
 
 
-def test_a_cursor_and_a_dict_row_connection_work_too(
+def test_cursors_and_cursor_factories_of_every_sort_work_too(
     database_url: str, db: Db, unique: Unique
 ) -> None:
+    nats = Nats(subject="orders.paid", body=1)
     with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
         with conn.transaction(), conn.cursor() as cur:
             cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'cursor')", (unique.order_id,))
-            r = enqueue(cur, unique.key("via-cursor"), Nats(subject="orders.paid", body=1))
-        with conn.transaction(), psycopg.RawCursor(conn) as raw:
-            again = enqueue(raw, unique.key("via-cursor"), Nats(subject="orders.paid", body=1))
-    assert again == Enqueued(r.id, True)
+            r = enqueue(cur, unique.key("via-cursor"), nats)
+        with conn.transaction(), conn.cursor(name="server-side") as server_cursor:
+            assert enqueue(server_cursor, unique.key("via-cursor"), nats) == Enqueued(r.id, True)
+    # a connection whose cursors take $1 placeholders, and one that binds client-side
+    for factory in (psycopg.RawCursor, psycopg.ClientCursor):
+        with (
+            psycopg.connect(database_url, cursor_factory=factory) as conn,
+            conn.transaction(),
+        ):
+            assert enqueue(conn, unique.key("via-cursor"), nats) == Enqueued(r.id, True)
+            [again, new] = enqueue_many(
+                conn.cursor(),
+                [(unique.key("via-cursor"), nats), (unique.key(factory.__name__), nats)],
+            )
+        assert again == Enqueued(r.id, True)
+        assert new.duplicate is False
     assert db.order_exists(unique.order_id)
 
 

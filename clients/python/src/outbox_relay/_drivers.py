@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._errors import Conflict, OutboxError, conflict_key
-from ._sql import _PLACEHOLDER, Statement
+from ._sql import Statement
 
 Rows = list[Sequence[Any]]
 
@@ -38,11 +38,9 @@ def _is(obj: object, module: str, *names: str) -> bool:
 
 
 def _psycopg_sql(cursor: object, stmt: Statement) -> tuple[str, list[object]]:
-    sql, values = stmt.format_style()
     if _is(cursor, "psycopg", "RawCursor", "AsyncRawCursor"):
-        n = iter(range(1, len(values) + 1))
-        sql = _PLACEHOLDER.sub(lambda _: f"${next(n)}", stmt.sql)
-    return sql, values
+        return stmt.dollar_style()
+    return stmt.format_style()
 
 
 def _sqlalchemy_text(stmt: Statement) -> tuple[Any, dict[str, object]]:

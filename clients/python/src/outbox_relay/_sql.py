@@ -46,6 +46,12 @@ class Statement:
 
         return _PLACEHOLDER.sub(one, self.sql), values
 
+    def dollar_style(self) -> tuple[str, list[object]]:
+        """`$1` placeholders and a list: psycopg's RawCursor."""
+        _, values = self.format_style()
+        n = iter(range(1, len(values) + 1))
+        return _PLACEHOLDER.sub(lambda _: f"${next(n)}", self.sql), values
+
     def named_style(self) -> tuple[str, dict[str, object]]:
         """`:name` placeholders and a dict: SQLAlchemy's text()."""
         return _PLACEHOLDER.sub(r":\1", self.sql), dict(self.params)
