@@ -21,6 +21,9 @@ die() {
 
 [ -x "$VENV/bin/python" ] && [ -f "$VENV/.installed" ] ||
 	die "the private environment $VENV is missing: run clients/python/setup.sh first"
+# the same fingerprint setup.sh writes: the lock and the package's metadata
+[ "$(cat "$VENV/.installed")" = "$(cat "$HERE/requirements-test.lock" "$HERE/pyproject.toml" | sha256sum | cut -d' ' -f1)" ] ||
+	die "$VENV was made from another requirements-test.lock or pyproject.toml: run clients/python/setup.sh"
 [ -n "${DATABASE_URL:-}" ] || die "DATABASE_URL is not set (a migrated database)"
 [ -n "${OUTBOX_RELAY_BIN:-}" ] || die "OUTBOX_RELAY_BIN is not set (the relay binary)"
 [ -x "$OUTBOX_RELAY_BIN" ] || die "OUTBOX_RELAY_BIN=$OUTBOX_RELAY_BIN is not an executable"
