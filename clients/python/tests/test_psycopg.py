@@ -242,29 +242,34 @@ def test_misuse_is_refused_before_anything_is_sent(receiver: Receiver) -> None:
 
 
 def test_cursors_and_cursor_factories_of_every_sort_work_too(
-    database_url: str, db: Db, unique: Unique
+    database_url: str, db: Db, relay: Relay, receiver: Receiver, unique: Unique
 ) -> None:
-    nats = Nats(subject="orders.paid", body=1)
+    hook = Webhook(url=receiver.url(unique.path()), body={"via": "cursor"})
     with psycopg.connect(database_url, row_factory=psycopg.rows.dict_row) as conn:
         with conn.transaction(), conn.cursor() as cur:
             cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'cursor')", (unique.order_id,))
-            r = enqueue(cur, unique.key("via-cursor"), nats)
+            r = enqueue(cur, unique.key("via-cursor"), hook)
         with conn.transaction(), conn.cursor(name="server-side") as server_cursor:
-            assert enqueue(server_cursor, unique.key("via-cursor"), nats) == Enqueued(r.id, True)
+            assert enqueue(server_cursor, unique.key("via-cursor"), hook) == Enqueued(r.id, True)
     # a connection whose cursors take $1 placeholders, and one that binds client-side
+    nats = Nats(subject="orders.paid", body=1)
     for factory in (psycopg.RawCursor, psycopg.ClientCursor):
         with (
             psycopg.connect(database_url, cursor_factory=factory) as conn,
             conn.transaction(),
         ):
-            assert enqueue(conn, unique.key("via-cursor"), nats) == Enqueued(r.id, True)
+            assert enqueue(conn, unique.key("via-cursor"), hook) == Enqueued(r.id, True)
             [again, new] = enqueue_many(
                 conn.cursor(),
-                [(unique.key("via-cursor"), nats), (unique.key(factory.__name__), nats)],
+                [(unique.key("via-cursor"), hook), (unique.key(factory.__name__), nats)],
             )
         assert again == Enqueued(r.id, True)
         assert new.duplicate is False
     assert db.order_exists(unique.order_id)
+    relay.run_once()
+    [got] = receiver.at(unique.path())
+    assert got.json() == {"via": "cursor"}
+    assert "webhook-id" in got.headers
 
 
 def test_a_bigint_id_comes_back_whole(database_url: str, db: Db, unique: Unique) -> None:

@@ -34,8 +34,8 @@ def test_a_psycopg2_connection_commits_the_row_and_the_intent_together(
     assert row["id"] == r.id
 
 
-def test_a_psycopg2_rollback_a_duplicate_a_conflict_and_a_refusal(
-    database_url: str, db: Db, receiver: Receiver, unique: Unique
+def test_a_psycopg2_cursor_rollback_duplicate_conflict_and_refusal(
+    database_url: str, db: Db, relay: Relay, receiver: Receiver, unique: Unique
 ) -> None:
     url = receiver.url(unique.path())
     # a RealDictCursor factory: the client reads its rows all the same
@@ -48,13 +48,16 @@ def test_a_psycopg2_rollback_a_duplicate_a_conflict_and_a_refusal(
         assert not db.order_exists(unique.order_id)
         assert db.intent(unique.key("rb")) is None
 
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'cur')", (unique.order_id,))
+            via_cursor = enqueue(cur, unique.key("cur"), Webhook(url=url, body="cursor"))
         first = enqueue(conn, unique.key("d"), Email(to="a@example.com", subject="s", text="t"))
         conn.commit()
         [again, new] = enqueue_many(
             conn,
             [
                 (unique.key("d"), Email(to=["a@example.com"], subject="s", text="t")),
-                (unique.key("n"), Webhook(url=url, body=None)),
+                (unique.key("n"), Webhook(url=receiver.url(unique.path("n")), body=None)),
             ],
         )
         conn.commit()
@@ -62,13 +65,13 @@ def test_a_psycopg2_rollback_a_duplicate_a_conflict_and_a_refusal(
         assert new.duplicate is False
 
         with conn.cursor() as cur:
-            cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'x')", (unique.order_id,))
+            cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'x')", (unique.order_id + 1,))
         with pytest.raises(Conflict) as conflict:
             enqueue(conn, unique.key("d"), Email(to="b@example.com", subject="s", text="t"))
         assert conflict.value.key == unique.key("d")
         assert isinstance(conflict.value.__cause__, psycopg2.Error)
         conn.rollback()
-        assert not db.order_exists(unique.order_id)
+        assert not db.order_exists(unique.order_id + 1)
 
         with pytest.raises(OutboxError) as refused:
             enqueue(conn, "x" * 513, Webhook(url=url, body=1))
@@ -77,3 +80,10 @@ def test_a_psycopg2_rollback_a_duplicate_a_conflict_and_a_refusal(
         conn.rollback()
     finally:
         conn.close()
+    assert db.order_exists(unique.order_id)
+    relay.run_once()
+    [got] = receiver.at(unique.path())
+    assert got.json() == "cursor"
+    row = db.intent(unique.key("cur"))
+    assert row is not None
+    assert row["id"] == via_cursor.id

@@ -88,7 +88,7 @@ async def test_enqueue_many_async_answers_in_input_order(
 
 @pytest.mark.asyncio
 async def test_a_sqlalchemy_async_session(
-    database_url: str, db: Db, receiver: Receiver, unique: Unique
+    database_url: str, db: Db, relay: Relay, receiver: Receiver, unique: Unique
 ) -> None:
     engine = create_async_engine(
         database_url.replace("postgres://", "postgresql+psycopg://", 1).replace(
@@ -102,7 +102,7 @@ async def test_a_sqlalchemy_async_session(
                 {"id": unique.order_id},
             )
             r = await enqueue_async(
-                session, unique.key("orm"), Webhook(url=receiver.url("/orm"), body=1)
+                session, unique.key("orm"), Webhook(url=receiver.url(unique.path()), body="orm")
             )
     finally:
         await engine.dispose()
@@ -110,3 +110,6 @@ async def test_a_sqlalchemy_async_session(
     assert row is not None
     assert row["id"] == r.id
     assert db.order_exists(unique.order_id)
+    relay.run_once()
+    [got] = receiver.at(unique.path())
+    assert got.json() == "orm"

@@ -52,7 +52,7 @@ def test_a_sqlalchemy_connection_over_psycopg2(
 
 
 def test_a_sqlalchemy_session_over_psycopg3(
-    database_url: str, db: Db, receiver: Receiver, unique: Unique
+    database_url: str, db: Db, relay: Relay, receiver: Receiver, unique: Unique
 ) -> None:
     engine = create_engine(_url(database_url, "psycopg"))
     try:
@@ -60,7 +60,9 @@ def test_a_sqlalchemy_session_over_psycopg3(
             session.execute(
                 text("INSERT INTO orders (id, note) VALUES (:id, 'orm')"), {"id": unique.order_id}
             )
-            r = enqueue(session, unique.key("session"), Webhook(url=receiver.url("/s"), body=1))
+            r = enqueue(
+                session, unique.key("session"), Webhook(url=receiver.url(unique.path()), body=1)
+            )
 
         with pytest.raises(OutboxError) as raised, Session(engine) as session, session.begin():
             session.execute(
@@ -76,3 +78,7 @@ def test_a_sqlalchemy_session_over_psycopg3(
     assert db.order_exists(unique.order_id)
     assert raised.value.sqlstate == "22023"
     assert not db.order_exists(unique.order_id + 1)
+    relay.run_once()
+    [got] = receiver.at(unique.path())
+    assert got.json() == 1
+    assert "webhook-id" in got.headers
