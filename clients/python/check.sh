@@ -19,8 +19,9 @@ die() {
 	exit 1
 }
 
-[ -x "$VENV/bin/python" ] && [ -f "$VENV/.installed" ] ||
+if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.installed" ]; then
 	die "the private environment $VENV is missing: run clients/python/setup.sh first"
+fi
 # the same fingerprint setup.sh writes: the lock and the package's metadata
 [ "$(cat "$VENV/.installed")" = "$(cat "$HERE/requirements-test.lock" "$HERE/pyproject.toml" | sha256sum | cut -d' ' -f1)" ] ||
 	die "$VENV was made from another requirements-test.lock or pyproject.toml: run clients/python/setup.sh"
