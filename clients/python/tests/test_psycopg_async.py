@@ -1,4 +1,4 @@
-"""psycopg 3's AsyncConnection and AsyncCursor, and SQLAlchemy's AsyncSession."""
+"""psycopg 3's AsyncConnection and AsyncCursor; SQLAlchemy's AsyncSession and AsyncConnection."""
 
 from __future__ import annotations
 
@@ -104,8 +104,13 @@ async def test_a_sqlalchemy_async_session(
             r = await enqueue_async(
                 session, unique.key("orm"), Webhook(url=receiver.url(unique.path()), body="orm")
             )
+        async with engine.begin() as aconn:
+            dup = await enqueue_async(
+                aconn, unique.key("orm"), Webhook(url=receiver.url(unique.path()), body="orm")
+            )
     finally:
         await engine.dispose()
+    assert dup == Enqueued(r.id, True)
     row = db.intent(unique.key("orm"))
     assert row is not None
     assert row["id"] == r.id
