@@ -16,6 +16,7 @@ mod chaos;
 mod charge;
 mod cli;
 mod client_rust;
+mod clients_python;
 mod console;
 mod console_browser;
 mod console_bulk;

@@ -1,0 +1,35 @@
+"""Write outbox-relay intents inside your own Postgres transaction.
+
+    with psycopg.connect(url) as conn, conn.transaction():
+        conn.execute("INSERT INTO orders (id, total) VALUES (%s, %s)", (42, 1999))
+        enqueue(conn, "order:42:confirmation",
+                Webhook(url="https://hooks.example.com/orders", body={"order": 42}))
+
+The SQL API (`outbox.enqueue`, `outbox.enqueue_many`) is the source of truth;
+this package only types it. It never begins, commits or rolls back a
+transaction, and imports no driver: it uses the connection it is given.
+"""
+
+from ._api import Enqueued, Item, enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from ._errors import Conflict, OutboxError
+from ._intents import JSON, Amqp, Charge, Email, IntentLike, Nats, Webhook
+from ._sql import RunAfter
+
+__all__ = [
+    "JSON",
+    "Amqp",
+    "Charge",
+    "Conflict",
+    "Email",
+    "Enqueued",
+    "IntentLike",
+    "Item",
+    "Nats",
+    "OutboxError",
+    "RunAfter",
+    "Webhook",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
+]

@@ -1,0 +1,126 @@
+"""enqueue and enqueue_many, sync and async."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from . import _drivers, _sql
+from ._intents import IntentLike
+from ._sql import Options, RunAfter
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """The intent's id, and whether the key was already there with the same intent."""
+
+    id: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class Item:
+    """One intent of `enqueue_many`, with the options `enqueue` takes."""
+
+    key: str
+    intent: IntentLike
+    destination: str | None = None
+    run_after: RunAfter | None = None
+    ordering_key: str | None = None
+    source: str | None = None
+    traceparent: str | None = None
+
+    def options(self) -> Options:
+        return Options(
+            self.destination, self.run_after, self.ordering_key, self.source, self.traceparent
+        )
+
+
+def _one(rows: _drivers.Rows) -> Enqueued:
+    if len(rows) != 1:
+        raise RuntimeError(f"outbox.enqueue answered {len(rows)} rows, not 1")
+    return Enqueued(int(rows[0][0]), bool(rows[0][1]))
+
+
+def _items(items: Iterable[Item | tuple[str, IntentLike]]) -> list[tuple[str, IntentLike, Options]]:
+    out: list[tuple[str, IntentLike, Options]] = []
+    for item in items:
+        if isinstance(item, Item):
+            out.append((item.key, item.intent, item.options()))
+        elif isinstance(item, tuple) and len(item) == 2:
+            out.append((item[0], item[1], Options()))
+        else:
+            raise TypeError(f"an enqueue_many item is (key, intent) or Item(...), not {item!r}")
+    return out
+
+
+def _many(rows: _drivers.Rows, n: int) -> list[Enqueued]:
+    if [int(r[0]) for r in rows] != list(range(1, n + 1)):
+        raise RuntimeError(f"outbox.enqueue_many answered {len(rows)} rows for {n} items")
+    return [Enqueued(int(r[1]), bool(r[2])) for r in rows]
+
+
+def enqueue(
+    conn: object,
+    key: str,
+    intent: IntentLike,
+    *,
+    destination: str | None = None,
+    run_after: RunAfter | None = None,
+    ordering_key: str | None = None,
+    source: str | None = None,
+    traceparent: str | None = None,
+) -> Enqueued:
+    """Write one intent inside the transaction open on `conn`; it is delivered
+    once that transaction commits, and never if it rolls back.
+
+    `conn`: a psycopg 3 Connection or Cursor, a psycopg2 connection or
+    cursor, a SQLAlchemy Connection or Session, or a Django connection.
+    Raises `Conflict` when `key` was used for another intent, `OutboxError`
+    for any other refusal.
+    """
+    options = Options(destination, run_after, ordering_key, source, traceparent)
+    stmt = _sql.enqueue(key, intent, options)
+    return _one(_drivers.run(conn, stmt, [key]))
+
+
+def enqueue_many(conn: object, items: Sequence[Item | tuple[str, IntentLike]]) -> list[Enqueued]:
+    """Write many intents in one statement; the answers are in input order.
+
+    An item is `(key, intent)` or `Item(key, intent, **options)`. All items
+    of one call have the same `source` (the SQL API takes one per call).
+    """
+    parsed = _items(items)
+    if not parsed:
+        return []
+    stmt = _sql.enqueue_many(parsed)
+    return _many(_drivers.run(conn, stmt, [k for k, _, _ in parsed]), len(parsed))
+
+
+async def enqueue_async(
+    conn: object,
+    key: str,
+    intent: IntentLike,
+    *,
+    destination: str | None = None,
+    run_after: RunAfter | None = None,
+    ordering_key: str | None = None,
+    source: str | None = None,
+    traceparent: str | None = None,
+) -> Enqueued:
+    """`enqueue` on a psycopg 3 AsyncConnection or AsyncCursor, or a SQLAlchemy
+    AsyncConnection or AsyncSession."""
+    options = Options(destination, run_after, ordering_key, source, traceparent)
+    stmt = _sql.enqueue(key, intent, options)
+    return _one(await _drivers.run_async(conn, stmt, [key]))
+
+
+async def enqueue_many_async(
+    conn: object, items: Sequence[Item | tuple[str, IntentLike]]
+) -> list[Enqueued]:
+    """`enqueue_many` on an async connection (see `enqueue_async`)."""
+    parsed = _items(items)
+    if not parsed:
+        return []
+    stmt = _sql.enqueue_many(parsed)
+    return _many(await _drivers.run_async(conn, stmt, [k for k, _, _ in parsed]), len(parsed))

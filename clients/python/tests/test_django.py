@@ -1,0 +1,89 @@
+"""Django's connection (`django.db.connection`, `connections[...]`) inside
+`transaction.atomic()`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import unquote, urlsplit
+
+import django
+import pytest
+from django.conf import settings
+from django.db import connection, connections, transaction
+
+from conftest import Db, Receiver, Relay, Unique
+from outbox_relay import Charge, Conflict, Enqueued, OutboxError, Webhook, enqueue, enqueue_many
+
+
+@pytest.fixture(scope="module", autouse=True)
+def django_settings(database_url: str) -> Iterator[None]:
+    u = urlsplit(database_url)
+    if not settings.configured:
+        settings.configure(
+            USE_TZ=True,
+            DATABASES={
+                "default": {
+                    "ENGINE": "django.db.backends.postgresql",
+                    "NAME": u.path.lstrip("/"),
+                    "USER": unquote(u.username or "postgres"),
+                    "PASSWORD": unquote(u.password or ""),
+                    "HOST": u.hostname or "127.0.0.1",
+                    "PORT": str(u.port or 5432),
+                }
+            },
+        )
+        django.setup()
+    yield
+    connections.close_all()
+
+
+def test_django_commits_the_row_and_the_intent_together(
+    db: Db, relay: Relay, receiver: Receiver, unique: Unique
+) -> None:
+    key = unique.key("django")
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'dj')", [unique.order_id])
+        r = enqueue(connection, key, Webhook(url=receiver.url(unique.path()), body={"dj": 1}))
+        assert db.intent(key) is None  # not before the atomic block commits
+    assert r.duplicate is False
+    assert db.order_exists(unique.order_id)
+    relay.run_once()
+    [got] = receiver.at(unique.path())
+    assert got.json() == {"dj": 1}
+    assert got.headers["webhook-id"].startswith("msg_")
+
+
+def test_django_rollback_duplicate_conflict_and_refusal(
+    db: Db, receiver: Receiver, unique: Unique
+) -> None:
+    conn = connections["default"]
+    url = receiver.url(unique.path())
+    with pytest.raises(RuntimeError), transaction.atomic():
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'x')", [unique.order_id])
+        enqueue(conn, unique.key("rb"), Webhook(url=url, body=1))
+        raise RuntimeError("abandon")
+    assert not db.order_exists(unique.order_id)
+    assert db.intent(unique.key("rb")) is None
+
+    charge = Charge(amount=1999, currency="usd", payment_method="pm_card_visa")
+    with transaction.atomic():
+        first = enqueue(conn, unique.key("c"), charge)
+    with transaction.atomic():
+        [again, new] = enqueue_many(
+            connection, [(unique.key("c"), charge), (unique.key("w"), Webhook(url=url, body=2))]
+        )
+    assert again == Enqueued(first.id, True)
+    assert new.duplicate is False
+
+    with pytest.raises(Conflict) as raised, transaction.atomic():
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'x')", [unique.order_id])
+        enqueue(conn, unique.key("c"), Charge(amount=1, currency="usd", payment_method="pm"))
+    assert raised.value.key == unique.key("c")
+    assert not db.order_exists(unique.order_id)
+
+    with pytest.raises(OutboxError) as refused, transaction.atomic():
+        enqueue(conn, "", charge)
+    assert refused.value.sqlstate == "22023"
