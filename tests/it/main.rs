@@ -15,7 +15,7 @@ mod book;
 mod chaos;
 mod charge;
 mod cli;
-mod client_rust;
+mod clients_rust;
 mod clients_python;
 mod console;
 mod console_browser;
