@@ -4,10 +4,12 @@
 #   DATABASE_URL=postgres://…/a_migrated_db OUTBOX_RELAY_BIN=target/debug/outbox-relay \
 #     clients/typescript/check.sh
 #
-# 1. the strict type-check of the sources and the tests (tsc --noEmit; the
-#    compiler's strict and unused-code checks are the lint);
-# 2. the build (tsc: dist/, build output, ignored by git);
-# 3. the tests (node --test, one file at a time) against that database and
+# 1. the lint: prettier --check (the formatting) of the sources, the tests
+#    and the configuration;
+# 2. the strict type-check of the sources and the tests (tsc --noEmit, with
+#    the compiler's unused-code and implicit-return checks on);
+# 3. the build (tsc: dist/, build output, ignored by git);
+# 4. the tests (node --test, one file at a time) against that database and
 #    the real relay: business tables of their own, webhooks to receivers on
 #    127.0.0.1, `outbox-relay run --once` to deliver.
 # Run clients/typescript/setup.sh first. Test output is also written to
@@ -30,6 +32,8 @@ cd "$HERE"
 [ -f node_modules/.outbox-relay-lock ] && cmp -s package-lock.json node_modules/.outbox-relay-lock ||
 	die "the private environment is missing or stale: run clients/typescript/setup.sh"
 
+say "lint: prettier --check"
+node_modules/.bin/prettier --check --log-level warn .
 say "type-check (strict): tsc --noEmit"
 node_modules/.bin/tsc -p tsconfig.json --noEmit
 say "build: tsc"

@@ -5,8 +5,8 @@
 #
 # Installs the client's development tools from the npm registry with
 # `npm ci`, exactly the versions of package-lock.json, into
-# clients/typescript/node_modules (never globally): typescript, @types/node,
-# pg and @types/pg, knex, kysely, @opentelemetry/api,
+# clients/typescript/node_modules (never globally): typescript, prettier,
+# @types/node, pg and @types/pg, knex, kysely, @opentelemetry/api,
 # @opentelemetry/sdk-trace-base and @opentelemetry/context-async-hooks (the
 # tests' peers), and what they depend on. Node.js 18 or later is needed;
 # Debian's nodejs and npm are installed when node is missing and the script

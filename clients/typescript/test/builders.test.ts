@@ -19,7 +19,14 @@ const cases: [string, Intent, Intent][] = [
   [
     "webhook to a url",
     webhook({ url: "https://hooks.example.com/orders", body: { order: 42 }, headers: { "X-Tenant": "t1" } }),
-    { kind: "webhook", payload: { url: "https://hooks.example.com/orders", body: { order: 42 }, headers: { "X-Tenant": "t1" } } },
+    {
+      kind: "webhook",
+      payload: {
+        url: "https://hooks.example.com/orders",
+        body: { order: 42 },
+        headers: { "X-Tenant": "t1" },
+      },
+    },
   ],
   [
     "webhook to a named endpoint",
@@ -29,7 +36,10 @@ const cases: [string, Intent, Intent][] = [
   [
     "email",
     email({ to: ["a@example.com"], subject: "Invoice", text: "Thanks", reply_to: "help@example.com" }),
-    { kind: "email", payload: { to: ["a@example.com"], subject: "Invoice", text: "Thanks", reply_to: "help@example.com" } },
+    {
+      kind: "email",
+      payload: { to: ["a@example.com"], subject: "Invoice", text: "Thanks", reply_to: "help@example.com" },
+    },
   ],
   [
     "email, every field",
@@ -59,21 +69,39 @@ const cases: [string, Intent, Intent][] = [
   ],
   [
     "charge",
-    charge({ amount: 1999, currency: "usd", payment_method: "pm_card_visa", customer: "cus_1", metadata: { order: "42" } }),
+    charge({
+      amount: 1999,
+      currency: "usd",
+      payment_method: "pm_card_visa",
+      customer: "cus_1",
+      metadata: { order: "42" },
+    }),
     {
       kind: "charge",
-      payload: { amount: 1999, currency: "usd", payment_method: "pm_card_visa", customer: "cus_1", metadata: { order: "42" } },
+      payload: {
+        amount: 1999,
+        currency: "usd",
+        payment_method: "pm_card_visa",
+        customer: "cus_1",
+        metadata: { order: "42" },
+      },
     },
   ],
   [
     "nats",
     nats({ subject: "orders.created", body: { order: 42 }, headers: { "X-Tenant": "t1" } }),
-    { kind: "nats", payload: { subject: "orders.created", body: { order: 42 }, headers: { "X-Tenant": "t1" } } },
+    {
+      kind: "nats",
+      payload: { subject: "orders.created", body: { order: 42 }, headers: { "X-Tenant": "t1" } },
+    },
   ],
   [
     "amqp",
     amqp({ exchange: "", routing_key: "orders", body: [1, "two"], headers: { n: 3, ok: true, t: "x" } }),
-    { kind: "amqp", payload: { exchange: "", routing_key: "orders", body: [1, "two"], headers: { n: 3, ok: true, t: "x" } } },
+    {
+      kind: "amqp",
+      payload: { exchange: "", routing_key: "orders", body: [1, "two"], headers: { n: 3, ok: true, t: "x" } },
+    },
   ],
 ];
 
@@ -86,23 +114,32 @@ test("each builder makes exactly its kind's payload, and that is what is stored"
   );
   for (const [i, [name, , expected]] of cases.entries()) {
     const row = await stored(keys[i] ?? "");
-    assert.deepEqual([row?.kind, row?.payload, row?.destination], [expected.kind, expected.payload, expected.destination ?? null], name);
+    assert.deepEqual(
+      [row?.kind, row?.payload, row?.destination],
+      [expected.kind, expected.payload, expected.destination ?? null],
+      name,
+    );
   }
 });
 
 test("a builder takes only its kind's fields and leaves out what is not given", () => {
-  const extra = { url: "https://h.example/", body: 1, headers: undefined, secret: "x" } as Parameters<typeof webhook>[0];
+  const extra = { url: "https://h.example/", body: 1, headers: undefined, secret: "x" } as Parameters<
+    typeof webhook
+  >[0];
   assert.deepEqual(webhook(extra).payload, { url: "https://h.example/", body: 1 });
-  assert.deepEqual(nats({ subject: "a.b", body: null, headers: undefined }).payload, { subject: "a.b", body: null });
-  assert.deepEqual(Object.keys(email({ to: ["a@example.com"], subject: "s", html: "<p>h</p>", from: undefined }).payload), [
-    "to",
-    "subject",
-    "html",
-  ]);
+  assert.deepEqual(nats({ subject: "a.b", body: null, headers: undefined }).payload, {
+    subject: "a.b",
+    body: null,
+  });
+  assert.deepEqual(
+    Object.keys(email({ to: ["a@example.com"], subject: "s", html: "<p>h</p>", from: undefined }).payload),
+    ["to", "subject", "html"],
+  );
 });
 
 test("a builder refuses what its kind could never deliver, and so do its types", () => {
-  const refuses = (f: () => unknown, pattern: RegExp) => assert.throws(f, (e: unknown) => e instanceof TypeError && pattern.test(e.message));
+  const refuses = (f: () => unknown, pattern: RegExp) =>
+    assert.throws(f, (e: unknown) => e instanceof TypeError && pattern.test(e.message));
   // @ts-expect-error: a url or a destination
   refuses(() => webhook({ body: 1 }), /a url or a destination/);
   // @ts-expect-error: not both
@@ -112,7 +149,10 @@ test("a builder refuses what its kind could never deliver, and so do its types",
   refuses(() => email({ to: [], subject: "s", text: "t" }), /at least one address/);
   // @ts-expect-error: text, html or both
   refuses(() => email({ to: ["a@example.com"], subject: "s" }), /text, html or both/);
-  refuses(() => charge({ amount: 19.99, currency: "usd", payment_method: "pm" }), /whole number of minor units/);
+  refuses(
+    () => charge({ amount: 19.99, currency: "usd", payment_method: "pm" }),
+    /whole number of minor units/,
+  );
   refuses(() => charge({ amount: 0, currency: "usd", payment_method: "pm" }), /positive/);
   // @ts-expect-error: routing_key is required ("" for none)
   refuses(() => amqp({ exchange: "x", body: 1 }), /routing_key must be a string/);

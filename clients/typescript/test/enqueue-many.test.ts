@@ -6,7 +6,17 @@ import { after, before, test } from "node:test";
 import type pg from "pg";
 
 import { OutboxConflict, OutboxError, enqueue, enqueueMany, webhook, type Item } from "../src/index.js";
-import { businessTable, connect, deliver, receiver, requestsFor, rowsOf, stored, unique, type Receiver } from "./harness.js";
+import {
+  businessTable,
+  connect,
+  deliver,
+  receiver,
+  requestsFor,
+  rowsOf,
+  stored,
+  unique,
+  type Receiver,
+} from "./harness.js";
 
 let hooks: Receiver;
 let db: pg.Client;
@@ -22,7 +32,12 @@ after(async () => {
 
 test("enqueueMany answers in input order, new and duplicate items mixed", async () => {
   const orders = await businessTable();
-  const [a, b, c, d] = ["a", "b", "c", "d"].map((n) => unique(`batch:${n}`)) as [string, string, string, string];
+  const [a, b, c, d] = ["a", "b", "c", "d"].map((n) => unique(`batch:${n}`)) as [
+    string,
+    string,
+    string,
+    string,
+  ];
   const hook = (key: string) => webhook({ url: hooks.url, body: { key } });
   const earlier = await enqueue(db, b, hook(b));
   const later = new Date(Date.now() + 3_600_000);
@@ -30,16 +45,13 @@ test("enqueueMany answers in input order, new and duplicate items mixed", async 
   const seen: string[] = [];
   await db.query("BEGIN");
   await db.query(`INSERT INTO ${orders} (id, total) VALUES (7, 700)`);
-  const answers = await enqueueMany(
-    { query: (text, values) => (seen.push(text), db.query(text, values)) },
-    [
-      { key: a, intent: hook(a), orderingKey: "customer:1" },
-      { key: b, intent: hook(b) },
-      { key: c, intent: hook(c), runAfter: later },
-      { key: a, intent: hook(a), orderingKey: "customer:1" },
-      { key: d, intent: hook(d) },
-    ],
-  );
+  const answers = await enqueueMany({ query: (text, values) => (seen.push(text), db.query(text, values)) }, [
+    { key: a, intent: hook(a), orderingKey: "customer:1" },
+    { key: b, intent: hook(b) },
+    { key: c, intent: hook(c), runAfter: later },
+    { key: a, intent: hook(a), orderingKey: "customer:1" },
+    { key: d, intent: hook(d) },
+  ]);
   await db.query("COMMIT");
 
   assert.equal(seen.length, 1, "one statement");
@@ -53,7 +65,9 @@ test("enqueueMany answers in input order, new and duplicate items mixed", async 
     assert.equal(String(answers[i]?.id), (await stored(key))?.id, key);
   }
   // new ids are drawn in input order
-  assert.ok((answers[0]?.id ?? 0n) < (answers[2]?.id ?? 0n) && (answers[2]?.id ?? 0n) < (answers[4]?.id ?? 0n));
+  assert.ok(
+    (answers[0]?.id ?? 0n) < (answers[2]?.id ?? 0n) && (answers[2]?.id ?? 0n) < (answers[4]?.id ?? 0n),
+  );
   assert.equal((await stored(a))?.ordering_key, "customer:1");
   assert.equal((await stored(c))?.run_after.getTime(), later.getTime());
 

@@ -115,10 +115,15 @@ test("any other refusal is OutboxError with the SQLSTATE and the server's messag
   );
   assert.ok(large instanceof OutboxError, String(large));
   assert.equal(large.sqlstate, "OB413");
-  assert.match(large.message, new RegExp(`payload for key ${key} is [0-9]+ bytes; the limit is 1048576 bytes`));
+  assert.match(
+    large.message,
+    new RegExp(`payload for key ${key} is [0-9]+ bytes; the limit is 1048576 bytes`),
+  );
   assert.match(large.hint ?? "", /store large content elsewhere/);
 
-  const kind = await enqueue(db, unique("bad:kind"), { kind: "Web Hook", payload: {} }).catch((e: unknown) => e);
+  const kind = await enqueue(db, unique("bad:kind"), { kind: "Web Hook", payload: {} }).catch(
+    (e: unknown) => e,
+  );
   assert.ok(kind instanceof OutboxError, String(kind));
   assert.equal(kind.sqlstate, "22023");
   assert.match(kind.message, /kind 'Web Hook' is not a valid kind name/);
@@ -140,7 +145,10 @@ test("an id above 2^53 comes back exact, as a bigint", async () => {
   }
   assert.equal(ids[1], (ids[0] ?? 0n) + 1n);
   // one of two consecutive ids above 2^53 has no exact double: a number would have lost it
-  assert.ok(ids.some((id) => BigInt(Number(id)) !== id), String(ids));
+  assert.ok(
+    ids.some((id) => BigInt(Number(id)) !== id),
+    String(ids),
+  );
 });
 
 test("the options are the intent's columns", async () => {
@@ -166,9 +174,18 @@ test("the options are the intent's columns", async () => {
 
   const named = unique("named");
   await enqueue(db, named, webhook({ destination: "billing", body: null }));
-  assert.deepEqual(await stored(named).then((r) => [r?.destination, r?.payload]), ["billing", { body: null }]);
-  await assert.rejects(enqueue(db, unique("k"), webhook({ destination: "a", body: 1 }), { destination: "b" }), TypeError);
-  await assert.rejects(enqueue(db, unique("k"), webhook({ url: hooks.url, body: 1 }), { runAfter: new Date("x") }), TypeError);
+  assert.deepEqual(await stored(named).then((r) => [r?.destination, r?.payload]), [
+    "billing",
+    { body: null },
+  ]);
+  await assert.rejects(
+    enqueue(db, unique("k"), webhook({ destination: "a", body: 1 }), { destination: "b" }),
+    TypeError,
+  );
+  await assert.rejects(
+    enqueue(db, unique("k"), webhook({ url: hooks.url, body: 1 }), { runAfter: new Date("x") }),
+    TypeError,
+  );
 });
 
 test("a pool's client, in a transaction of its own, is delivered", async () => {
@@ -209,5 +226,8 @@ test("any query(text, values) works, and the client runs exactly one statement: 
   await db.query("COMMIT");
   assert.equal((await stored(key))?.id, String(r.id));
 
-  await assert.rejects(enqueue({} as Queryable, key, webhook({ url: hooks.url, body: 1 })), /fromKnex\(trx\)/);
+  await assert.rejects(
+    enqueue({} as Queryable, key, webhook({ url: hooks.url, body: 1 })),
+    /fromKnex\(trx\)/,
+  );
 });

@@ -21,7 +21,9 @@ test("the guide's ten-line example runs as written", async () => {
   await writeFile(file, example);
 
   const schema = unique("guide");
-  await look(`CREATE SCHEMA ${schema}; CREATE TABLE ${schema}.orders (id bigint PRIMARY KEY, total bigint NOT NULL)`);
+  await look(
+    `CREATE SCHEMA ${schema}; CREATE TABLE ${schema}.orders (id bigint PRIMARY KEY, total bigint NOT NULL)`,
+  );
   const before = await stored("order:42:confirmation");
   const { stdout } = await promisify(execFile)(process.execPath, [file], {
     env: { ...process.env, DATABASE_URL, PGOPTIONS: `-c search_path=${schema}` },
@@ -30,6 +32,9 @@ test("the guide's ten-line example runs as written", async () => {
 
   const intent = await stored("order:42:confirmation");
   assert.equal(stdout.trim(), `${intent?.id}n ${before !== undefined}`);
-  assert.deepEqual(intent?.payload, { url: "https://hooks.example.com/orders", body: { order: 42, total: 1999 } });
+  assert.deepEqual(intent?.payload, {
+    url: "https://hooks.example.com/orders",
+    body: { order: 42, total: 1999 },
+  });
   assert.deepEqual(await look(`SELECT id::int, total::int FROM ${schema}.orders`), [{ id: 42, total: 1999 }]);
 });

@@ -12,7 +12,8 @@ import pg from "pg";
 
 function env(name: string): string {
   const v = process.env[name];
-  if (v === undefined || v === "") throw new Error(`${name} must be set (clients/typescript/check.sh sets it)`);
+  if (v === undefined || v === "")
+    throw new Error(`${name} must be set (clients/typescript/check.sh sets it)`);
   return v;
 }
 
@@ -97,7 +98,11 @@ export async function receiver(): Promise<Receiver> {
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
       const text = Buffer.concat(chunks).toString("utf8");
-      requests.push({ path: req.url ?? "", headers: req.headers, body: text === "" ? null : JSON.parse(text) });
+      requests.push({
+        path: req.url ?? "",
+        headers: req.headers,
+        body: text === "" ? null : JSON.parse(text),
+      });
       res.writeHead(200, { "content-type": "text/plain" }).end("ok");
     });
   });

@@ -6,7 +6,17 @@ import { after, before, test } from "node:test";
 import knexFactory, { type Knex } from "knex";
 
 import { OutboxConflict, OutboxError, enqueue, enqueueMany, fromKnex, webhook } from "../src/index.js";
-import { DATABASE_URL, businessTable, deliver, receiver, requestsFor, rowsOf, stored, unique, type Receiver } from "./harness.js";
+import {
+  DATABASE_URL,
+  businessTable,
+  deliver,
+  receiver,
+  requestsFor,
+  rowsOf,
+  stored,
+  unique,
+  type Receiver,
+} from "./harness.js";
 
 let hooks: Receiver;
 let knex: Knex;
@@ -25,16 +35,28 @@ test("knex.transaction: the order and its intents commit together and are delive
   const [key, other] = [unique("knex:one"), unique("knex:many")];
   const answers = await knex.transaction(async (trx) => {
     await trx(orders).insert({ id: 1, total: 1999 });
-    const one = await enqueue(fromKnex(trx), key, webhook({ url: hooks.url, body: { key, note: "what? - a ? mark" } }));
+    const one = await enqueue(
+      fromKnex(trx),
+      key,
+      webhook({ url: hooks.url, body: { key, note: "what? - a ? mark" } }),
+    );
     const many = await enqueueMany(fromKnex(trx), [
-      { key: other, intent: webhook({ url: hooks.url, body: { key: other } }), runAfter: new Date(Date.now() - 1000) },
+      {
+        key: other,
+        intent: webhook({ url: hooks.url, body: { key: other } }),
+        runAfter: new Date(Date.now() - 1000),
+      },
       { key, intent: webhook({ url: hooks.url, body: { key, note: "what? - a ? mark" } }) },
     ]);
     return [one, ...many];
   });
   assert.deepEqual(
     answers.map((r) => [typeof r.id, r.duplicate]),
-    [["bigint", false], ["bigint", false], ["bigint", true]],
+    [
+      ["bigint", false],
+      ["bigint", false],
+      ["bigint", true],
+    ],
   );
   assert.equal(answers[2]?.id, answers[0]?.id);
   assert.equal(String(answers[0]?.id), (await stored(key))?.id);
@@ -76,7 +98,9 @@ test("knex.transaction: a conflict is OutboxConflict with the server's message, 
   assert.equal(err.message, `outbox.enqueue: key ${key} was already used for a different intent`);
   assert.equal(await rowsOf(orders), 0);
 
-  const empty = await knex.transaction((trx) => enqueue(fromKnex(trx), "", webhook({ url: hooks.url, body: 1 }))).catch((e: unknown) => e);
+  const empty = await knex
+    .transaction((trx) => enqueue(fromKnex(trx), "", webhook({ url: hooks.url, body: 1 })))
+    .catch((e: unknown) => e);
   assert.ok(empty instanceof OutboxError, String(empty));
   assert.equal(empty.sqlstate, "22023");
   assert.equal(empty.message, "outbox.enqueue: key must not be empty");

@@ -7,14 +7,26 @@ import { Kysely, PostgresDialect, sql } from "kysely";
 import pg from "pg";
 
 import { OutboxConflict, enqueue, enqueueMany, fromKysely, webhook } from "../src/index.js";
-import { DATABASE_URL, businessTable, deliver, receiver, requestsFor, rowsOf, stored, unique, type Receiver } from "./harness.js";
+import {
+  DATABASE_URL,
+  businessTable,
+  deliver,
+  receiver,
+  requestsFor,
+  rowsOf,
+  stored,
+  unique,
+  type Receiver,
+} from "./harness.js";
 
 let hooks: Receiver;
 let db: Kysely<Record<string, never>>;
 
 before(async () => {
   hooks = await receiver();
-  db = new Kysely({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: DATABASE_URL, max: 2 }) }) });
+  db = new Kysely({
+    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: DATABASE_URL, max: 2 }) }),
+  });
 });
 after(async () => {
   await db.destroy();
@@ -35,14 +47,19 @@ test("db.transaction().execute: the order and its intents commit together and ar
   });
   assert.deepEqual(
     answers.map((r) => [typeof r.id, r.duplicate]),
-    [["bigint", false], ["bigint", true], ["bigint", false]],
+    [
+      ["bigint", false],
+      ["bigint", true],
+      ["bigint", false],
+    ],
   );
   assert.equal(answers[1]?.id, answers[0]?.id);
   assert.equal(String(answers[2]?.id), (await stored(other))?.id);
 
   await deliver();
   assert.equal(await rowsOf(orders), 1);
-  for (const k of [key, other]) assert.match(String(requestsFor(hooks, k)[0]?.headers["webhook-id"]), /^msg_/);
+  for (const k of [key, other])
+    assert.match(String(requestsFor(hooks, k)[0]?.headers["webhook-id"]), /^msg_/);
 });
 
 test("db.transaction().execute: a throw rolls back both", async () => {
@@ -63,7 +80,9 @@ test("db.transaction().execute: a throw rolls back both", async () => {
 test("db.transaction().execute: a conflict is OutboxConflict, and nothing commits", async () => {
   const orders = await businessTable();
   const key = unique("kysely:conflict");
-  await db.transaction().execute((trx) => enqueue(fromKysely(trx), key, webhook({ url: hooks.url, body: 1 })));
+  await db
+    .transaction()
+    .execute((trx) => enqueue(fromKysely(trx), key, webhook({ url: hooks.url, body: 1 })));
 
   const err = await db
     .transaction()

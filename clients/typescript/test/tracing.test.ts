@@ -15,7 +15,16 @@ import { BasicTracerProvider } from "@opentelemetry/sdk-trace-base";
 import type pg from "pg";
 
 import { enqueue, enqueueMany, webhook } from "../src/index.js";
-import { DATABASE_URL, connect, deliver, receiver, requestsFor, stored, unique, type Receiver } from "./harness.js";
+import {
+  DATABASE_URL,
+  connect,
+  deliver,
+  receiver,
+  requestsFor,
+  stored,
+  unique,
+  type Receiver,
+} from "./harness.js";
 
 let hooks: Receiver;
 let db: pg.Client;
@@ -105,7 +114,9 @@ test("without @opentelemetry/api installed, enqueue works and attaches nothing",
      await db.end();
      console.log(otel, String(r.id));`,
   );
-  const { stdout } = await promisify(execFile)(process.execPath, [`${dir}main.js`], { env: { ...process.env, DATABASE_URL } });
+  const { stdout } = await promisify(execFile)(process.execPath, [`${dir}main.js`], {
+    env: { ...process.env, DATABASE_URL },
+  });
   const row = await stored(key);
   assert.equal(stdout.trim(), `absent ${row?.id}`);
   assert.equal(row?.traceparent, null);
