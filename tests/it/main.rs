@@ -15,6 +15,7 @@ mod book;
 mod chaos;
 mod charge;
 mod cli;
+mod clients_typescript;
 mod console;
 mod console_browser;
 mod console_bulk;
