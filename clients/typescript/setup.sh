@@ -8,7 +8,7 @@
 # clients/typescript/node_modules (never globally): typescript, prettier,
 # @types/node, pg and @types/pg, knex, kysely, @opentelemetry/api,
 # @opentelemetry/sdk-trace-base and @opentelemetry/context-async-hooks (the
-# tests' peers), and what they depend on. Node.js 18 or later is needed;
+# tests' peers), and what they depend on. Node.js 20.10 or later is needed;
 # Debian's nodejs and npm are installed when node is missing and the script
 # runs as root. Idempotent and cheap when current: node_modules carries a
 # copy of the lock it was installed from, and nothing runs when it matches.
@@ -33,8 +33,10 @@ if { ! have node || ! have npm; } && can_apt; then
 	apt_install nodejs npm || true
 fi
 have node && have npm || die "Node.js 18+ and npm are needed (apt-get install nodejs npm)"
-major=$(node -p 'process.versions.node.split(".")[0]')
-[ "$major" -ge 18 ] || die "Node.js 18 or later is needed; this is $(node --version)"
+# the package runs on Node.js 18+; its tests need 20.10+ (kysely 0.28,
+# node --test --test-concurrency)
+node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 10) ? 0 : 1)' ||
+	die "the tests need Node.js 20.10 or later; this is $(node --version)"
 
 pinned=$(node -e '
 	const lock = require("./package-lock.json");
