@@ -1,0 +1,31 @@
+// outbox-relay for TypeScript: write intents into the outbox inside your own
+// Postgres transaction, typed. The SQL API (outbox.enqueue,
+// outbox.enqueue_many) is the source of truth; this package only calls it.
+
+export { enqueue, enqueueMany } from "./enqueue.js";
+export { amqp, charge, email, nats, webhook } from "./builders.js";
+export type {
+  AmqpPayload,
+  AmqpSpec,
+  ChargePayload,
+  ChargeSpec,
+  EmailPayload,
+  EmailSpec,
+  NatsPayload,
+  NatsSpec,
+  WebhookPayload,
+  WebhookSpec,
+} from "./builders.js";
+export { OutboxConflict, OutboxError } from "./errors.js";
+export { fromKnex, fromKysely } from "./adapters.js";
+export type { CompiledRawQuery, KnexTransactionLike, KyselyTransactionLike } from "./adapters.js";
+export type {
+  EnqueueOptions,
+  Enqueued,
+  Intent,
+  Item,
+  Json,
+  JsonObject,
+  Queryable,
+  QueryResultLike,
+} from "./types.js";
