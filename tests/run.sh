@@ -13,7 +13,11 @@
 #   - Debian: postgresql, rabbitmq-server, nats-server, chromium and
 #     chromium-driver (the console's browser test), python3 and python3-venv;
 #   - PyPI, into a private virtual environment under target/test-venv (never
-#     into your own Python): the pinned peers of tests/peers/requirements.txt.
+#     into your own Python): the pinned peers of tests/peers/requirements.txt;
+#   - the clients' test tools: clients/python/setup.sh (PyPI, hash-checked,
+#     into target/clients/python-venv) and clients/typescript/setup.sh
+#     (npm ci into clients/typescript/node_modules; Debian's nodejs and npm
+#     when missing).
 # The integration tests are one binary (tests/it); nextest's test groups and
 # timeouts are in .config/nextest.toml.
 set -euo pipefail
@@ -135,6 +139,10 @@ have cargo || die "cargo is not on PATH: install Rust (rustup) first"
 say "checking the test peers (installing what is missing: see the head of tests/run.sh)"
 
 ensure_python_peers
+say "the Python client's test tools: clients/python/setup.sh"
+bash "$REPO_ROOT/clients/python/setup.sh"
+say "the TypeScript client's test tools: clients/typescript/setup.sh"
+bash "$REPO_ROOT/clients/typescript/setup.sh"
 ensure_nats_server
 ensure_chromium
 scratch_rabbit_setup

@@ -29,6 +29,10 @@ die() {
 OUTBOX_RELAY_BIN=$(cd "$(dirname "$OUTBOX_RELAY_BIN")" && pwd)/$(basename "$OUTBOX_RELAY_BIN")
 export DATABASE_URL OUTBOX_RELAY_BIN
 cd "$HERE"
+# shellcheck source=clients/typescript/node.sh
+. "$HERE/node.sh"
+use_private_node
+node_is_recent || die "the tests need Node.js 20.10 or later ($(node --version 2>/dev/null || echo 'no node')): run clients/typescript/setup.sh"
 [ -f node_modules/.outbox-relay-lock ] && cmp -s package-lock.json node_modules/.outbox-relay-lock ||
 	die "the private environment is missing or stale: run clients/typescript/setup.sh"
 

@@ -8,9 +8,10 @@
 # clients/typescript/node_modules (never globally): typescript, prettier,
 # @types/node, pg and @types/pg, knex, kysely, @opentelemetry/api,
 # @opentelemetry/sdk-trace-base and @opentelemetry/context-async-hooks (the
-# tests' peers), and what they depend on. Node.js 20.10 or later is needed;
-# Debian's nodejs and npm are installed when node is missing and the script
-# runs as root. Idempotent and cheap when current: node_modules carries a
+# tests' peers), and what they depend on. Node.js 20.10 or later runs the
+# tests: Debian's nodejs and npm are installed when node is missing and the
+# script runs as root, and an older node gets a private Node.js 20 from the
+# npm registry (node.sh). Idempotent and cheap when current: node_modules carries a
 # copy of the lock it was installed from, and nothing runs when it matches.
 set -euo pipefail
 
@@ -23,7 +24,10 @@ cd "$HERE"
 
 STAMP=node_modules/.outbox-relay-lock
 
-if [ -f "$STAMP" ] && cmp -s package-lock.json "$STAMP"; then
+# shellcheck source=clients/typescript/node.sh
+. "$HERE/node.sh"
+use_private_node
+if [ -f "$STAMP" ] && cmp -s package-lock.json "$STAMP" && node_is_recent; then
 	say "current: $HERE/node_modules matches package-lock.json"
 	exit 0
 fi
@@ -32,12 +36,11 @@ if { ! have node || ! have npm; } && can_apt; then
 	say "node or npm is missing; installing Debian's nodejs and npm"
 	apt_install nodejs npm || true
 fi
-have node && have npm || die "Node.js 18+ and npm are needed (apt-get install nodejs npm)"
-# the package runs on Node.js 18+; its tests need 20.10+ (kysely 0.28,
-# node --test --test-concurrency)
-node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 10) ? 0 : 1)' ||
-	die "the tests need Node.js 20.10 or later; this is $(node --version)"
+{ have node && have npm; } || die "Node.js 18+ and npm are needed (apt-get install nodejs npm)"
+node_is_recent || install_private_node
+node_is_recent || die "the tests need Node.js 20.10 or later; this is $(node --version)"
 
+# shellcheck disable=SC2016 # JavaScript, not shell
 pinned=$(node -e '
 	const lock = require("./package-lock.json");
 	const dev = Object.keys(require("./package.json").devDependencies);
