@@ -33,7 +33,7 @@ cd "$HERE"
 . "$HERE/node.sh"
 use_private_node
 node_is_recent || die "the tests need Node.js 20.10 or later ($(node --version 2>/dev/null || echo 'no node')): run clients/typescript/setup.sh"
-[ -f node_modules/.outbox-relay-lock ] && cmp -s package-lock.json node_modules/.outbox-relay-lock ||
+{ [ -f node_modules/.outbox-relay-lock ] && cmp -s package-lock.json node_modules/.outbox-relay-lock; } ||
 	die "the private environment is missing or stale: run clients/typescript/setup.sh"
 
 say "lint: prettier --check"

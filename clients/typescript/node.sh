@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # clients/typescript/node.sh: which Node.js the client's tests run on.
 # Sourced by setup.sh and check.sh (after REPO_ROOT is set).
 #
