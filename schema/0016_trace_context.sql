@@ -55,7 +55,9 @@ ALTER TABLE outbox.intents
 
 -- version "-" trace-id "-" parent-id "-" flags, lowercase hex: version ff
 -- is invalid; version 00 is exactly 55 characters; a later version may be
--- longer when character 56 is '-' (kept as given); neither id all zeros.
+-- longer when character 56 is '-', and only its first 55 characters (the
+-- fields this version knows) are kept: the rest is unchecked text that
+-- would otherwise go out in a message header; neither id all zeros.
 -- The positions of the dashes and the regex (55 characters, four runs of
 -- hex) fix the fields' lengths.
 CREATE FUNCTION outbox.valid_traceparent(p_value text)
@@ -72,7 +74,7 @@ RETURN CASE
      AND left(p_value, 2) <> 'ff'
      AND substr(p_value, 4, 32) <> '00000000000000000000000000000000'
      AND substr(p_value, 37, 16) <> '0000000000000000'
-    THEN p_value END;
+    THEN left(p_value, 55) END;
 
 -- At most 512 characters of printable ASCII; comma-separated members, each
 -- empty (spaces only) or `key=value` with optional spaces around it: a key
@@ -560,6 +562,11 @@ BEGIN
     LOOP
         IF v_pair.new_owner <> v_pair.proowner THEN
             EXECUTE format('ALTER FUNCTION %s OWNER TO %I', v_pair.new_sig,
+                           pg_get_userbyid(v_pair.proowner));
+            -- the validators they call, which PUBLIC may not execute
+            EXECUTE format('ALTER FUNCTION outbox.valid_traceparent(text) OWNER TO %I',
+                           pg_get_userbyid(v_pair.proowner));
+            EXECUTE format('ALTER FUNCTION outbox.valid_tracestate(text) OWNER TO %I',
                            pg_get_userbyid(v_pair.proowner));
         END IF;
         FOR v_grant IN

@@ -84,10 +84,18 @@ pub fn set_trace_headers<V>(
     headers.retain(|name, _| {
         !name.eq_ignore_ascii_case("traceparent") && !name.eq_ignore_ascii_case("tracestate")
     });
-    headers.insert("traceparent".into(), value(trace.traceparent));
-    if let Some(state) = trace.tracestate {
+    if printable(trace.traceparent) {
+        headers.insert("traceparent".into(), value(trace.traceparent));
+    }
+    if let Some(state) = trace.tracestate.filter(|s| printable(s)) {
         headers.insert("tracestate".into(), value(state));
     }
+}
+
+/// Printable ASCII only: a trace header can never carry a line break
+/// into a message's headers, whatever was stored.
+pub fn printable(value: &str) -> bool {
+    value.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
 /// A messaging `publish` span (`publish <destination>`), producer kind.
@@ -117,15 +125,31 @@ pub fn server_of(shape: SpanShape, url: &url::Url) -> SpanShape {
     }
 }
 
-/// A URL for `url.full` with its secrets taken out: credentials dropped
-/// and every query value replaced by `REDACTED` (a webhook's query often
-/// carries a token); the names stay, so the span still tells which
-/// parameters went.
+/// A URL for `url.full` with its secrets taken out, for a collector that
+/// may be another company's: credentials dropped, every query value
+/// replaced by `REDACTED` (a webhook's query often carries a token), and
+/// every path segment after the first too (Slack's, Discord's and many
+/// another webhook URL carries its secret in the path). The names and the
+/// first segment stay, so the span still tells where it went.
 pub fn redacted_url(url: &url::Url) -> String {
     let mut out = url.clone();
     let _ = out.set_username("");
     let _ = out.set_password(None);
     out.set_fragment(None);
+    let segments: Vec<String> = url
+        .path_segments()
+        .map(|s| s.map(str::to_string).collect())
+        .unwrap_or_default();
+    if segments.len() > 1 {
+        let kept: Vec<&str> = std::iter::once(segments[0].as_str())
+            .chain(
+                segments[1..]
+                    .iter()
+                    .map(|s| if s.is_empty() { "" } else { "REDACTED" }),
+            )
+            .collect();
+        out.set_path(&kept.join("/"));
+    }
     if url.query().is_some() {
         let names: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
         out.set_query(None);
@@ -154,6 +178,13 @@ mod tests {
             tracestate: Some("congo=t61rcWkgMzE"),
         };
         set_trace_headers(&mut headers, trace, str::to_string);
+        let mut forged = headers.clone();
+        let smuggling = TraceHeaders {
+            traceparent: "00-x\r\nNats-Msg-Id: forged",
+            tracestate: Some("a=b\n"),
+        };
+        set_trace_headers(&mut forged, smuggling, str::to_string);
+        assert_eq!(forged.keys().collect::<Vec<_>>(), ["x-tenant"]);
         assert_eq!(
             headers.keys().collect::<Vec<_>>(),
             ["traceparent", "tracestate", "x-tenant"]
@@ -167,10 +198,16 @@ mod tests {
             .unwrap();
         assert_eq!(
             redacted_url(&url),
-            "https://hooks.example:8443/in/7?token=REDACTED&v=REDACTED"
+            "https://hooks.example:8443/in/REDACTED?token=REDACTED&v=REDACTED"
         );
         let plain = url::Url::parse("http://127.0.0.1:9/hook").unwrap();
         assert_eq!(redacted_url(&plain), "http://127.0.0.1:9/hook");
+        let slack =
+            url::Url::parse("https://hooks.slack.com/services/T000/B000/XXXXsecret").unwrap();
+        assert_eq!(
+            redacted_url(&slack),
+            "https://hooks.slack.com/services/REDACTED/REDACTED/REDACTED"
+        );
         let shape = server_of(SpanShape::plain("webhook"), &url);
         assert_eq!(
             shape.attributes,

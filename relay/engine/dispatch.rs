@@ -385,6 +385,9 @@ async fn attempt_at(
     let policy = provider.on_ambiguous();
     if let Some(previous) = &claim.recovered_from {
         let span = d.tracer.reconcile(&who, previous);
+        let log = tracing::Span::current();
+        log.record("trace_id", span.trace_id());
+        log.record("span_id", span.span_id());
         let recovered = tokio::time::timeout_at(
             backstop,
             reconcile::recover(provider.as_ref(), &delivery, previous),

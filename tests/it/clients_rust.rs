@@ -95,7 +95,15 @@ async fn a_duplicate_is_told_and_a_conflict_names_its_key() {
         e => panic!("not a conflict: {e:?}"),
     }
     assert_eq!(err.sqlstate().as_deref(), Some("OB409"));
-    drop(tx); // the caller's transaction, which the error aborted
+    // the conflict aborted the caller's transaction: nothing more runs in it
+    // and its business row cannot commit
+    let after = sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap_err();
+    assert_eq!(
+        after.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("25P02"),
+        "{after}"
+    );
+    drop(tx);
     assert_eq!(
         order_count(&db, 7).await,
         0,

@@ -387,12 +387,21 @@ async fn valid_values_at_the_edges_are_stored_as_given() {
     for (i, (why, tp, ts)) in cases.iter().enumerate() {
         let key = format!("edge:{i}");
         enqueue_with(db.pool(), &key, Some(tp), Some(ts.as_str())).await;
+        // a later version keeps the fields this version knows, no more
         assert_eq!(
             context(&db, &key).await,
-            ctx(Some(tp), Some(ts.as_str())),
+            ctx(Some(&tp[..55]), Some(ts.as_str())),
             "{why}"
         );
     }
+    // what follows them is never stored, so it never reaches a header
+    let smuggled =
+        "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x\r\nNats-Msg-Id: forged";
+    enqueue_with(db.pool(), "edge:smuggled", Some(smuggled), None).await;
+    assert_eq!(
+        context(&db, "edge:smuggled").await,
+        ctx(Some(&smuggled[..55]), None)
+    );
 }
 
 #[tokio::test]
@@ -732,10 +741,10 @@ const NEW_ENQUEUE: &str =
 const NEW_MANY: &str =
     "outbox.enqueue_many(text[], text[], jsonb[], text[], timestamptz[], text[], text, text[], text[])";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgrade_keeps_the_execute_grants_made_on_the_old_signatures() {
+/// A database at the released migrations (up to 0015), from the files
+/// themselves.
+async fn released_schema() -> TestDb {
     let db = TestDb::unmigrated().await;
-    // the released migrations (up to 0015), from the files themselves
     let dir = std::env::temp_dir().join(format!(
         "outbox-trace-upgrade-{}-{:08x}",
         std::process::id(),
@@ -757,6 +766,60 @@ async fn an_upgrade_keeps_the_execute_grants_made_on_the_old_signatures() {
     released.run(db.pool()).await.unwrap();
     std::fs::remove_dir_all(&dir).ok();
     assert!(!db.store.migrations_current().await.unwrap());
+    db
+}
+
+/// A deployment whose enqueue functions belong to a role other than the
+/// one that migrates: the new ones, and the validators they call (which
+/// PUBLIC may not execute), belong to it too, so enqueues with and without
+/// a context keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_keeps_the_enqueue_functions_owner() {
+    let db = released_schema().await;
+    let owner = "t_trace_upgrade_owner";
+    sqlx::raw_sql(&format!(
+        "DO $$ BEGIN CREATE ROLE {owner} NOLOGIN NOSUPERUSER;
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+         GRANT USAGE ON SCHEMA outbox TO {owner};
+         GRANT ALL ON ALL TABLES IN SCHEMA outbox TO {owner};
+         GRANT ALL ON ALL SEQUENCES IN SCHEMA outbox TO {owner};
+         GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA outbox TO {owner};
+         ALTER FUNCTION {OLD_ENQUEUE} OWNER TO {owner};
+         ALTER FUNCTION {OLD_MANY} OWNER TO {owner};"
+    ))
+    .execute(db.pool())
+    .await
+    .unwrap();
+    db.store.migrate().await.unwrap();
+    for f in [
+        NEW_ENQUEUE,
+        NEW_MANY,
+        "outbox.valid_traceparent(text)",
+        "outbox.valid_tracestate(text)",
+    ] {
+        let owned_by: String = sqlx::query_scalar(&format!(
+            "SELECT pg_get_userbyid(proowner)::text FROM pg_proc WHERE oid = '{f}'::regprocedure"
+        ))
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+        assert_eq!(owned_by, owner, "{f}");
+    }
+    enqueue_with(db.pool(), "owned:1", Some(TP), Some(TS)).await;
+    assert_eq!(context(&db, "owned:1").await, ctx(Some(TP), Some(TS)));
+    let rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.enqueue_many(ARRAY['owned:2'], ARRAY['webhook'], ARRAY[$1::jsonb])",
+    )
+    .bind(p(1))
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_keeps_the_execute_grants_made_on_the_old_signatures() {
+    let db = released_schema().await;
 
     // a deployment's own role, granted EXECUTE on the old signatures (one
     // of them with the grant option), as deploy/sql/roles.sql did

@@ -119,7 +119,7 @@ async fn an_attempt_is_a_child_of_the_enqueuing_span_and_the_webhook_names_it() 
         &[
             (
                 "order:1:hook",
-                json!({"url": rx.url("/in?token=s3cret"), "body": 1}),
+                json!({"url": rx.url("/in/s3cret-path?token=s3cret"), "body": 1}),
             ),
             ("order:1:gone", json!({"url": rx.url("/gone"), "body": 2})),
         ],
@@ -152,8 +152,8 @@ async fn an_attempt_is_a_child_of_the_enqueuing_span_and_the_webhook_names_it() 
     }
     assert_eq!(
         hook.attr("url.full"),
-        Some(format!("{}?token=REDACTED", rx.url("/in")).as_str()),
-        "the query's secret never reaches the collector"
+        Some(format!("{}?token=REDACTED", rx.url("/in/REDACTED")).as_str()),
+        "neither the path's nor the query's secret reaches the collector"
     );
     assert!(hook
         .attr("outbox.fence")

@@ -47,8 +47,15 @@ interface ErrorFields {
  */
 export function outboxErrorOf(err: unknown, keys: readonly string[]): unknown {
   if (typeof err !== "object" || err === null) return err;
-  const { code, message, detail, hint } = err as Record<string, unknown>;
-  if (typeof code !== "string" || !/^[0-9A-Z]{5}$/.test(code) || typeof message !== "string") {
+  const { code, message, detail, hint, severity } = err as Record<string, unknown>;
+  // a server's error has a severity; node's own (EPIPE, EBADF) look like
+  // a SQLSTATE but are not one
+  if (
+    typeof code !== "string" ||
+    !/^[0-9A-Z]{5}$/.test(code) ||
+    typeof message !== "string" ||
+    typeof severity !== "string"
+  ) {
     return err;
   }
   const fields = { detail: text(detail), hint: text(hint), cause: err };

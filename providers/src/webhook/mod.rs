@@ -215,6 +215,7 @@ impl Provider for WebhookProvider {
 /// The attempt's `traceparent` and `tracestate`, in place of any the
 /// payload's headers give.
 fn set_trace_headers(headers: &mut reqwest::header::HeaderMap, trace: crate::TraceHeaders<'_>) {
+    headers.remove("traceparent");
     headers.remove("tracestate");
     if let Ok(v) = HeaderValue::from_str(trace.traceparent) {
         headers.insert("traceparent", v);

@@ -185,6 +185,7 @@ impl Attempt {
     /// End a reconcile's span: `result` is what it settled
     /// (`delivered`, `redeliver`, ...), `failed` whether that is a failure.
     pub fn end_reconcile(self, result: &'static str, failure: Option<&str>) {
+        let failure = failure.filter(|_| result != "deferred");
         let Some(mut span) = self.span else { return };
         span.set_attribute(KeyValue::new("outbox.reconcile.result", result));
         if let Some(reason) = failure {

@@ -98,13 +98,15 @@ pub struct Flusher {
 }
 
 impl Flusher {
-    /// Export every span queued so far, waiting at most `timeout`.
+    /// Export every span queued so far, waiting at most `timeout` in all.
     pub async fn flush(&self, timeout: Duration) {
         let (done, wait) = oneshot::channel();
-        let sent = tokio::time::timeout(timeout, self.queue.send(Message::Flush(done))).await;
-        if matches!(sent, Ok(Ok(()))) {
-            let _ = tokio::time::timeout(timeout, wait).await;
-        }
+        let _ = tokio::time::timeout(timeout, async {
+            if self.queue.send(Message::Flush(done)).await.is_ok() {
+                let _ = wait.await;
+            }
+        })
+        .await;
     }
 }
 

@@ -29,11 +29,15 @@ pub use context::IntentContext;
 /// name and sampler variables too, in [`Settings::resolve`]). The relay
 /// logs which are set when it starts exporting, never their values: the
 /// headers may carry a collector's API key.
-pub const READ_BY_THE_SDK: &[&str] = &[
-    "OTEL_EXPORTER_OTLP_HEADERS",
-    "OTEL_EXPORTER_OTLP_TIMEOUT",
-    "OTEL_TRACES_SAMPLER_ARG",
-];
+pub const READ_BY_THE_SDK: &[&str] = &["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_TRACES_SAMPLER_ARG"];
+
+/// How long one export over HTTP may take: `OTEL_EXPORTER_OTLP_TIMEOUT`
+/// (milliseconds), else 10 s, as the specification says.
+fn export_timeout(var: impl Fn(&str) -> Option<String>) -> Duration {
+    var("OTEL_EXPORTER_OTLP_TIMEOUT")
+        .and_then(|ms| ms.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(10), Duration::from_millis)
+}
 
 /// The OTLP transports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,8 +152,8 @@ impl Settings {
 }
 
 /// `otlp_endpoint` means what `OTEL_EXPORTER_OTLP_ENDPOINT` means: over
-/// HTTP, a base URL that `/v1/traces` is appended to (unless it names a
-/// path); over gRPC, the address as it stands.
+/// HTTP, a base URL that `/v1/traces` is appended to; over gRPC, the
+/// address as it stands.
 fn endpoint_url(base: &str, protocol: Protocol) -> anyhow::Result<String> {
     let url = url::Url::parse(base)
         .with_context(|| format!("telemetry.otlp_endpoint {base:?} is not a URL"))?;
@@ -157,8 +161,8 @@ fn endpoint_url(base: &str, protocol: Protocol) -> anyhow::Result<String> {
         bail!("telemetry.otlp_endpoint {base:?} must be an http:// or https:// URL");
     }
     Ok(match protocol {
-        Protocol::HttpProtobuf if url.path() == "/" => format!("{}v1/traces", url.as_str()),
-        _ => base.to_string(),
+        Protocol::HttpProtobuf => format!("{}/v1/traces", url.as_str().trim_end_matches('/')),
+        Protocol::Grpc => base.to_string(),
     })
 }
 
@@ -204,8 +208,9 @@ impl Tracer {
                 b.build()
             }
             Protocol::HttpProtobuf => {
-                let client = http::Client::new(Duration::from_secs(10))
-                    .context("cannot build the OTLP HTTP client")?;
+                let timeout = export_timeout(|name| std::env::var(name).ok());
+                let client =
+                    http::Client::new(timeout).context("cannot build the OTLP HTTP client")?;
                 let mut b = opentelemetry_otlp::SpanExporter::builder()
                     .with_http()
                     .with_http_client(client)
@@ -331,13 +336,22 @@ mod tests {
         let e = grpc.resolve(env(&[])).unwrap().unwrap();
         assert_eq!(e.endpoint.as_deref(), Some("http://127.0.0.1:4317"));
         let path = Settings {
-            endpoint: Some("http://127.0.0.1:4318/custom/traces".into()),
+            endpoint: Some("https://gateway.example/otlp/".into()),
             ..Settings::default()
         };
         let e = path.resolve(env(&[])).unwrap().unwrap();
         assert_eq!(
             e.endpoint.as_deref(),
-            Some("http://127.0.0.1:4318/custom/traces")
+            Some("https://gateway.example/otlp/v1/traces")
+        );
+    }
+
+    #[test]
+    fn an_export_takes_the_standard_timeout() {
+        assert_eq!(export_timeout(env(&[])), Duration::from_secs(10));
+        assert_eq!(
+            export_timeout(env(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "30000")])),
+            Duration::from_secs(30)
         );
     }
 
