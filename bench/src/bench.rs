@@ -14,8 +14,10 @@
 //! tests/peers/queue-bench, see [`crate::peers`]): each one's bulk enqueue
 //! and its drain of the same workload against the same receiver, at the
 //! best of a small sweep of its batch knobs, beside the relay's own bulk
-//! enqueue and drain just before and after it. Ratios measured in one run
-//! are the figures to compare: these machines are noisy.
+//! enqueue and drain just before and after it; and it compares the drain
+//! with tracing off and on (`--tracing`, see [`crate::traced`]). Ratios
+//! measured in one run are the figures to compare: these machines are
+//! noisy.
 
 use std::time::{Duration, Instant};
 
@@ -64,6 +66,8 @@ pub struct BenchArgs {
     pub peers_dir: std::path::PathBuf,
     /// The broker kinds to drain, and where their brokers are.
     pub brokers: Option<crate::brokers::Brokers>,
+    /// Rounds of the drain with tracing off and on, each (0 skips).
+    pub tracing_rounds: usize,
 }
 
 pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
@@ -316,7 +320,7 @@ async fn measure(
             "bench: scale-out: drain {n} webhooks with {relays} relay process(es), {} in flight each, receiver answering in {:?}",
             args.in_flight, args.scale_receiver_delay
         );
-        let mut run = scale_out_drain(store, args, db_url, &url, relays, &seen).await?;
+        let mut run = scale_out_drain(store, args, db_url, &url, relays, &seen, None).await?;
         let base = scale_out
             .first()
             .map_or(run.drain_per_s, |b: &ScaleOut| b.drain_per_s);
@@ -342,6 +346,11 @@ async fn measure(
             peers.push(run);
         }
     }
+
+    let tracing = match args.tracing_rounds {
+        0 => None,
+        rounds => Some(crate::traced::compare(store, args, db_url, &url, &seen, rounds).await?),
+    };
 
     Ok(Report {
         intents: n,
@@ -375,6 +384,7 @@ async fn measure(
         scale_out,
         relay_runs,
         peers,
+        tracing,
         brokers: match &args.brokers {
             Some(b) => crate::brokers::drains(store, config, b, args.in_flight).await?,
             None => Vec::new(),

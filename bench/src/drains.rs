@@ -7,6 +7,7 @@ use outbox_relay::store::Store;
 
 use crate::bench::BenchArgs;
 use crate::cpu;
+use crate::otlp::Traces;
 use crate::peers::ENQUEUE_PER_CALL;
 use crate::receiver::{peak_rss_mb_of, Seen};
 use crate::report::{RelayRun, ScaleOut};
@@ -16,6 +17,11 @@ use crate::sql::{enqueue_many_statements, run_sql, wait_delivered};
 /// database, let them go idle, commit `n` intents in one transaction and
 /// time until all are delivered. Counts the requests the receiver saw and
 /// the distinct webhook-ids among them: a duplicate effect would show.
+///
+/// `traced`: the relays export a span of every attempt to that OTLP
+/// receiver, and their CPU is counted until every span has arrived (see
+/// [`crate::traced`]); the drain rate and the machine's CPU stay commit to
+/// last delivery.
 pub(crate) async fn scale_out_drain(
     store: &Store,
     args: &BenchArgs,
@@ -23,10 +29,16 @@ pub(crate) async fn scale_out_drain(
     hook_url: &str,
     relays: usize,
     seen: &Seen,
+    traced: Option<&Traces>,
 ) -> anyhow::Result<ScaleOut> {
     run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
     seen.reset();
+    if let Some(traces) = traced {
+        traces.reset();
+    }
+    // a traced relay's /metrics is scraped for the spans it dropped
+    let mut metrics_ports = Vec::new();
     // this binary, run as `outbox-relay` (see crate::RUN_AS_RELAY)
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
@@ -51,12 +63,30 @@ pub(crate) async fn scale_out_drain(
                 "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
                 "[\"127.0.0.1/32\"]",
             )
-            .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
             .env("OUTBOX_RELAY__RETENTION__INTENTS", "\"0s\"")
             .env("RUST_LOG", "error")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true);
+        match traced {
+            Some(traces) => {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                    .local_addr()?
+                    .port();
+                metrics_ports.push(port);
+                cmd.env(
+                    "OUTBOX_RELAY__RELAY__METRICS_ADDR",
+                    format!("\"127.0.0.1:{port}\""),
+                )
+                .env(
+                    "OUTBOX_RELAY__TELEMETRY__OTLP_ENDPOINT",
+                    format!("\"{}\"", traces.endpoint()),
+                );
+            }
+            None => {
+                cmd.env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"");
+            }
+        }
         children.push(cmd.spawn()?);
     }
     // idle and listening before the work arrives
@@ -89,13 +119,30 @@ pub(crate) async fn scale_out_drain(
     let (cpu_from, relay_from) = (cpu::read(), relay_ticks());
     wait_delivered(store, "scale-", args.intents as i64).await?;
     let drain = args.intents as f64 / t.elapsed().as_secs_f64();
-    let (cpu_to, relay_to) = (cpu::read(), relay_ticks());
+    let (cpu_to, mut relay_to) = (cpu::read(), relay_ticks());
+    // the relays' export work runs on after the last delivery: their CPU
+    // is read again once the last span has arrived (the machine's window
+    // stays the drain, as others may use the CPUs while the export lingers)
+    let lag = match traced {
+        Some(traces) => {
+            let lag = crate::traced::wait_for_spans(traces, args.intents).await;
+            relay_to = relay_ticks();
+            Some(lag)
+        }
+        None => None,
+    };
     let relay_used = relay_to
         .zip(relay_from)
         .and_then(|(to, from)| to.checked_sub(from));
     let cpu = cpu_from
         .zip(cpu_to)
         .and_then(|(from, to)| cpu::between(&from, &to, args.intents, relay_used));
+    let exported = match (traced, lag) {
+        (Some(traces), Some(lag)) => {
+            Some(crate::traced::exported(traces, &metrics_ports, args.intents, lag).await?)
+        }
+        _ => None,
+    };
     let mut rss: f64 = 0.0;
     for c in children.iter_mut() {
         if let Some(pid) = c.id() {
@@ -117,6 +164,7 @@ pub(crate) async fn scale_out_drain(
         attempts,
         relay_peak_rss_mb: rss,
         cpu,
+        exported,
     })
 }
 
@@ -141,7 +189,7 @@ pub(crate) async fn relay_run(
         "bench: peers: drain {n} webhooks with one relay process, {} in flight, receiver answering at once",
         args.in_flight
     );
-    let run = scale_out_drain(store, args, db_url, hook_url, 1, seen).await?;
+    let run = scale_out_drain(store, args, db_url, hook_url, 1, seen, None).await?;
     Ok(RelayRun {
         enqueue_many_per_s,
         drain_per_s: run.drain_per_s,

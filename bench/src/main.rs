@@ -21,11 +21,13 @@ mod console;
 mod cpu;
 mod drains;
 mod ordering;
+mod otlp;
 mod peers;
 mod receiver;
 mod report;
 mod scratch;
 mod sql;
+mod traced;
 
 use std::path::PathBuf;
 
@@ -115,6 +117,12 @@ struct BenchArgs {
     /// Where the peer scripts are (run-peer.sh).
     #[arg(long, default_value = "tests/peers/queue-bench")]
     peers_dir: std::path::PathBuf,
+    /// Rounds of the webhook drain (one relay process, receiver answering at
+    /// once) with tracing off and with every attempt's span exported to a
+    /// local OTLP receiver, alternating, each; `--tracing` alone is 3; 0
+    /// skips.
+    #[arg(long, default_value_t = 0, num_args = 0..=1, default_missing_value = "3")]
+    tracing: usize,
     /// Broker kinds to drain against real brokers, e.g. nats,amqp (a
     /// stream and a queue of the bench's own; the broker's count is
     /// checked); empty to skip.
@@ -247,6 +255,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
                 .unwrap_or_else(|_| "guest".into()),
             intents: a.broker_intents.max(1),
         }),
+        tracing_rounds: a.tracing.min(100),
     };
     let report = bench::run(&url, &config, &args).await?;
     drop(store);

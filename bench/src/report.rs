@@ -59,6 +59,9 @@ pub struct ScaleOut {
     pub relay_peak_rss_mb: f64,
     /// The machine's CPU over the drain (Linux).
     pub cpu: Option<CpuUse>,
+    /// A traced drain's spans (`--tracing`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exported: Option<crate::traced::Exported>,
 }
 
 /// One peer job queue against the same workload, receiver and Postgres
@@ -215,6 +218,8 @@ pub struct Report {
     /// each (empty when no peer was asked for).
     pub relay_runs: Vec<RelayRun>,
     pub peers: Vec<PeerRun>,
+    /// `--tracing`: the drain with tracing off and on.
+    pub tracing: Option<crate::traced::TracingComparison>,
     /// `--brokers`: each broker kind drained against its real broker.
     pub brokers: Vec<crate::brokers::BrokerDrain>,
 }
@@ -411,6 +416,9 @@ pub fn print(r: &Report) {
     }
     if !r.peers.is_empty() {
         print_peers(r);
+    }
+    if let Some(t) = &r.tracing {
+        crate::traced::print(t);
     }
     for b in &r.brokers {
         println!(
