@@ -78,6 +78,7 @@ pub fn client_label(source: Option<&str>) -> String {
 /// visible to `rate()` and `increase()`.
 fn zero() {
     metrics::counter!("outbox_fencing_rejections_total").absolute(0);
+    metrics::counter!("outbox_spans_dropped_total").absolute(0);
     for kind in outbox_providers::KNOWN_KINDS {
         metrics::counter!("outbox_invariant_violations_total", "kind" => *kind).absolute(0);
         metrics::counter!("outbox_delivered_total", "kind" => *kind).absolute(0);

@@ -145,6 +145,10 @@ async fn replays_are_counted_by_source_and_each_effect_once() {
     assert_eq!(sum(&m, "outbox_leases_expired_total", &[]), 1.0);
     assert_eq!(sum(&m, "outbox_fencing_rejections_total", &[]), 0.0);
     assert_eq!(sum(&m, "outbox_invariant_violations_total", &[]), 0.0);
+    assert!(
+        m.contains_key("outbox_spans_dropped_total"),
+        "exported at 0 from the start"
+    );
     assert!(m
         .keys()
         .any(|k| k.starts_with("outbox_delivery_latency_seconds_bucket")));

@@ -45,14 +45,13 @@ impl Tracer {
             Kind::Producer => SpanKind::Producer,
             Kind::Internal => SpanKind::Internal,
         };
-        let mut attributes: Vec<KeyValue> = shape
-            .attributes
-            .into_iter()
-            .map(|(k, v)| match v {
-                Value::Text(t) => KeyValue::new(k, t),
-                Value::Int(i) => KeyValue::new(k, i),
-            })
-            .collect();
+        // room for the identity and the end's attributes: the SDK keeps
+        // this vector, and a push past its capacity copies it
+        let mut attributes: Vec<KeyValue> = Vec::with_capacity(shape.attributes.len() + 10);
+        attributes.extend(shape.attributes.into_iter().map(|(k, v)| match v {
+            Value::Text(t) => KeyValue::new(k, t),
+            Value::Int(i) => KeyValue::new(k, i),
+        }));
         attributes.extend(identity(who));
         self.start_span(who, shape.name, kind, attributes)
     }
@@ -97,14 +96,13 @@ impl Tracer {
                 builder.start_with_context(tracer, &Context::new())
             }),
         };
-        let sc = span.span_context().clone();
-        let (traceparent, tracestate) = headers_of(&sc);
+        let (traceparent, tracestate) = headers_of(span.span_context());
         Attempt {
             span: Some(span),
+            trace_id: Some(traceparent[3..35].to_string()),
+            span_id: Some(traceparent[36..52].to_string()),
             traceparent: Some(traceparent),
             tracestate,
-            trace_id: Some(sc.trace_id().to_string()),
-            span_id: Some(sc.span_id().to_string()),
         }
     }
 }

@@ -55,11 +55,13 @@ pub fn derived_trace_id(key: &str) -> TraceId {
 
 /// The `traceparent` (and `tracestate`) naming `span`.
 pub fn headers_of(span: &SpanContext) -> (String, Option<String>) {
-    let mut carrier = HashMap::new();
-    let cx = Context::new().with_remote_span_context(span.clone());
-    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
-    let parent = carrier.remove("traceparent").unwrap_or_default();
-    let state = carrier.remove("tracestate").filter(|s| !s.is_empty());
+    let parent = format!(
+        "00-{}-{}-{:02x}",
+        span.trace_id(),
+        span.span_id(),
+        span.trace_flags() & opentelemetry::trace::TraceFlags::SAMPLED
+    );
+    let state = Some(span.trace_state().header()).filter(|s| !s.is_empty());
     (parent, state)
 }
 

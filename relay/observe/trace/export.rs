@@ -132,13 +132,16 @@ async fn run<E: SpanExporter>(
                 take(m, &mut batch, &mut flushed);
             }
         }
-        for chunk in std::mem::take(&mut batch).chunks(BATCH) {
+        while !batch.is_empty() {
+            let rest = batch.split_off(batch.len().min(BATCH));
+            let chunk = std::mem::replace(&mut batch, rest);
             let n = chunk.len() as u64;
-            let result = exporter.lock().await.export(chunk.to_vec()).await;
+            let result = exporter.lock().await.export(chunk).await;
             if let Err(err) = result {
                 drops.add(n, &format!("the collector did not take a batch: {err}"));
             }
         }
+        batch.reserve(BATCH);
         for done in flushed {
             let _ = done.send(());
         }

@@ -223,7 +223,6 @@ impl Tracer {
         }
         .context("cannot set up the OTLP trace exporter")?;
         let (processor, flusher) = export::BoundedExport::start(exporter, export.queue);
-        metrics::counter!("outbox_spans_dropped_total").increment(0);
         let mut resource = Resource::builder().with_attribute(opentelemetry::KeyValue::new(
             "service.version",
             env!("CARGO_PKG_VERSION"),
