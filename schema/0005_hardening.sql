@@ -1,4 +1,4 @@
--- Hardening (issue 14): the ledger under snapshot isolation, one claim per
+-- Hardening: the ledger under snapshot isolation, one claim per
 -- ordering key, waiting intents outside the claim index, a bounded
 -- p_source, the fleet registry, and running totals for `stats`.
 --

@@ -1,4 +1,4 @@
--- Set-based enqueue and the insertable outbox (issue 16; contract names in
+-- Set-based enqueue and the insertable outbox (contract names in
 -- design.md).
 --
 --   outbox.enqueue_many(p_keys, p_kinds, p_payloads, p_destinations,

@@ -1,4 +1,4 @@
--- Destination health (issue 18): rate limits held across relays, circuit
+-- Destination health: rate limits held across relays, circuit
 -- breakers that recover by themselves, manual pause and resume, operator
 -- alerts through the outbox itself.
 --

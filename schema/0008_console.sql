@@ -1,4 +1,4 @@
--- The operator console (issue 17).
+-- The operator console.
 --
 -- outbox.error_class(last_error): the class a failure is grouped under on
 -- /failures and filtered by (`class`): "HTTP 503" where the error names an

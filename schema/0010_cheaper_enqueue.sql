@@ -1,4 +1,4 @@
--- Cheaper enqueues (issue 16). Function bodies and one CHECK change; the
+-- Cheaper enqueues. Function bodies and one CHECK change; the
 -- signatures, answers, errors and SQLSTATEs stay those of 0005 and 0006,
 -- and the CHECK accepts exactly what it accepted, so relays and
 -- applications of any earlier version run unchanged beside this.

@@ -12,6 +12,7 @@ pub mod enqueue;
 pub mod fleet;
 pub mod operator;
 pub mod recovery;
+mod reworded;
 pub mod schedules;
 pub mod stats;
 pub mod storable;
@@ -211,6 +212,11 @@ impl Store {
             .map(|m| (m.version, m.description.to_string()))
             .collect();
         if !pending.is_empty() {
+            if !before.is_empty() {
+                reworded::accept(&self.pool)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?;
+            }
             MIGRATOR
                 .run(&self.pool)
                 .await

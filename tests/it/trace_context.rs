@@ -935,3 +935,37 @@ async fn an_upgrade_keeps_the_execute_grants_made_on_the_old_signatures() {
     assert_eq!(context(&db, "after:7").await, ctx(None, None));
     assert_eq!(context(&db, "after:many").await, ctx(Some(TP2), None));
 }
+
+/// A database that ran the released migrations as first worded upgrades:
+/// their reworded comments are accepted, nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_accepts_the_reworded_comments_of_released_migrations() {
+    let db = released_schema().await;
+    // as the first texts of 0005, 0006, 0007, 0008 and 0010 recorded them
+    let earlier = [
+        (5, "a3148e17ffc7d6d734288c5b3803cb8b8b204287061df52eba9f8b011af2fe4083e58301588f04c5b3eda1c6643d55ac"),
+        (8, "e2e72c78a7c159edb69f7878f2b59bf2d36319d3b5ef50d875d68784fef45c1b7f90f7b651756b326f52183cc84079d0"),
+    ];
+    for (version, checksum) in earlier {
+        sqlx::query("UPDATE _sqlx_migrations SET checksum = decode($1, 'hex') WHERE version = $2")
+            .bind(checksum)
+            .bind(version)
+            .execute(db.pool())
+            .await
+            .unwrap();
+    }
+    db.store.migrate().await.unwrap();
+    assert!(db.store.migrations_current().await.unwrap());
+    // any other text is still refused, as sqlx refuses it
+    let other = TestDb::new().await;
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = '\\x00' WHERE version = 5")
+        .execute(other.pool())
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 16")
+        .execute(other.pool())
+        .await
+        .unwrap();
+    let err = other.store.migrate().await.unwrap_err();
+    assert!(format!("{err:#}").contains("modified"), "{err:#}");
+}
