@@ -249,6 +249,49 @@ async fn purging_100k_delivered_rows_in_batches_while_deliveries_continue() {
     assert_eq!(ledger, 100_000);
 }
 
+/// What a stalled ordering drill left: the states, every undelivered
+/// intent with its key, flags and last error, the pending rechecks, the
+/// destinations' health and whether each relay still runs.
+async fn stall_report(db: &TestDb, relays: &mut [tokio::process::Child]) -> String {
+    let mut out = format!("{:?}\n", db.store.stats().await.unwrap().by_state);
+    let rows: Vec<(
+        String,
+        String,
+        Option<String>,
+        bool,
+        i32,
+        Option<String>,
+        String,
+    )> = sqlx::query_as(
+        "SELECT key, state, ordering_key, waiting, attempts, last_error, \
+                    to_char(run_after - now(), 'FMSS.MS') \
+               FROM outbox.intents WHERE state <> 'delivered' ORDER BY ordering_key, id LIMIT 40",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    for r in rows {
+        out.push_str(&format!("  {r:?}\n"));
+    }
+    let rechecks: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.ordering_rechecks")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    out.push_str(&format!("ordering rechecks noted: {rechecks}\n"));
+    let health: Vec<(String, String)> =
+        sqlx::query_as("SELECT name, row_to_json(d)::text FROM outbox.destinations d")
+            .fetch_all(db.pool())
+            .await
+            .unwrap_or_default();
+    for h in health {
+        out.push_str(&format!("  destination {h:?}\n"));
+    }
+    for (i, r) in relays.iter_mut().enumerate() {
+        out.push_str(&format!("relay {i}: {:?}\n", r.try_wait()));
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_relays_deliver_50_keys_x_20_intents_in_order_despite_transient_failures() {
     const KEYS: usize = 50;
@@ -284,18 +327,20 @@ async fn four_relays_deliver_50_keys_x_20_intents_in_order_despite_transient_fai
     let mut relays: Vec<_> = (0..4)
         .map(|i| spawn_relay(&db, &cfg, &format!("ordered-{i}")))
         .collect();
-    let done = wait_for(Duration::from_secs(120), || async {
+    // well inside nextest's limit, so that a stall reports what it left
+    let done = wait_for(Duration::from_secs(75), || async {
         db.count("state = 'delivered'").await == (KEYS * PER_KEY) as i64
     })
     .await;
+    let stall = if done {
+        String::new()
+    } else {
+        stall_report(&db, &mut relays).await
+    };
     for r in &mut relays {
         terminate(r).await;
     }
-    assert!(
-        done,
-        "all delivered: {:?}",
-        db.store.stats().await.unwrap().by_state
-    );
+    assert!(done, "not all delivered within 75 s:\n{stall}");
 
     // per key: every request for seq n came after the 200 for seq n-1
     let mut by_key: HashMap<i64, Vec<(i64, std::time::Instant)>> = HashMap::new();
