@@ -16,11 +16,14 @@
 //!   it carries outward.
 //! - [`amqp`]: RabbitMQ publishes with confirms, `mandatory` and a stable
 //!   `message_id`.
+//! - [`kafka`]: idempotent Kafka produces carrying `outbox-effect-key`,
+//!   reconciled by searching the record's partition.
 
 pub mod amqp;
 pub mod charge;
 pub mod email;
 pub mod guard;
+pub mod kafka;
 pub mod keys;
 pub mod nats;
 pub mod outcome;
@@ -59,6 +62,9 @@ pub struct Delivery<'a> {
     pub kind: &'a str,
     /// Names a configured endpoint (webhook) instead of an inline address.
     pub destination: Option<&'a str>,
+    /// The intent's ordering key, if it has one (the `kafka` kind's record
+    /// key when the payload names none).
+    pub ordering_key: Option<&'a str>,
     pub payload: &'a serde_json::Value,
     /// The payload as stored (Postgres' canonical jsonb text), when the
     /// relay has it: a webhook body is sent as exactly this text, so no
@@ -194,7 +200,7 @@ pub(crate) fn payload_body(
 
 /// The kinds this product knows about. An intent of another kind is rejected
 /// by the relay with a readable reason.
-pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge", "nats", "amqp"];
+pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge", "nats", "amqp", "kafka"];
 
 /// Does this kind's `status` hold an HTTP status? (An email's is an SMTP
 /// reply code, where 5xx is a deliberate refusal, not a server error.)

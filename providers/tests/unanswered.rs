@@ -102,6 +102,7 @@ fn delivery<'a>(kind: &'a str, payload: &'a Value, deadline: Option<Instant>) ->
         key: "unanswered:1",
         kind,
         destination: None,
+        ordering_key: None,
         payload,
         payload_text: None,
         attempt: 1,

@@ -363,6 +363,7 @@ async fn attempt_at(
         key: &claim.key,
         kind: &claim.kind,
         destination: claim.destination.as_deref(),
+        ordering_key: claim.ordering_key.as_deref(),
         payload: &claim.payload,
         payload_text: Some(&claim.payload_text),
         attempt: claim.attempt,
@@ -587,6 +588,7 @@ mod tests {
             previous_attempt_at: None,
             traceparent: None,
             tracestate: None,
+            ordering_key: None,
         }
     }
 

@@ -54,6 +54,9 @@ pub struct Claimed {
     /// spans are children of it, and it goes out with the effect.
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// The intent's ordering key: a Kafka record's key when its payload
+    /// names none, so that one key's intents share a partition.
+    pub ordering_key: Option<String>,
 }
 
 /// The recorded result of one attempt and the intent's next state.
@@ -107,7 +110,7 @@ const CLAIMED_COLUMNS: &str =
     "i.id, i.key, i.kind, i.destination, i.payload::text AS payload, i.attempts, \
      i.attempts_base, i.fence, i.key_generation, i.created_at, \
      i.delivered_at IS NOT NULL AS delivered_before, i.recover_owner, i.recover_at, \
-     i.traceparent, i.tracestate";
+     i.traceparent, i.tracestate, i.ordering_key";
 
 fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
     let payload_text: String = row.try_get("payload")?;
@@ -137,6 +140,7 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
         claimed_at: std::time::Instant::now(),
         traceparent: row.try_get("traceparent")?,
         tracestate: row.try_get("tracestate")?,
+        ordering_key: row.try_get("ordering_key")?,
         // a fresh claim of an intent whose recovery was deferred (see
         // Store::keep_recovery) is a recovered claim still
         recovered_from: if recovered {

@@ -1,0 +1,466 @@
+//! Kafka: produce a record with librdkafka's idempotent producer
+//! (`enable.idempotence`, `acks=all`), carrying the header
+//! `outbox-effect-key` derived from the intent key, so that consumers can
+//! dedupe a redelivery and reconcile can find the record.
+//!
+//! - A delivery report with an offset is delivered, reference
+//!   `<topic>:<partition>:<offset>`.
+//! - A refusal that would repeat (a record too large, an invalid record,
+//!   no permission on the topic, an unknown topic where the cluster does not
+//!   create topics, a partition the topic lacks): rejected, naming it.
+//! - Credentials refused: misconfigured.
+//! - A record that never left the relay (no broker reachable, leader
+//!   elections, not enough replicas until the report's time ran out):
+//!   transient.
+//! - A record that may have reached the broker with no report confirming
+//!   it: ambiguous. Reconcile searches the record's partition from the
+//!   attempt's start for our effect key ([`search`]): found, it is
+//!   delivered with that record's offset; not found, `kafka.on_ambiguous`
+//!   decides (`redeliver` under the same header, or `park`).
+//!
+//! A later attempt of an intent (a retry after any failure) searches first
+//! and republishes only when the record is not there, so that a report lost
+//! in a network cut does not become a second record.
+
+pub mod partition;
+pub mod produce;
+pub mod request;
+pub mod search;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::BaseRecord;
+
+use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Reconciled, Secret, SpanShape};
+use produce::Report;
+use search::{Search, Wanted};
+
+/// Kafka settings, validated by the relay's config loader. The password
+/// comes from the environment or a file and is never logged.
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port` separated by commas.
+    pub brokers: String,
+    pub client_id: String,
+    /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
+    pub security_protocol: String,
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`, with the SASL protocols.
+    pub sasl_mechanism: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<Secret>,
+    /// A PEM file of root certificates for `ssl` and `sasl_ssl`.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Allow a `PLAIN` password over `sasl_plaintext` to brokers that are
+    /// not loopback.
+    pub allow_plaintext: bool,
+    /// The budget of one attempt: the delivery report is awaited for half
+    /// of it, the rest is kept for a reconcile.
+    pub timeout: Duration,
+    pub linger: Duration,
+    /// `none`, `gzip`, `snappy`, `lz4` or `zstd`.
+    pub compression: String,
+    pub on_ambiguous: AmbiguityPolicy,
+    /// How far back reconcile searches: never before the attempt's start,
+    /// and never more than this before now.
+    pub reconcile_window: Duration,
+}
+
+pub const SECURITY_PROTOCOLS: &[&str] = &["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"];
+pub const SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+pub const COMPRESSIONS: &[&str] = &["none", "gzip", "snappy", "lz4", "zstd"];
+
+/// Records' timestamps come from the producer's clock, the search's start
+/// from the relay's: this much earlier covers a skew between them.
+const CLOCK_MARGIN: Duration = Duration::from_secs(60);
+
+impl KafkaConfig {
+    /// Check what the provider would refuse, without connecting.
+    pub fn check(&self) -> Result<(), crate::Error> {
+        let bad = |why: String| Err(crate::Error::Config(why));
+        let brokers: Vec<&str> = self.brokers.split(',').map(str::trim).collect();
+        if brokers.iter().all(|b| b.is_empty()) {
+            return bad("kafka.brokers is empty".into());
+        }
+        for broker in &brokers {
+            if broker.contains("://") {
+                return bad(format!(
+                    "kafka.brokers {broker:?}: give host:port, without a scheme (kafka.security_protocol chooses TLS)"
+                ));
+            }
+            let port = broker.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+            if !matches!(port, Some((host, Ok(p))) if !host.is_empty() && p > 0) {
+                return bad(format!("kafka.brokers {broker:?} must be host:port"));
+            }
+        }
+        if !SECURITY_PROTOCOLS.contains(&self.security_protocol.as_str()) {
+            return bad(format!(
+                "kafka.security_protocol {:?} must be one of {}",
+                self.security_protocol,
+                SECURITY_PROTOCOLS.join(", ")
+            ));
+        }
+        let sasl = self.security_protocol.starts_with("sasl_");
+        match (&self.sasl_mechanism, sasl) {
+            (Some(m), true) if !SASL_MECHANISMS.contains(&m.as_str()) => {
+                return bad(format!(
+                    "kafka.sasl_mechanism {m:?} must be one of {}",
+                    SASL_MECHANISMS.join(", ")
+                ))
+            }
+            (None, true) => {
+                return bad(format!(
+                    "kafka.security_protocol {:?} needs kafka.sasl_mechanism",
+                    self.security_protocol
+                ))
+            }
+            (Some(_), false) => {
+                return bad(format!(
+                    "kafka.sasl_mechanism is set but kafka.security_protocol is {:?} (use sasl_ssl or sasl_plaintext)",
+                    self.security_protocol
+                ))
+            }
+            _ => {}
+        }
+        if sasl != (self.user.is_some() && self.password.is_some()) {
+            return bad(if sasl {
+                "kafka: SASL needs kafka.user and a password (OUTBOX_RELAY__KAFKA__PASSWORD, or ..._FILE naming a file)".into()
+            } else {
+                "kafka.user and kafka.password are used only with security_protocol sasl_ssl or sasl_plaintext".into()
+            });
+        }
+        if self.tls_ca_file.is_some() && !self.security_protocol.ends_with("ssl") {
+            return bad("kafka.tls_ca_file is used only with security_protocol ssl or sasl_ssl".into());
+        }
+        let clear = self.security_protocol == "sasl_plaintext"
+            && self.sasl_mechanism.as_deref() == Some("PLAIN");
+        if clear && !self.allow_plaintext && !brokers.iter().all(|b| loopback(b)) {
+            return bad("kafka: refusing to send a PLAIN password without TLS to brokers that are not local; use sasl_ssl (or set kafka.allow_plaintext = true)".into());
+        }
+        if !COMPRESSIONS.contains(&self.compression.as_str()) {
+            return bad(format!(
+                "kafka.compression {:?} must be one of {}",
+                self.compression,
+                COMPRESSIONS.join(", ")
+            ));
+        }
+        if self.client_id.trim().is_empty() {
+            return bad("kafka.client_id is empty".into());
+        }
+        if self.linger > Duration::from_secs(5) {
+            return bad("kafka.linger must be at most 5s".into());
+        }
+        if self.linger >= produce::report_wait(self.timeout) {
+            return bad(format!(
+                "kafka.linger ({:?}) must be shorter than half of kafka.timeout ({:?})",
+                self.linger, self.timeout
+            ));
+        }
+        if self.reconcile_window < Duration::from_secs(1) {
+            return bad("kafka.reconcile_window must be at least 1s".into());
+        }
+        Ok(())
+    }
+
+    /// The settings both the producer and reconcile's consumer use.
+    fn client(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", self.brokers.replace(' ', ""))
+            .set("client.id", &self.client_id)
+            .set("security.protocol", &self.security_protocol)
+            .set("socket.connection.setup.timeout.ms", produce::millis(self.timeout.max(Duration::from_secs(1))));
+        if let Some(m) = &self.sasl_mechanism {
+            c.set("sasl.mechanism", m);
+        }
+        if let (Some(user), Some(password)) = (&self.user, &self.password) {
+            c.set("sasl.username", user).set("sasl.password", password.expose());
+        }
+        if let Some(ca) = &self.tls_ca_file {
+            c.set("ssl.ca.location", ca.to_string_lossy());
+        }
+        c
+    }
+}
+
+fn loopback(broker: &str) -> bool {
+    let host = broker.rsplit_once(':').map_or(broker, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+pub struct KafkaProvider {
+    config: KafkaConfig,
+    client: ClientConfig,
+    /// Made on first use; rebuilt after a fatal error (an idempotent
+    /// producer that lost its sequence cannot go on).
+    producer: Mutex<Option<Arc<produce::Producer>>>,
+}
+
+impl KafkaProvider {
+    pub fn new(config: KafkaConfig) -> Result<Self, crate::Error> {
+        config.check()?;
+        let client = config.client();
+        // librdkafka checks the settings (a CA file it cannot read) as it
+        // creates the producer
+        let producer = produce::producer_config(client.clone(), &config)
+            .create_with_context::<_, produce::Producer>(produce::Context)
+            .map_err(|e| crate::Error::Config(format!("kafka: {e}")))?;
+        Ok(KafkaProvider {
+            config,
+            client,
+            producer: Mutex::new(Some(Arc::new(producer))),
+        })
+    }
+
+    fn producer(&self) -> Result<Arc<produce::Producer>, String> {
+        let mut slot = self.producer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let p = produce::producer_config(self.client.clone(), &self.config)
+            .create_with_context::<_, produce::Producer>(produce::Context)
+            .map(Arc::new)
+            .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
+        *slot = Some(p.clone());
+        Ok(p)
+    }
+
+    fn drop_producer(&self) {
+        *self.producer.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Search for the record (off the async runtime), from `since`.
+    async fn look_for(&self, d: &Delivery<'_>, since: SystemTime) -> Search {
+        let record = match request::parse(d.payload, None, d.ordering_key) {
+            Ok(r) => r,
+            Err(e) => return Search::Incomplete(e),
+        };
+        let oldest = SystemTime::now()
+            .checked_sub(self.config.reconcile_window)
+            .unwrap_or(UNIX_EPOCH);
+        let since = since.checked_sub(CLOCK_MARGIN).unwrap_or(UNIX_EPOCH).max(oldest);
+        let since_ms = since
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let deadline = Instant::now() + d.time_left(self.config.timeout);
+        let client = self.client.clone();
+        let effect_key = request::effect_key(d.key, d.key_generation);
+        tokio::task::spawn_blocking(move || {
+            let wanted = Wanted {
+                topic: &record.topic,
+                key: record.key.as_deref().map(str::as_bytes),
+                partition: record.partition,
+                effect_key: &effect_key,
+                since_ms,
+            };
+            search::search(&client, &wanted, deadline)
+        })
+        .await
+        .unwrap_or_else(|e| Search::Incomplete(format!("the search stopped: {e}")))
+    }
+
+    /// Produce the record and classify its delivery report.
+    async fn produce(&self, d: &Delivery<'_>, record: request::Record, started: Instant) -> Outcome {
+        let producer = match self.producer() {
+            Ok(p) => p,
+            Err(reason) => {
+                return Outcome::Misconfigured {
+                    reason,
+                    status: None,
+                }
+            }
+        };
+        let effect_key = request::effect_key(d.key, d.key_generation);
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
+        for (name, value) in &record.headers {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_bytes()),
+            });
+        }
+        headers = headers.insert(Header {
+            key: request::EFFECT_KEY_HEADER,
+            value: Some(effect_key.as_bytes()),
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut base = BaseRecord::with_opaque_to(&record.topic, Box::new(tx))
+            .payload(&record.body)
+            .headers(headers);
+        if let Some(key) = &record.key {
+            base = base.key(key.as_bytes());
+        }
+        if let Some(p) = record.partition {
+            base = base.partition(p);
+        }
+        let topic = record.topic.clone();
+        if let Err((error, _)) = producer.send(base) {
+            // refused before it was queued: nothing left the relay
+            return match produce::code(&error).and_then(produce::refusal) {
+                Some(why) => rejected(&topic, why, &error),
+                None => Outcome::Transient {
+                    reason: format!("the record for topic {topic:?} was not queued: {error}"),
+                    status: None,
+                    retry_after: None,
+                },
+            };
+        }
+        let wait = d.time_left(produce::report_wait(self.config.timeout) + Duration::from_millis(500));
+        let report = match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(report)) => report,
+            Ok(Err(_)) | Err(_) => {
+                return Outcome::Ambiguous {
+                    reason: format!(
+                        "no delivery report for the record to topic {topic:?} within {:?}; whether the broker wrote it is unknown",
+                        started.elapsed()
+                    ),
+                    status: None,
+                }
+            }
+        };
+        match report {
+            Report::Written { partition, offset } => Outcome::Delivered {
+                reference: Some(format!("{topic}:{partition}:{offset}")),
+                replayed: false,
+                status: None,
+            },
+            Report::Failed {
+                error,
+                possibly_written,
+            } => {
+                if produce::is_fatal(&error) {
+                    self.drop_producer();
+                }
+                classify(&topic, &error, possibly_written)
+            }
+        }
+    }
+}
+
+fn rejected(topic: &str, why: &str, error: &KafkaError) -> Outcome {
+    Outcome::Rejected {
+        reason: format!("kafka refused the record for topic {topic:?}: {why} ({error})"),
+        status: None,
+        response: None,
+    }
+}
+
+/// A failed delivery report's outcome.
+fn classify(topic: &str, error: &KafkaError, possibly_written: bool) -> Outcome {
+    let code = produce::code(error);
+    if let Some(why) = code.and_then(produce::refusal) {
+        return rejected(topic, why, error);
+    }
+    if let Some(why) = code.and_then(produce::misconfiguration) {
+        return Outcome::Misconfigured {
+            reason: format!("kafka: {why} ({error})"),
+            status: None,
+        };
+    }
+    if possibly_written {
+        Outcome::Ambiguous {
+            reason: format!(
+                "the record to topic {topic:?} was sent but not confirmed ({error}); whether the broker wrote it is unknown"
+            ),
+            status: None,
+        }
+    } else {
+        let hint = if code == Some(RDKafkaErrorCode::MessageTimedOut) {
+            "; no broker took it in time"
+        } else {
+            ""
+        };
+        Outcome::Transient {
+            reason: format!("the record to topic {topic:?} was not written ({error}{hint})"),
+            status: None,
+            retry_after: None,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for KafkaProvider {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    async fn deliver(&self, d: &Delivery<'_>) -> Outcome {
+        let started = Instant::now();
+        if let Err(reason) = crate::refuse_destination("kafka", d.destination) {
+            return Outcome::invalid(reason);
+        }
+        let mut record = match request::parse(d.payload, d.raw_body(), d.ordering_key) {
+            Ok(r) => r,
+            Err(reason) => return Outcome::invalid(reason),
+        };
+        if let Some(trace) = d.trace {
+            crate::span::set_trace_headers(&mut record.headers, trace, |v| v.to_string());
+        }
+        // a retry (not a recovery, which the relay reconciles itself):
+        // the last attempt's record may be in the log already
+        if d.attempt > 1 && d.previous_attempt_at.is_none() {
+            let since = SystemTime::now()
+                .checked_sub(self.config.reconcile_window)
+                .unwrap_or(UNIX_EPOCH);
+            match self.look_for(d, since + CLOCK_MARGIN).await {
+                Search::Found { partition, offset } => {
+                    return Outcome::Delivered {
+                        reference: Some(format!("{}:{partition}:{offset}", record.topic)),
+                        replayed: true,
+                        status: None,
+                    }
+                }
+                Search::NotFound => {}
+                Search::Incomplete(why) => {
+                    return Outcome::Transient {
+                        reason: format!(
+                            "could not check whether an earlier attempt's record is in topic {:?} ({why}); nothing was sent",
+                            record.topic
+                        ),
+                        status: None,
+                        retry_after: None,
+                    }
+                }
+            }
+        }
+        self.produce(d, record, started).await
+    }
+
+    async fn reconcile(&self, d: &Delivery<'_>) -> Reconciled {
+        let since = d.previous_attempt_at.unwrap_or(UNIX_EPOCH);
+        match self.look_for(d, since).await {
+            Search::Found { partition, offset } => {
+                let topic = d
+                    .payload
+                    .get("topic")
+                    .and_then(|t| t.as_str())
+                    .unwrap_or_default();
+                Reconciled::Found {
+                    reference: format!("{topic}:{partition}:{offset}"),
+                }
+            }
+            // not in the log now; a record still in flight could land
+            // later, so the kind's policy decides
+            Search::NotFound | Search::Incomplete(_) => Reconciled::Unknown,
+        }
+    }
+
+    fn on_ambiguous(&self) -> AmbiguityPolicy {
+        self.config.on_ambiguous
+    }
+
+    /// A messaging `publish` span on the record's topic.
+    fn span_shape(&self, d: &Delivery<'_>) -> SpanShape {
+        match d.payload.get("topic").and_then(|s| s.as_str()) {
+            Some(topic) => crate::span::publish(
+                "kafka",
+                topic,
+                request::effect_key(d.key, d.key_generation),
+            ),
+            None => SpanShape::plain("kafka"),
+        }
+    }
+}
