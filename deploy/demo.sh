@@ -85,6 +85,9 @@ intent_states() {
 }
 
 have cargo || die "cargo is not on PATH: install Rust (rustup) first"
+# shellcheck source=deploy/lib/build-tools.sh
+. "$REPO_ROOT/deploy/lib/build-tools.sh"
+ensure_build_tools
 say "building: cargo build --locked -p outbox-relay -p outbox-demo-receiver --bins"
 cargo build --locked -p outbox-relay -p outbox-demo-receiver --bins
 BIN_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug"

@@ -14,6 +14,11 @@
 #     chromium-driver (the console's browser test), python3 and python3-venv;
 #   - PyPI, into a private virtual environment under target/test-venv (never
 #     into your own Python): the pinned peers of tests/peers/requirements.txt;
+#   - Debian: make, pkg-config and libssl-dev (librdkafka's build, see
+#     deploy/lib/build-tools.sh);
+#   - crates.io: the Kafka-API test broker Tansu, built once per machine
+#     into ~/.cache/outbox-relay/tools (about ten minutes on two cores; see
+#     deploy/lib/tansu.sh);
 #   - the clients' test tools: clients/python/setup.sh (PyPI, hash-checked,
 #     into target/clients/python-venv) and clients/typescript/setup.sh
 #     (npm ci into clients/typescript/node_modules; Debian's nodejs and npm
@@ -29,6 +34,10 @@ LOG_PREFIX=run.sh
 . "$REPO_ROOT/deploy/lib/scratch-pg.sh"
 # shellcheck source=deploy/lib/scratch-rabbit.sh
 . "$REPO_ROOT/deploy/lib/scratch-rabbit.sh"
+# shellcheck source=deploy/lib/build-tools.sh
+. "$REPO_ROOT/deploy/lib/build-tools.sh"
+# shellcheck source=deploy/lib/tansu.sh
+. "$REPO_ROOT/deploy/lib/tansu.sh"
 
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
@@ -135,6 +144,7 @@ drop_leftover_test_dbs() {
 }
 
 have cargo || die "cargo is not on PATH: install Rust (rustup) first"
+ensure_build_tools
 
 say "checking the test peers (installing what is missing: see the head of tests/run.sh)"
 
@@ -145,6 +155,7 @@ say "the TypeScript client's test tools: clients/typescript/setup.sh"
 bash "$REPO_ROOT/clients/typescript/setup.sh"
 ensure_nats_server
 ensure_chromium
+tansu_ensure
 scratch_rabbit_setup
 scratch_pg_setup pg-test
 drop_leftover_test_dbs

@@ -26,7 +26,7 @@ pub enum DestinationAction {
     /// and raised as an alert.
     Pause {
         /// An origin (https://host[:port]), a webhook endpoint name, or
-        /// smtp, charge, nats, amqp.
+        /// smtp, charge, nats, amqp, kafka.
         destination: String,
         /// Why, for the record and the alert.
         #[arg(long)]

@@ -15,7 +15,7 @@ pub struct EnqueueArgs {
     /// The intent's idempotency key, e.g. order:42:confirmation.
     #[arg(long)]
     key: String,
-    /// webhook, email, charge, nats or amqp.
+    /// webhook, email, charge, nats, amqp or kafka.
     #[arg(long)]
     kind: String,
     /// The payload as JSON; @FILE reads a file, @- reads standard input.

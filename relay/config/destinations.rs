@@ -1,6 +1,6 @@
 //! What a destination is called: a webhook's origin
 //! (`scheme://host[:port]`, also for a named endpoint), or `smtp`,
-//! `charge`, `nats`, `amqp`. One destination has one name, however an
+//! `charge`, `nats`, `amqp`, `kafka`. One destination has one name, however an
 //! operator or a payload spells it.
 
 use std::collections::HashMap;
@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 /// The destinations that are not a URL's origin.
-pub const NAMED: &[&str] = &["smtp", "charge", "nats", "amqp"];
+pub const NAMED: &[&str] = &["smtp", "charge", "nats", "amqp", "kafka"];
 
 /// `scheme://host[:port]` of a URL, lowercase, without a default port, an
 /// IPv4 address in its dotted form however it was written (`0x7f.1`,
@@ -38,7 +38,7 @@ pub fn destination_of(
             None => payload.get("url").and_then(Value::as_str).and_then(origin),
         },
         "email" => Some("smtp".into()),
-        "charge" | "nats" | "amqp" => Some(kind.into()),
+        "charge" | "nats" | "amqp" | "kafka" => Some(kind.into()),
         _ => None,
     }
 }
@@ -92,6 +92,7 @@ mod tests {
         assert_eq!(d("email", None, json!({})).as_deref(), Some("smtp"));
         assert_eq!(d("charge", None, json!({})).as_deref(), Some("charge"));
         assert_eq!(d("amqp", None, json!({})).as_deref(), Some("amqp"));
+        assert_eq!(d("kafka", None, json!({})).as_deref(), Some("kafka"));
         assert_eq!(d("sms", None, json!({})), None);
         assert_eq!(
             canonical("billing", &endpoints).unwrap(),

@@ -23,6 +23,7 @@ mod duration;
 mod email;
 mod env;
 pub mod health;
+mod kafka;
 mod nats;
 mod relay;
 mod retention;
@@ -41,6 +42,7 @@ pub use email::EmailSection;
 use env::{apply_env, EnvSources};
 pub use env::{read_secret_file, read_secret_files, LOOKUP_TOKEN_VAR};
 pub use health::{AlertsSection, BreakerOverride, BreakerSection, HealthSettings};
+pub use kafka::KafkaSection;
 pub use nats::NatsSection;
 pub use relay::RelaySection;
 pub use retention::RetentionSection;
@@ -61,6 +63,7 @@ pub struct Config {
     pub charge: ChargeSection,
     pub nats: NatsSection,
     pub amqp: AmqpSection,
+    pub kafka: KafkaSection,
     /// `[limits]`: destination → rate, e.g. `"https://api.partner.example"
     /// = "50/s"`, `"smtp" = "20/s"`, held across all relays.
     pub limits: HashMap<String, String>,
@@ -104,6 +107,7 @@ impl Config {
             "charge" => self.charge.timeout.0,
             "nats" => self.nats.timeout.0,
             "amqp" => self.amqp.timeout.0,
+            "kafka" => self.kafka.timeout.0,
             _ => self.webhook.timeout.0,
         }
     }
@@ -122,6 +126,9 @@ impl Config {
         }
         if self.amqp.url.is_some() {
             longest = longest.max(self.attempt_time("amqp"));
+        }
+        if self.kafka.brokers.is_some() {
+            longest = longest.max(self.attempt_time("kafka"));
         }
         longest
     }
@@ -235,7 +242,7 @@ impl Config {
         if self.longest_attempt() + Duration::from_millis(1600) > r.lease.0 {
             bail!(
                 "relay.lease ({:?}) must exceed the longest provider timeout ({:?}; \
-                 webhook.timeout, email.timeout, charge.timeout, nats.timeout, amqp.timeout) \
+                 webhook.timeout, email.timeout, charge.timeout, nats.timeout, amqp.timeout, kafka.timeout) \
                  by at least 1.6s: a delivery must end before its lease can expire, or a slow \
                  request would be redelivered while it runs",
                 r.lease.0,
@@ -280,6 +287,7 @@ impl Config {
             ("charge.connect_timeout", self.charge.connect_timeout),
             ("nats.timeout", self.nats.timeout),
             ("amqp.timeout", self.amqp.timeout),
+            ("kafka.timeout", self.kafka.timeout),
         ] {
             // "0s" would time out every attempt (an email timed out after
             // its body is ambiguous: every message would be parked)
@@ -296,6 +304,7 @@ impl Config {
         self.charge.provider_config()?;
         self.nats.provider_config()?;
         self.amqp.provider_config()?;
+        self.kafka.provider_config()?;
         self.health()?;
         self.schedules()?;
         self.check_schedule_payloads()?;

@@ -38,7 +38,7 @@ impl Config {
     /// `email.from` where email is configured (elsewhere another relay's
     /// `email.from` applies).
     pub(super) fn check_schedule_payloads(&self) -> anyhow::Result<()> {
-        use outbox_providers::{amqp, charge, email, nats, webhook, KNOWN_KINDS};
+        use outbox_providers::{amqp, charge, email, kafka, nats, webhook, KNOWN_KINDS};
         for s in &self.schedules {
             let checked = match s.kind.as_str() {
                 "webhook" => webhook::request::parse(
@@ -69,6 +69,9 @@ impl Config {
                     .map(drop),
                 "amqp" => outbox_providers::refuse_destination("amqp", s.destination.as_deref())
                     .and_then(|()| amqp::request::parse(&s.payload, None))
+                    .map(drop),
+                "kafka" => outbox_providers::refuse_destination("kafka", s.destination.as_deref())
+                    .and_then(|()| kafka::request::parse(&s.payload, None, None))
                     .map(drop),
                 other => bail!(
                     "schedule {:?}: kind {other:?} is not one this relay delivers ({})",

@@ -342,6 +342,10 @@ pub fn provider_key(intent: &Intent) -> String {
         ),
         "nats" => format!("Nats-Msg-Id {}", keys::effect_key(key, "nats", generation)),
         "amqp" => format!("message_id {}", keys::effect_key(key, "amqp", generation)),
+        "kafka" => format!(
+            "outbox-effect-key {}",
+            keys::effect_key(key, "kafka", generation)
+        ),
         _ => "— (no relay delivers this kind)".into(),
     }
 }

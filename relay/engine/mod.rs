@@ -25,6 +25,7 @@ use std::time::Duration;
 use outbox_providers::amqp::AmqpProvider;
 use outbox_providers::charge::ChargeProvider;
 use outbox_providers::email::EmailProvider;
+use outbox_providers::kafka::KafkaProvider;
 use outbox_providers::nats::NatsProvider;
 use outbox_providers::webhook::WebhookProvider;
 use outbox_providers::{ProviderSet, KNOWN_KINDS};
@@ -44,7 +45,7 @@ pub use complete::{BatchCounts, Batches};
 
 /// The providers `config` enables: webhook always; email when
 /// `email.smtp_url` is set; charge when an API key is; nats and amqp
-/// when their `url` is. Built here, where
+/// when their `url` is; kafka when `kafka.brokers` is. Built here, where
 /// the engine is wired; the configuration only describes and validates
 /// them. An [`outbox_providers::Error::Config`] in the error chain means the
 /// configuration is at fault.
@@ -62,6 +63,9 @@ pub fn providers(config: &Config) -> anyhow::Result<ProviderSet> {
     }
     if let Some(amqp) = config.amqp.provider_config()? {
         set = set.with(Arc::new(AmqpProvider::new(amqp)?));
+    }
+    if let Some(kafka) = config.kafka.provider_config()? {
+        set = set.with(Arc::new(KafkaProvider::new(kafka)?));
     }
     Ok(set)
 }

@@ -31,7 +31,7 @@ pub struct Search {
     pub key_prefix: Option<String>,
     /// The destination: an origin (`https://api.example:8443`), its
     /// `host:port` or host alone, an endpoint name, or `smtp`, `charge`,
-    /// `nats`, `amqp`.
+    /// `nats`, `amqp`, `kafka`.
     pub host: Option<String>,
     /// Webhook endpoint names that are `host` too (their origin is it).
     pub host_names: Vec<String>,

@@ -249,20 +249,24 @@ async fn purging_100k_delivered_rows_in_batches_while_deliveries_continue() {
     assert_eq!(ledger, 100_000);
 }
 
+/// An undelivered intent: key, state, ordering key, waiting, attempts,
+/// last error, seconds until due.
+type StallRow = (
+    String,
+    String,
+    Option<String>,
+    bool,
+    i32,
+    Option<String>,
+    String,
+);
+
 /// What a stalled ordering drill left: the states, every undelivered
 /// intent with its key, flags and last error, the pending rechecks, the
 /// destinations' health and whether each relay still runs.
 async fn stall_report(db: &TestDb, relays: &mut [tokio::process::Child]) -> String {
     let mut out = format!("{:?}\n", db.store.stats().await.unwrap().by_state);
-    let rows: Vec<(
-        String,
-        String,
-        Option<String>,
-        bool,
-        i32,
-        Option<String>,
-        String,
-    )> = sqlx::query_as(
+    let rows: Vec<StallRow> = sqlx::query_as(
         "SELECT key, state, ordering_key, waiting, attempts, last_error, \
                     to_char(run_after - now(), 'FMSS.MS') \
                FROM outbox.intents WHERE state <> 'delivered' ORDER BY ordering_key, id LIMIT 40",

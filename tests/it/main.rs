@@ -31,6 +31,7 @@ mod first_steps;
 mod getting_started;
 mod hardening;
 mod health;
+mod kafka;
 mod layout;
 mod lifecycle;
 mod lookup;

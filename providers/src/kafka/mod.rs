@@ -92,7 +92,9 @@ impl KafkaConfig {
                     "kafka.brokers {broker:?}: give host:port, without a scheme (kafka.security_protocol chooses TLS)"
                 ));
             }
-            let port = broker.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+            let port = broker
+                .rsplit_once(':')
+                .map(|(host, port)| (host, port.parse::<u16>()));
             if !matches!(port, Some((host, Ok(p))) if !host.is_empty() && p > 0) {
                 return bad(format!("kafka.brokers {broker:?} must be host:port"));
             }
@@ -134,7 +136,9 @@ impl KafkaConfig {
             });
         }
         if self.tls_ca_file.is_some() && !self.security_protocol.ends_with("ssl") {
-            return bad("kafka.tls_ca_file is used only with security_protocol ssl or sasl_ssl".into());
+            return bad(
+                "kafka.tls_ca_file is used only with security_protocol ssl or sasl_ssl".into(),
+            );
         }
         let clear = self.security_protocol == "sasl_plaintext"
             && self.sasl_mechanism.as_deref() == Some("PLAIN");
@@ -172,12 +176,16 @@ impl KafkaConfig {
         c.set("bootstrap.servers", self.brokers.replace(' ', ""))
             .set("client.id", &self.client_id)
             .set("security.protocol", &self.security_protocol)
-            .set("socket.connection.setup.timeout.ms", produce::millis(self.timeout.max(Duration::from_secs(1))));
+            .set(
+                "socket.connection.setup.timeout.ms",
+                produce::millis(self.timeout.max(Duration::from_secs(1))),
+            );
         if let Some(m) = &self.sasl_mechanism {
             c.set("sasl.mechanism", m);
         }
         if let (Some(user), Some(password)) = (&self.user, &self.password) {
-            c.set("sasl.username", user).set("sasl.password", password.expose());
+            c.set("sasl.username", user)
+                .set("sasl.password", password.expose());
         }
         if let Some(ca) = &self.tls_ca_file {
             c.set("ssl.ca.location", ca.to_string_lossy());
@@ -189,7 +197,10 @@ impl KafkaConfig {
 fn loopback(broker: &str) -> bool {
     let host = broker.rsplit_once(':').map_or(broker, |(h, _)| h);
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 pub struct KafkaProvider {
@@ -242,7 +253,10 @@ impl KafkaProvider {
         let oldest = SystemTime::now()
             .checked_sub(self.config.reconcile_window)
             .unwrap_or(UNIX_EPOCH);
-        let since = since.checked_sub(CLOCK_MARGIN).unwrap_or(UNIX_EPOCH).max(oldest);
+        let since = since
+            .checked_sub(CLOCK_MARGIN)
+            .unwrap_or(UNIX_EPOCH)
+            .max(oldest);
         let since_ms = since
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -264,7 +278,12 @@ impl KafkaProvider {
     }
 
     /// Produce the record and classify its delivery report.
-    async fn produce(&self, d: &Delivery<'_>, record: request::Record, started: Instant) -> Outcome {
+    async fn produce(
+        &self,
+        d: &Delivery<'_>,
+        record: request::Record,
+        started: Instant,
+    ) -> Outcome {
         let producer = match self.producer() {
             Ok(p) => p,
             Err(reason) => {
@@ -308,7 +327,8 @@ impl KafkaProvider {
                 },
             };
         }
-        let wait = d.time_left(produce::report_wait(self.config.timeout) + Duration::from_millis(500));
+        let wait =
+            d.time_left(produce::report_wait(self.config.timeout) + Duration::from_millis(500));
         let report = match tokio::time::timeout(wait, rx).await {
             Ok(Ok(report)) => report,
             Ok(Err(_)) | Err(_) => {
@@ -455,11 +475,9 @@ impl Provider for KafkaProvider {
     /// A messaging `publish` span on the record's topic.
     fn span_shape(&self, d: &Delivery<'_>) -> SpanShape {
         match d.payload.get("topic").and_then(|s| s.as_str()) {
-            Some(topic) => crate::span::publish(
-                "kafka",
-                topic,
-                request::effect_key(d.key, d.key_generation),
-            ),
+            Some(topic) => {
+                crate::span::publish("kafka", topic, request::effect_key(d.key, d.key_generation))
+            }
             None => SpanShape::plain("kafka"),
         }
     }

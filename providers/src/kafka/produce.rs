@@ -95,9 +95,7 @@ pub fn refusal(code: RDKafkaErrorCode) -> Option<&'static str> {
     use RDKafkaErrorCode as C;
     Some(match code {
         C::MessageSizeTooLarge => "the record is larger than the broker takes (message.max.bytes)",
-        C::InvalidRecord | C::InvalidMessage => {
-            "the broker refused the record as invalid"
-        }
+        C::InvalidRecord | C::InvalidMessage => "the broker refused the record as invalid",
         C::TopicAuthorizationFailed => "the relay's user may not write to this topic",
         C::UnknownTopicOrPartition | C::UnknownTopic => {
             "the topic does not exist (and the cluster does not create topics on first use)"

@@ -46,10 +46,12 @@ pub fn parse(
     let obj = payload
         .as_object()
         .ok_or("kafka payload must be a JSON object with \"topic\" and \"body\"")?;
-    if let Some(unknown) = obj
-        .keys()
-        .find(|k| !matches!(k.as_str(), "topic" | "key" | "body" | "headers" | "partition"))
-    {
+    if let Some(unknown) = obj.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "topic" | "key" | "body" | "headers" | "partition"
+        )
+    }) {
         return Err(format!(
             "kafka payload has an unknown field {unknown:?} (expected topic, key, body, headers, partition)"
         ));
@@ -199,18 +201,33 @@ mod tests {
             (json!({"topic": "a b", "body": 1}), "ASCII letters"),
             (json!({"topic": "..", "body": 1}), "not a valid name"),
             (json!({"topic": "t"}), "no \"body\""),
-            (json!({"topic": "t", "body": 1, "key": 5}), "\"key\" must be"),
+            (
+                json!({"topic": "t", "body": 1, "key": 5}),
+                "\"key\" must be",
+            ),
             (json!({"topic": "t", "body": 1, "partition": -1}), "0 to"),
             (json!({"topic": "t", "body": 1, "partition": 1.5}), "0 to"),
-            (json!({"topic": "t", "body": 1, "partition": "1"}), "whole number"),
+            (
+                json!({"topic": "t", "body": 1, "partition": "1"}),
+                "whole number",
+            ),
             (json!({"topic": "t", "body": 1, "headers": []}), "object"),
-            (json!({"topic": "t", "body": 1, "headers": {"a": 1}}), "string"),
-            (json!({"topic": "t", "body": 1, "headers": {"": "x"}}), "valid header"),
+            (
+                json!({"topic": "t", "body": 1, "headers": {"a": 1}}),
+                "string",
+            ),
+            (
+                json!({"topic": "t", "body": 1, "headers": {"": "x"}}),
+                "valid header",
+            ),
             (
                 json!({"topic": "t", "body": 1, "headers": {"Outbox-Effect-Key": "x"}}),
                 "set by the relay",
             ),
-            (json!({"topic": "t", "body": 1, "url": "x"}), "unknown field"),
+            (
+                json!({"topic": "t", "body": 1, "url": "x"}),
+                "unknown field",
+            ),
         ] {
             let err = parse(&payload, None, None).unwrap_err();
             assert!(err.contains(needle), "{payload}: {err}");

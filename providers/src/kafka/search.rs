@@ -35,7 +35,10 @@ pub struct Wanted<'a> {
 
 #[derive(Debug, PartialEq)]
 pub enum Search {
-    Found { partition: i32, offset: i64 },
+    Found {
+        partition: i32,
+        offset: i64,
+    },
     /// Every partition the record could be in was read to its end from
     /// the start time: the record is not there (now).
     NotFound,

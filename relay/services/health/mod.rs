@@ -4,7 +4,7 @@
 //!
 //! A *destination* is where a kind's effects go: a webhook's origin
 //! (`scheme://host[:port]`, also for a named endpoint), `smtp`, `charge`,
-//! `nats`, `amqp`. Before an attempt the relay asks the [`Gate`]:
+//! `nats`, `amqp`, `kafka`. Before an attempt the relay asks the [`Gate`]:
 //!
 //! - paused by an operator, breaker open (no probe due), a 429 still in
 //!   force, no token of its rate limit: the intent is *deferred* (pending

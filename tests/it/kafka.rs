@@ -1,0 +1,367 @@
+//! The `kafka` kind against a real Kafka-API broker (Tansu) read back by a
+//! real consumer (librdkafka): the record, its key, partition and headers,
+//! per-key order, operator retries and new effects, refusals, and the
+//! delivery report lost on the way back, or the record never written,
+//! behind a proxy that reads the protocol.
+
+use std::time::Duration;
+
+use outbox_providers::kafka::{partition, request::effect_key};
+use outbox_providers::AmbiguityPolicy;
+use outbox_relay::config::{Config, Dur};
+use outbox_relay::store::operator::RetryOptions;
+use serde_json::json;
+
+use crate::common::kafka::{Broker, Mode, Proxy, Record};
+use crate::common::{config, engine, free_port, run_until, TestDb};
+
+const EFFECT_HEADER: &str = "outbox-effect-key";
+
+fn kafka_config(brokers: String) -> Config {
+    let mut c = config();
+    c.kafka.brokers = Some(brokers);
+    c.kafka.timeout = Dur(Duration::from_secs(3));
+    c.kafka.linger = Dur(Duration::from_millis(1));
+    c
+}
+
+async fn enqueue(db: &TestDb, key: &str, payload: serde_json::Value, ordering_key: Option<&str>) {
+    sqlx::query("SELECT outbox.enqueue($1, 'kafka', $2::text::jsonb, p_ordering_key => $3)")
+        .bind(key)
+        .bind(payload.to_string())
+        .bind(ordering_key)
+        .execute(db.pool())
+        .await
+        .unwrap();
+}
+
+fn header<'a>(r: &'a Record, name: &str) -> Option<&'a str> {
+    r.headers.get(name).map(String::as_str)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_carries_its_body_key_and_effect_key_and_the_reference_names_it() {
+    let db = TestDb::new().await;
+    let broker = Broker::start().await;
+    broker.create_topic("orders", 3).await;
+    let big = "123456789012345678901234567890.10";
+    sqlx::query(
+        "SELECT outbox.enqueue('order:1', 'kafka', $1::text::jsonb, p_ordering_key => 'acct-9')",
+    )
+    .bind(format!(
+        r#"{{"topic": "orders", "key": "acct-1", "body": {{"total": {big}}}, "headers": {{"source": "shop"}}}}"#
+    ))
+    .execute(db.pool())
+    .await
+    .unwrap();
+    enqueue(
+        &db,
+        "order:2",
+        json!({"topic": "orders", "body": [2]}),
+        Some("acct-2"),
+    )
+    .await;
+    enqueue(
+        &db,
+        "order:3",
+        json!({"topic": "orders", "body": null, "partition": 1}),
+        None,
+    )
+    .await;
+    let cfg = kafka_config(broker.brokers());
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+
+    let records = broker.records("orders", 3).await;
+    assert_eq!(records.len(), 3, "{records:?}");
+    for (key, record_key, body) in [
+        ("order:1", Some("acct-1"), format!(r#"{{"total": {big}}}"#)),
+        ("order:2", Some("acct-2"), "[2]".to_string()),
+        ("order:3", None, "null".to_string()),
+    ] {
+        let i = db.store.find(key).await.unwrap();
+        assert_eq!(i.state, "delivered", "{key}: {:?}", i.last_error);
+        let ours = effect_key(key, 0);
+        let r = records
+            .iter()
+            .find(|r| header(r, EFFECT_HEADER) == Some(ours.as_str()))
+            .unwrap_or_else(|| panic!("{key}: no record with its effect key"));
+        assert_eq!(r.key.as_deref(), record_key, "{key}");
+        assert_eq!(r.value, body, "{key}: the stored text, digits intact");
+        assert_eq!(
+            i.provider_ref.as_deref(),
+            Some(format!("orders:{}:{}", r.partition, r.offset).as_str()),
+            "{key}"
+        );
+        if let Some(k) = record_key {
+            // Kafka's default partitioner, as reconcile computes it
+            assert_eq!(r.partition, partition::for_key(k.as_bytes(), 3), "{key}");
+        }
+    }
+    let first = records
+        .iter()
+        .find(|r| r.key.as_deref() == Some("acct-1"))
+        .unwrap();
+    assert_eq!(header(first, "source"), Some("shop"));
+    let third = records.iter().find(|r| r.key.is_none()).unwrap();
+    assert_eq!(third.partition, 1, "the payload's partition");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_keys_intents_stay_in_order_in_one_partition() {
+    let db = TestDb::new().await;
+    let broker = Broker::start().await;
+    broker.create_topic("ledger", 4).await;
+    for seq in 0..8 {
+        for k in 0..4 {
+            let key = format!("acct-{k}");
+            enqueue(
+                &db,
+                &format!("ledger:{k}:{seq}"),
+                json!({"topic": "ledger", "body": {"k": k, "seq": seq}}),
+                Some(&key),
+            )
+            .await;
+        }
+    }
+    let cfg = kafka_config(broker.brokers());
+    run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(60),
+        || async { db.count("state = 'delivered'").await == 32 },
+    )
+    .await;
+    let records = broker.records("ledger", 4).await;
+    assert_eq!(records.len(), 32);
+    for k in 0..4 {
+        let key = format!("acct-{k}");
+        let mine: Vec<&Record> = records
+            .iter()
+            .filter(|r| r.key.as_deref() == Some(&key))
+            .collect();
+        let partitions: std::collections::BTreeSet<i32> =
+            mine.iter().map(|r| r.partition).collect();
+        assert_eq!(partitions.len(), 1, "{key}: one partition");
+        let seqs: Vec<i64> = mine
+            .iter()
+            .map(|r| {
+                serde_json::from_str::<serde_json::Value>(&r.value).unwrap()["seq"]
+                    .as_i64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(seqs, (0..8).collect::<Vec<_>>(), "{key}: in offset order");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_retry_finds_the_record_and_a_new_effect_is_a_new_record() {
+    let db = TestDb::new().await;
+    let broker = Broker::start().await;
+    broker.create_topic("events", 2).await;
+    enqueue(
+        &db,
+        "evt:1",
+        json!({"topic": "events", "body": {"n": 1}}),
+        None,
+    )
+    .await;
+    let cfg = kafka_config(broker.brokers());
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let i = db.store.find("evt:1").await.unwrap();
+    assert_eq!(i.state, "delivered");
+    let reference = i.provider_ref.clone();
+
+    // the same effect: the record is found, none is added
+    db.store
+        .retry(
+            "evt:1",
+            RetryOptions {
+                new_effect: false,
+                force: true,
+            },
+        )
+        .await
+        .unwrap();
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let again = db.store.find("evt:1").await.unwrap();
+    assert_eq!(again.state, "delivered");
+    assert_eq!(again.provider_ref, reference, "the record it found");
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| a.replayed).collect::<Vec<_>>(),
+        [false, true]
+    );
+    assert_eq!(
+        broker.records("events", 2).await.len(),
+        1,
+        "no second record"
+    );
+
+    // a new effect: a new header, a new record
+    db.store
+        .retry(
+            "evt:1",
+            RetryOptions {
+                new_effect: true,
+                force: true,
+            },
+        )
+        .await
+        .unwrap();
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let records = broker.records("events", 2).await;
+    let keys: Vec<&str> = records
+        .iter()
+        .filter_map(|r| header(r, EFFECT_HEADER))
+        .collect();
+    assert_eq!(records.len(), 2);
+    assert!(keys.contains(&effect_key("evt:1", 0).as_str()));
+    assert!(keys.contains(&effect_key("evt:1", 1).as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_is_rejected_with_its_reason() {
+    let db = TestDb::new().await;
+    let broker = Broker::start().await;
+    broker.create_topic("big", 1).await;
+    // under the outbox's 1 MiB payload limit, over librdkafka's 1,000,000
+    // byte message.max.bytes
+    enqueue(
+        &db,
+        "big:1",
+        json!({"topic": "big", "body": "x".repeat(1_010_000)}),
+        None,
+    )
+    .await;
+    let cfg = kafka_config(broker.brokers());
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let i = db.store.find("big:1").await.unwrap();
+    assert_eq!(i.state, "rejected");
+    let reason = i.last_error.unwrap_or_default();
+    assert!(reason.contains("larger than the broker takes"), "{reason}");
+    assert!(broker.records("big", 1).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_cannot_be_reached_is_transient_and_nothing_is_sent() {
+    let db = TestDb::new().await;
+    enqueue(&db, "down:1", json!({"topic": "t", "body": 1}), None).await;
+    let cfg = kafka_config(format!("127.0.0.1:{}", free_port()));
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let i = db.store.find("down:1").await.unwrap();
+    assert_eq!(i.state, "pending", "{:?}", i.last_error);
+    let reason = i.last_error.unwrap_or_default();
+    assert!(reason.contains("was not written"), "{reason}");
+}
+
+/// A broker behind a protocol proxy: clients learn the proxy's address.
+async fn proxied() -> (Broker, Proxy) {
+    let (port, proxy_port) = (free_port(), free_port());
+    let broker = Broker::start_advertising(port, proxy_port).await;
+    let proxy = Proxy::start(proxy_port, port).await;
+    (broker, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_delivery_report_is_reconciled_as_delivered_without_a_second_record() {
+    let db = TestDb::new().await;
+    let (broker, proxy) = proxied().await;
+    broker.create_topic("swallow", 2).await;
+    enqueue(
+        &db,
+        "lost:1",
+        json!({"topic": "swallow", "key": "k", "body": {"n": 1}}),
+        None,
+    )
+    .await;
+    let cfg = kafka_config(broker.brokers());
+    let engine = engine(db.store.clone(), &cfg);
+    proxy.set(Mode::SwallowProduceResponses);
+    engine.run_once().await.unwrap();
+    proxy.set(Mode::Pass);
+    let i = db.store.find("lost:1").await.unwrap();
+    let records = broker.records("swallow", 2).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(i.state, "delivered", "{:?}", i.last_error);
+    assert_eq!(
+        i.provider_ref.as_deref(),
+        Some(format!("swallow:{}:{}", records[0].partition, records[0].offset).as_str())
+    );
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    assert_eq!(attempts.len(), 1, "settled within its one attempt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_never_written_is_redelivered_once_or_parked() {
+    for policy in [AmbiguityPolicy::Redeliver, AmbiguityPolicy::Park] {
+        let db = TestDb::new().await;
+        let (broker, proxy) = proxied().await;
+        broker.create_topic("dropped", 1).await;
+        enqueue(&db, "never:1", json!({"topic": "dropped", "body": 1}), None).await;
+        let mut cfg = kafka_config(broker.brokers());
+        cfg.kafka.on_ambiguous = policy;
+        proxy.set(Mode::DropProduceRequests);
+        engine(db.store.clone(), &cfg).run_once().await.unwrap();
+        proxy.set(Mode::Pass);
+        let i = db.store.find("never:1").await.unwrap();
+        let reason = i.last_error.clone().unwrap_or_default();
+        assert!(reason.contains("unknown"), "{policy:?}: {reason}");
+        match policy {
+            AmbiguityPolicy::Park => {
+                assert_eq!(i.state, "ambiguous", "{policy:?}");
+                assert!(broker.records("dropped", 1).await.is_empty());
+            }
+            AmbiguityPolicy::Redeliver => {
+                assert_eq!(i.state, "pending", "{policy:?}");
+                sqlx::query("UPDATE outbox.intents SET run_after = now()")
+                    .execute(db.pool())
+                    .await
+                    .unwrap();
+                engine(db.store.clone(), &cfg).run_once().await.unwrap();
+                let i = db.store.find("never:1").await.unwrap();
+                assert_eq!(i.state, "delivered", "{:?}", i.last_error);
+                let records = broker.records("dropped", 1).await;
+                assert_eq!(records.len(), 1, "exactly one record: {records:?}");
+                assert_eq!(
+                    header(&records[0], EFFECT_HEADER),
+                    Some(effect_key("never:1", 0).as_str()),
+                    "under the same header"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_the_cluster_does_not_have_is_classified() {
+    let db = TestDb::new().await;
+    let broker = Broker::start().await;
+    broker.create_topic("one", 1).await;
+    enqueue(
+        &db,
+        "nowhere:1",
+        json!({"topic": "no-such-topic", "body": 1}),
+        None,
+    )
+    .await;
+    enqueue(
+        &db,
+        "nowhere:2",
+        json!({"topic": "one", "body": 1, "partition": 5}),
+        None,
+    )
+    .await;
+    let cfg = kafka_config(broker.brokers());
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    // Tansu creates no topic on first use: a refusal that would repeat
+    for (key, why) in [
+        ("nowhere:1", "the topic does not exist"),
+        ("nowhere:2", "no such partition"),
+    ] {
+        let i = db.store.find(key).await.unwrap();
+        assert_eq!(i.state, "rejected", "{key}");
+        let reason = i.last_error.unwrap_or_default();
+        assert!(reason.contains(why), "{key}: {reason}");
+    }
+    assert!(broker.records("one", 1).await.is_empty());
+}
