@@ -369,9 +369,11 @@ async fn every_bad_input_is_refused_with_its_reason_and_nothing_is_lost_or_sent(
         "amqp://guest@127.0.0.1:{}/%2f",
         common::free_port()
     ));
+    cfg.kafka.brokers = Some(format!("127.0.0.1:{}", common::free_port()));
     // within the test lease (a loaded config would refuse a longer one)
     cfg.nats.timeout = Dur(Duration::from_secs(2));
     cfg.amqp.timeout = Dur(Duration::from_secs(2));
+    cfg.kafka.timeout = Dur(Duration::from_secs(2));
     tokio::time::timeout(
         Duration::from_secs(60),
         engine(db.store.clone(), &cfg).run_once(),

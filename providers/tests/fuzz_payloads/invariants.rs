@@ -20,6 +20,7 @@ pub fn check(kind: &str, payload: &Value, destination: Option<&str>) -> Result<(
         "charge" => check_charge(payload),
         "nats" => check_nats(payload),
         "amqp" => check_amqp(payload),
+        "kafka" => check_kafka(payload),
         other => panic!("no parser for kind {other:?}"),
     }
 }
@@ -47,6 +48,36 @@ pub fn check_nats(payload: &Value) -> Result<(), String> {
         .map(Value::to_string)
         .unwrap_or_default();
     assert_eq!(String::from_utf8(p.body).unwrap(), body);
+    Ok(())
+}
+
+/// What a kafka record accepted carries: a topic name Kafka allows, a
+/// partition in range, string headers none of which forges the effect key,
+/// the body as given, the key as given or else the ordering key.
+pub fn check_kafka(payload: &Value) -> Result<(), String> {
+    use outbox_providers::kafka::request::{parse, EFFECT_KEY_HEADER};
+    let r = parse(payload, None, Some("ordering"))?;
+    assert!((1..=249).contains(&r.topic.len()), "{}", r.topic);
+    assert!(r.topic != "." && r.topic != "..");
+    assert!(r
+        .topic
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')));
+    assert!(r.partition.is_none_or(|p| p >= 0));
+    for name in r.headers.keys() {
+        assert!(!name.eq_ignore_ascii_case(EFFECT_KEY_HEADER), "{name}");
+        assert!(!name.is_empty() && !name.chars().any(char::is_control));
+    }
+    let key = match payload.get("key") {
+        Some(Value::String(k)) => Some(k.as_str()),
+        _ => Some("ordering"),
+    };
+    assert_eq!(r.key.as_deref(), key);
+    let body = payload
+        .get("body")
+        .map(Value::to_string)
+        .unwrap_or_default();
+    assert_eq!(String::from_utf8(r.body).unwrap(), body);
     Ok(())
 }
 

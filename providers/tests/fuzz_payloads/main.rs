@@ -7,6 +7,8 @@
 //! - email:   `email::message::prepare`
 //! - charge:  `charge::request::form`
 //! - nats:    `nats::request::parse` (subjects and headers JetStream takes)
+//! - kafka:   `kafka::request::parse` (topic names, partitions, string
+//!   headers, never the relay's `outbox-effect-key`)
 //! - amqp:    `amqp::request::parse` (exchange names, short strings, typed
 //!   headers)
 //!
@@ -58,7 +60,9 @@ fn default_from() -> Mailbox {
 
 mod invariants;
 
-use invariants::{check, check_amqp, check_charge, check_email, check_nats, check_webhook};
+use invariants::{
+    check, check_amqp, check_charge, check_email, check_kafka, check_nats, check_webhook,
+};
 
 // ---------------------------------------------------------------------------
 // The corpus files
@@ -509,6 +513,65 @@ fn nats_payload() -> BoxedStrategy<Value> {
         .boxed()
 }
 
+/// A kafka payload: a topic from near-misses and nasty strings, a key and
+/// a partition of any JSON now and then, headers with nasty names and
+/// values (the relay's own among them), now and then a stray field.
+fn kafka_payload() -> BoxedStrategy<Value> {
+    let topic = prop_oneof![
+        2 => prop::sample::select(vec![
+            "orders", "orders.v1", "a_b-c", ".", "..", "", "a b", "caf\u{e9}", "a/b",
+            "orders\u{0}",
+        ])
+        .prop_map(|s| Value::String(s.to_string())),
+        2 => nasty_string().prop_map(Value::String),
+        1 => json(),
+    ];
+    let partition = prop_oneof![
+        (-2i64..5).prop_map(Value::from),
+        Just(Value::from(u64::MAX)),
+        Just(Value::from(i64::from(i32::MAX) + 1)),
+        json(),
+    ];
+    let headers = prop::collection::btree_map(
+        prop_oneof![
+            nasty_string(),
+            Just("outbox-effect-key".to_string()),
+            Just("Outbox-Effect-Key".to_string()),
+            Just("traceparent".to_string())
+        ],
+        prop_oneof![nasty_string().prop_map(Value::String), json()],
+        0..4,
+    )
+    .prop_map(|m| Value::Object(m.into_iter().collect()));
+    (
+        prop::option::weighted(0.9, topic),
+        prop::option::weighted(0.9, json()),
+        prop::option::weighted(0.4, prop_oneof![nasty_string().prop_map(Value::String), json()]),
+        prop::option::weighted(0.3, partition),
+        prop::option::weighted(0.4, headers),
+        prop::option::weighted(0.1, (key(), json())),
+    )
+        .prop_map(|(topic, body, key, partition, headers, stray)| {
+            let mut map = Map::new();
+            for (k, v) in [
+                ("topic", topic),
+                ("body", body),
+                ("key", key),
+                ("partition", partition),
+                ("headers", headers),
+            ] {
+                if let Some(v) = v {
+                    map.insert(k.to_string(), v);
+                }
+            }
+            if let Some((k, v)) = stray {
+                map.insert(k, v);
+            }
+            Value::Object(map)
+        })
+        .boxed()
+}
+
 /// An amqp payload: exchange and routing key from near-misses and nasty
 /// strings, any body, headers of every JSON type, now and then a stray
 /// field.
@@ -602,6 +665,11 @@ proptest! {
     #[test]
     fn amqp_parsing_never_panics_and_accepts_only_publishable_messages(payload in amqp_payload()) {
         let _ = check_amqp(&payload);
+    }
+
+    #[test]
+    fn kafka_parsing_never_panics_and_accepts_only_producible_records(payload in kafka_payload()) {
+        let _ = check_kafka(&payload);
     }
 
     #[test]
