@@ -32,6 +32,7 @@ mod getting_started;
 mod hardening;
 mod health;
 mod kafka;
+mod kafka_drill;
 mod layout;
 mod lifecycle;
 mod lookup;

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::BaseRecord;
+use rdkafka::producer::{BaseRecord, Producer as _};
 
 use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Reconciled, Secret, SpanShape};
 use produce::Report;
@@ -351,7 +351,13 @@ impl KafkaProvider {
                 error,
                 possibly_written,
             } => {
-                if produce::is_fatal(&error) {
+                // an idempotent producer that lost its sequence or epoch
+                // (fenced, out of order) fails every record from then on
+                if let Some((code, why)) = producer.client().fatal_error() {
+                    tracing::warn!(%code, %why, "the Kafka producer is in a fatal state; a new one is made for the next attempt");
+                    self.drop_producer();
+                } else if produce::is_fatal(&error) {
+                    tracing::warn!(%error, "the Kafka producer's id or sequence was refused; a new producer is made for the next attempt");
                     self.drop_producer();
                 }
                 classify(&topic, &error, possibly_written)

@@ -126,8 +126,20 @@ pub fn code(error: &KafkaError) -> Option<RDKafkaErrorCode> {
     error.rdkafka_error_code()
 }
 
-/// The producer's fatal state (an idempotent producer that lost its
-/// sequence): it must be rebuilt.
+/// The producer's own state is broken (an idempotent producer fenced, or
+/// out of sequence with the broker): it fails every record from then on
+/// and must be rebuilt, with a new producer id.
 pub fn is_fatal(error: &KafkaError) -> bool {
-    code(error) == Some(RDKafkaErrorCode::Fatal)
+    use RDKafkaErrorCode as C;
+    matches!(
+        code(error),
+        Some(
+            C::Fatal
+                | C::ProducerFenced
+                | C::InvalidProducerEpoch
+                | C::OutOfOrderSequenceNumber
+                | C::UnknownProducerId
+                | C::InvalidProducerIdMapping
+        )
+    )
 }

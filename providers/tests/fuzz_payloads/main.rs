@@ -546,7 +546,10 @@ fn kafka_payload() -> BoxedStrategy<Value> {
     (
         prop::option::weighted(0.9, topic),
         prop::option::weighted(0.9, json()),
-        prop::option::weighted(0.4, prop_oneof![nasty_string().prop_map(Value::String), json()]),
+        prop::option::weighted(
+            0.4,
+            prop_oneof![nasty_string().prop_map(Value::String), json()],
+        ),
         prop::option::weighted(0.3, partition),
         prop::option::weighted(0.4, headers),
         prop::option::weighted(0.1, (key(), json())),
