@@ -1,12 +1,14 @@
-//! `--brokers nats,amqp`: the broker kinds drained by the engine against
-//! real brokers: N publishes per kind, the rate from the commit of the last
-//! intent until the last completion, and the broker's own count checked
-//! afterwards (a stream holding N messages, a queue holding N), so a drain
-//! that reports done without publishing everything fails the bench.
+//! `--brokers nats,amqp,kafka`: the broker kinds drained by the engine
+//! against real brokers: N publishes per kind, the rate from the commit of
+//! the last intent until the last completion, and the broker's own count
+//! checked afterwards (a stream holding N messages, a queue holding N, a
+//! topic whose records, read back, are N), so a drain that reports done
+//! without publishing everything fails the bench.
 //!
 //! The bench makes its own stream (`OUTBOX_BENCH_<pid>`, subjects
-//! `outbox-bench-<pid>.>`) and its own exchange and exclusive queue, and
-//! removes them afterwards.
+//! `outbox-bench-<pid>.>`), its own exchange and exclusive queue, and its
+//! own topic (`outbox-bench-<pid>`, 4 partitions), and removes them
+//! afterwards.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +28,8 @@ pub struct Brokers {
     /// `amqp://user@host:port/vhost`, no password.
     pub amqp_url: String,
     pub amqp_password: String,
+    /// Kafka bootstrap brokers, `host:port`.
+    pub kafka_brokers: String,
     pub intents: usize,
 }
 
@@ -51,7 +55,8 @@ pub async fn drains(
         out.push(match kind.as_str() {
             "nats" => nats(store, config, brokers, in_flight).await?,
             "amqp" => amqp(store, config, brokers, in_flight).await?,
-            other => anyhow::bail!("--brokers: unknown broker kind {other:?} (nats, amqp)"),
+            "kafka" => kafka(store, config, brokers, in_flight).await?,
+            other => anyhow::bail!("--brokers: unknown broker kind {other:?} (nats, amqp, kafka)"),
         });
     }
     Ok(out)
@@ -265,4 +270,97 @@ async fn amqp(
         drain_per_s: rate,
         stored,
     })
+}
+
+async fn kafka(
+    store: &Store,
+    config: &Config,
+    brokers: &Brokers,
+    in_flight: usize,
+) -> anyhow::Result<BrokerDrain> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::ClientConfig;
+    let n = brokers.intents;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &brokers.kafka_brokers)
+        .create()?;
+    let topic = format!("outbox-bench-{}", std::process::id());
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(&topic, 4, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "--brokers kafka: cannot reach {} ({e}); start a broker or pass --kafka-brokers",
+                brokers.kafka_brokers
+            )
+        })?;
+    if let Some(Err((_, code))) = created.first() {
+        anyhow::bail!("--brokers kafka: cannot create topic {topic}: {code}");
+    }
+    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    eprintln!(
+        "bench: drain {n} kafka records (idempotent producer, acks=all), {in_flight} in flight"
+    );
+    enqueue(
+        store,
+        "kafka",
+        "kafka-",
+        n,
+        |i| json!({"topic": topic, "body": body(i)}),
+    )
+    .await?;
+    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    let mut cfg = engine_config(config, in_flight);
+    cfg.kafka.brokers = Some(brokers.kafka_brokers.clone());
+    cfg.kafka.timeout = Dur(Duration::from_secs(10));
+    let rate = drain(store, &cfg, "kafka-", n).await;
+    let (servers, name) = (brokers.kafka_brokers.clone(), topic.clone());
+    let stored = tokio::task::spawn_blocking(move || count_records(&servers, &name, 4)).await??;
+    let _ = admin.delete_topics(&[&topic], &options).await;
+    let rate = rate?;
+    anyhow::ensure!(
+        stored == n as u64,
+        "kafka: the topic holds {stored} records for {n} delivered intents"
+    );
+    Ok(BrokerDrain {
+        kind: "kafka".into(),
+        intents: n,
+        in_flight,
+        drain_per_s: rate,
+        stored,
+    })
+}
+
+/// The records of `topic`, read from the start until none arrives for two
+/// seconds (a count that does not trust the broker's high watermark).
+fn count_records(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<u64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+    let consumer: BaseConsumer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "outbox-bench")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let (mut count, mut last) = (0u64, Instant::now());
+    while last.elapsed() < Duration::from_secs(2) {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(_)) => {
+                count += 1;
+                last = Instant::now();
+            }
+            Some(Err(e)) => anyhow::bail!("kafka: reading {topic} back: {e}"),
+            None => {}
+        }
+    }
+    Ok(count)
 }

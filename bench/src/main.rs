@@ -123,9 +123,9 @@ struct BenchArgs {
     /// skips.
     #[arg(long, default_value_t = 0, num_args = 0..=1, default_missing_value = "3")]
     tracing: usize,
-    /// Broker kinds to drain against real brokers, e.g. nats,amqp (a
-    /// stream and a queue of the bench's own; the broker's count is
-    /// checked); empty to skip.
+    /// Broker kinds to drain against real brokers, e.g. nats,amqp,kafka (a
+    /// stream, a queue and a topic of the bench's own; the broker's count
+    /// is checked); empty to skip.
     #[arg(long, value_delimiter = ',')]
     brokers: Vec<String>,
     /// Publishes per broker kind.
@@ -138,6 +138,10 @@ struct BenchArgs {
     /// OUTBOX_BENCH_AMQP_PASSWORD, default guest).
     #[arg(long, default_value = "amqp://guest@127.0.0.1:5672/%2f")]
     amqp_url: String,
+    /// Kafka bootstrap brokers (host:port): Apache Kafka or any broker
+    /// that speaks its API, e.g. Tansu (deploy/lib/tansu.sh).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    kafka_brokers: String,
     /// Measure the console's pages beside this many delivered history rows
     /// instead of the engine (e.g. 1000000); 0 skips it.
     #[arg(long, default_value_t = 0)]
@@ -253,6 +257,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             amqp_url: a.amqp_url.clone(),
             amqp_password: std::env::var("OUTBOX_BENCH_AMQP_PASSWORD")
                 .unwrap_or_else(|_| "guest".into()),
+            kafka_brokers: a.kafka_brokers.clone(),
             intents: a.broker_intents.max(1),
         }),
         tracing_rounds: a.tracing.min(100),

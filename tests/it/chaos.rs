@@ -1,5 +1,5 @@
 //! Chaos drill: three relay processes deliver a mixed workload (webhook,
-//! email, charge, nats, amqp) against real peers while a driver SIGKILLs a
+//! email, charge, nats, amqp, kafka) against real peers while a driver SIGKILLs a
 //! random relay every few seconds and restarts it, the webhook receiver
 //! answers 500 to ~20% of requests and stalls past the timeout on ~2%, the
 //! SMTP server drops ~1% of connections after DATA, one charge in six takes
@@ -15,7 +15,9 @@
 //! JetStream stream holds exactly one message per nats intent (kills during
 //! a publish included: the redelivery is deduped by `Nats-Msg-Id`); the
 //! RabbitMQ queue holds every delivered amqp intent's message (a confirm
-//! means it was stored), repeated only where a confirm was lost.
+//! means it was stored), repeated only where a confirm was lost; the Kafka
+//! topic (Tansu) holds exactly one record per kafka intent (a kill
+//! mid-publish is reconciled by reading the partition).
 //!
 //! Size: CHAOS_INTENTS (default 900), CHAOS_KILL_EVERY_MS (default 2000).
 //! The full drill: `CHAOS_INTENTS=3000 tests/run.sh chaos:: --no-capture`.
@@ -28,6 +30,7 @@ use std::time::{Duration, Instant};
 use crate::common;
 use crate::common::amqp::{declare_durable, drain, RabbitNode};
 use crate::common::cluster::Cluster;
+use crate::common::kafka::Broker;
 use crate::common::nats::NatsServer;
 use crate::common::smtp::SmtpPeer;
 use crate::common::stripe::{FakeStripe, API_KEY};
@@ -78,7 +81,7 @@ fn spawn_relay(
 }
 
 fn intent_of(i: usize) -> (String, &'static str) {
-    let kind = ["webhook", "email", "charge", "nats", "amqp"][i % 5];
+    let kind = ["webhook", "email", "charge", "nats", "amqp", "kafka"][i % 6];
     (format!("chaos-{kind}-{i}"), kind)
 }
 
@@ -151,6 +154,8 @@ async fn chaos_drill() {
         })
         .await
         .unwrap();
+    let kafka = Broker::start().await;
+    kafka.create_topic("chaos", 3).await;
     let rabbit_node = RabbitNode::start().await;
     let rabbit = rabbit_node.rabbit();
     {
@@ -208,10 +213,15 @@ on_ambiguous = "redeliver"
 [amqp]
 url = "{amqp_url}"
 timeout = "2s"
+
+[kafka]
+brokers = "{kafka_brokers}"
+timeout = "2s"
 "#,
         smtp_url = smtp.url(),
         nats_url = nats.url(),
         amqp_url = rabbit.url(),
+        kafka_brokers = kafka.brokers(),
     ));
 
     // three relays
@@ -244,6 +254,7 @@ timeout = "2s"
                             "nats" => json!({"subject": "chaos.events", "body": {"k": key}}),
                             "amqp" => json!({"exchange": "chaos", "routing_key": "e",
                                              "body": {"k": key}}),
+                            "kafka" => json!({"topic": "chaos", "body": {"k": key}}),
                             _ => json!({"amount": 100 + j, "currency": "usd",
                                         // one charge in six takes 1.5 s at Stripe, so
                                         // kills catch some mid-request and reconcile
@@ -485,6 +496,16 @@ timeout = "2s"
         *amqp_effects.entry(key).or_default() += 1;
     }
     let amqp_dups: usize = amqp_effects.values().map(|c| c - 1).sum();
+    let mut kafka_effects: HashMap<String, usize> = HashMap::new();
+    for r in kafka.records("chaos", 3).await {
+        let key = key_of(r.value.as_bytes());
+        assert_eq!(
+            r.headers.get("outbox-effect-key"),
+            Some(&outbox_providers::kafka::request::effect_key(&key, 0)),
+            "{key}: the record carries its intent's effect key"
+        );
+        *kafka_effects.entry(key).or_default() += 1;
+    }
     let (amqp_lost, amqp_ambiguous) = explained.get("amqp").copied().unwrap_or_default();
 
     let breaker_events: Vec<(String, String, i64)> = sqlx::query_as(
@@ -534,6 +555,11 @@ timeout = "2s"
         nats_effects.len()
     );
     eprintln!(
+        "kafka:   {} records in the topic for {} intents",
+        kafka_effects.values().sum::<usize>(),
+        kafka_effects.len()
+    );
+    eprintln!(
         "amqp:    {} messages in the queue for {} intents, {amqp_dups} repeated \
          ({amqp_lost} lost leases, {amqp_ambiguous} lost confirms)",
         amqp_messages.len(),
@@ -579,6 +605,7 @@ timeout = "2s"
             "nats" => assert!(nats_effects.contains_key(key), "{key} is not in the stream"),
             // a confirm means the broker stored it, across its restart
             "amqp" => assert!(amqp_effects.contains_key(key), "{key} is not in the queue"),
+            "kafka" => assert!(kafka_effects.contains_key(key), "{key} is not in the topic"),
             _ => assert_eq!(
                 payments_per_intent.get(key),
                 Some(&1),
@@ -596,6 +623,16 @@ timeout = "2s"
         nats_effects.values().all(|&c| c == 1),
         "a nats intent was published twice: {:?}",
         nats_effects
+            .iter()
+            .filter(|(_, &c)| c > 1)
+            .collect::<Vec<_>>()
+    );
+    // a kill mid-publish is reconciled by reading the partition: one record
+    // per intent, none republished
+    assert!(
+        kafka_effects.values().all(|&c| c == 1),
+        "a kafka intent was written twice: {:?}",
+        kafka_effects
             .iter()
             .filter(|(_, &c)| c > 1)
             .collect::<Vec<_>>()
