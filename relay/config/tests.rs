@@ -642,3 +642,122 @@ fn errors_from_the_environment_name_the_variable() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_kafka_section_is_checked_and_its_password_stays_secret() {
+    // off without brokers; a password alone is a mistake
+    assert!(load_str("", &[])
+        .unwrap()
+        .kafka
+        .provider_config()
+        .unwrap()
+        .is_none());
+    let err = load_str("", &[("OUTBOX_RELAY__KAFKA__PASSWORD", "pw")]).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("kafka.brokers is not"),
+        "{err:#}"
+    );
+
+    let ok = load_str(
+        "[kafka]\nbrokers = \"k1.internal:9093, k2.internal:9093\"\nsecurity_protocol = \"sasl_ssl\"\n\
+         sasl_mechanism = \"SCRAM-SHA-512\"\nuser = \"relay\"\ncompression = \"zstd\"\n",
+        &[("OUTBOX_RELAY__KAFKA__PASSWORD", "hunter2-kafka")],
+    )
+    .unwrap();
+    let kafka = ok.kafka.provider_config().unwrap().unwrap();
+    assert_eq!(
+        kafka.password.as_ref().map(|p| p.expose()),
+        Some("hunter2-kafka")
+    );
+    assert!(
+        !format!("{ok:?}").contains("hunter2-kafka"),
+        "no secret in Debug"
+    );
+    assert_eq!(kafka.timeout, Duration::from_secs(10));
+    assert_eq!(kafka.reconcile_window, Duration::from_secs(15 * 60));
+    assert_eq!(
+        kafka.on_ambiguous,
+        outbox_providers::AmbiguityPolicy::Redeliver
+    );
+
+    for (text, needle) in [
+        ("brokers = \"\"", "kafka.brokers is empty"),
+        ("brokers = \"kafka://k1:9092\"", "without a scheme"),
+        ("brokers = \"k1\"", "must be host:port"),
+        ("brokers = \"k1:0\"", "must be host:port"),
+        (
+            "brokers = \"k1:9092\"\nsecurity_protocol = \"tls\"",
+            "kafka.security_protocol \"tls\"",
+        ),
+        (
+            "brokers = \"k1:9092\"\nsecurity_protocol = \"sasl_ssl\"",
+            "needs kafka.sasl_mechanism",
+        ),
+        (
+            "brokers = \"k1:9092\"\nsecurity_protocol = \"sasl_ssl\"\nsasl_mechanism = \"GSSAPI\"",
+            "kafka.sasl_mechanism \"GSSAPI\"",
+        ),
+        (
+            "brokers = \"k1:9092\"\nsasl_mechanism = \"PLAIN\"",
+            "kafka.security_protocol is \"plaintext\"",
+        ),
+        (
+            "brokers = \"k1:9092\"\nsecurity_protocol = \"sasl_ssl\"\nsasl_mechanism = \"PLAIN\"",
+            "needs kafka.user and a password",
+        ),
+        (
+            "brokers = \"k1:9092\"\nuser = \"relay\"",
+            "used only with security_protocol",
+        ),
+        (
+            "brokers = \"k1:9092\"\ntls_ca_file = \"/ca.pem\"",
+            "kafka.tls_ca_file is used only",
+        ),
+        (
+            "brokers = \"k1:9092\"\ncompression = \"brotli\"",
+            "kafka.compression \"brotli\"",
+        ),
+        (
+            "brokers = \"k1:9092\"\nlinger = \"6s\"",
+            "kafka.linger must be at most 5s",
+        ),
+        (
+            "brokers = \"k1:9092\"\ntimeout = \"1s\"\nlinger = \"600ms\"",
+            "shorter than half of kafka.timeout",
+        ),
+        (
+            "brokers = \"k1:9092\"\nreconcile_window = \"10ms\"",
+            "at least 1s",
+        ),
+        (
+            "brokers = \"k1:9092\"\ntimeout = \"50ms\"",
+            "kafka.timeout must be at least 100ms",
+        ),
+        ("brokers = \"k1:9092\"\ntimeout = \"60s\"", "relay.lease"),
+        ("brokers = \"k1:9092\"\nacks = \"0\"", "unknown field"),
+    ] {
+        let err = load_str(&format!("[kafka]\n{text}\n"), &[]).unwrap_err();
+        assert!(format!("{err:#}").contains(needle), "{text}: {err:#}");
+    }
+
+    // a PLAIN password in the clear only to loopback, or when allowed
+    let plain =
+        "security_protocol = \"sasl_plaintext\"\nsasl_mechanism = \"PLAIN\"\nuser = \"relay\"";
+    let env = [("OUTBOX_RELAY__KAFKA__PASSWORD", "pw")];
+    let err = load_str(
+        &format!("[kafka]\nbrokers = \"k1.internal:9092\"\n{plain}\n"),
+        &env,
+    )
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("without TLS"), "{err:#}");
+    load_str(
+        &format!("[kafka]\nbrokers = \"127.0.0.1:9092\"\n{plain}\n"),
+        &env,
+    )
+    .unwrap();
+    load_str(
+        &format!("[kafka]\nbrokers = \"k1.internal:9092\"\nallow_plaintext = true\n{plain}\n"),
+        &env,
+    )
+    .unwrap();
+}

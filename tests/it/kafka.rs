@@ -365,3 +365,27 @@ async fn a_topic_the_cluster_does_not_have_is_classified() {
     }
     assert!(broker.records("one", 1).await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_applications_trace_context_rides_along_in_place_of_the_payloads() {
+    let db = TestDb::new().await;
+    let broker = Broker::start().await;
+    broker.create_topic("traced", 1).await;
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    sqlx::query(
+        "SELECT outbox.enqueue('traced:1', 'kafka', $1::jsonb, p_traceparent => $2, p_tracestate => 'vendor=1')",
+    )
+    .bind(json!({"topic": "traced", "body": 1, "headers": {"traceparent": "forged", "source": "shop"}}))
+    .bind(parent)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let cfg = kafka_config(broker.brokers());
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let records = broker.records("traced", 1).await;
+    assert_eq!(records.len(), 1);
+    // no export configured: the intent's own context, unchanged
+    assert_eq!(header(&records[0], "traceparent"), Some(parent));
+    assert_eq!(header(&records[0], "tracestate"), Some("vendor=1"));
+    assert_eq!(header(&records[0], "source"), Some("shop"));
+}

@@ -38,11 +38,18 @@ async fn every_intent_is_one_record_despite_a_sigkilled_relay_and_a_cut_network(
     tx.commit().await.unwrap();
     // the cut opens the cluster's breaker (many failures in a row): a short
     // cooldown keeps the drill short
-    let cfg = config_file(&format!(
-        "{}\n[kafka]\nbrokers = \"127.0.0.1:{proxy_port}\"\ntimeout = \"2s\"\nlinger = \"2ms\"\n\
+    let cfg =
+        config_file(&format!(
+        "{}\n[kafka]\nbrokers = \"127.0.0.1:{proxy_port}\"\ntimeout = \"3s\"\nlinger = \"2ms\"\n\
          [breaker]\ncooldown = \"2s\"\nmax_cooldown = \"4s\"\n",
         // room in the lease for a whole attempt after a slow claim
-        crate::common::SUBPROCESS_CONFIG.replace("lease = \"4s\"", "lease = \"6s\"")
+        // and a retry budget the faults cannot spend
+        crate::common::SUBPROCESS_CONFIG
+            .replace("lease = \"4s\"", "lease = \"6s\"")
+            // a retry's first delay as a deployment would have it (5 s by
+            // default): time for a record still in flight when an attempt
+            // gave up to land before the retry searches for it
+            .replace("schedule = [\"50ms\"]", "max_attempts = 1000\nschedule = [\"1s\"]")
     ));
     let mut relays = vec![
         spawn_relay(&db, &cfg, "kafka-0"),

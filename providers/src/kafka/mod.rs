@@ -128,12 +128,11 @@ impl KafkaConfig {
             }
             _ => {}
         }
-        if sasl != (self.user.is_some() && self.password.is_some()) {
-            return bad(if sasl {
-                "kafka: SASL needs kafka.user and a password (OUTBOX_RELAY__KAFKA__PASSWORD, or ..._FILE naming a file)".into()
-            } else {
-                "kafka.user and kafka.password are used only with security_protocol sasl_ssl or sasl_plaintext".into()
-            });
+        if sasl && !(self.user.is_some() && self.password.is_some()) {
+            return bad("kafka: SASL needs kafka.user and a password (OUTBOX_RELAY__KAFKA__PASSWORD, or ..._FILE naming a file)".into());
+        }
+        if !sasl && (self.user.is_some() || self.password.is_some()) {
+            return bad("kafka.user and kafka.password are used only with security_protocol sasl_ssl or sasl_plaintext".into());
         }
         if self.tls_ca_file.is_some() && !self.security_protocol.ends_with("ssl") {
             return bad(
@@ -244,8 +243,9 @@ impl KafkaProvider {
         *self.producer.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// Search for the record (off the async runtime), from `since`.
-    async fn look_for(&self, d: &Delivery<'_>, since: SystemTime) -> Search {
+    /// Search for the record (off the async runtime), from `since`, until
+    /// `deadline`.
+    async fn look_for(&self, d: &Delivery<'_>, since: SystemTime, deadline: Instant) -> Search {
         let record = match request::parse(d.payload, None, d.ordering_key) {
             Ok(r) => r,
             Err(e) => return Search::Incomplete(e),
@@ -260,10 +260,9 @@ impl KafkaProvider {
         let since_ms = since
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
-        let deadline = Instant::now() + d.time_left(self.config.timeout);
         let client = self.client.clone();
         let effect_key = request::effect_key(d.key, d.key_generation);
-        tokio::task::spawn_blocking(move || {
+        let searched = tokio::task::spawn_blocking(move || {
             let wanted = Wanted {
                 topic: &record.topic,
                 key: record.key.as_deref().map(str::as_bytes),
@@ -272,9 +271,15 @@ impl KafkaProvider {
                 since_ms,
             };
             search::search(&client, &wanted, deadline)
-        })
-        .await
-        .unwrap_or_else(|e| Search::Incomplete(format!("the search stopped: {e}")))
+        });
+        // the search keeps its deadline itself; this bounds a blocking pool
+        // too busy to start it
+        let margin = Duration::from_millis(250);
+        match tokio::time::timeout_at((deadline + margin).into(), searched).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => Search::Incomplete(format!("the search stopped: {e}")),
+            Err(_) => Search::Incomplete("the search did not finish in the attempt's time".into()),
+        }
     }
 
     /// Produce the record and classify its delivery report.
@@ -431,7 +436,9 @@ impl Provider for KafkaProvider {
             let since = SystemTime::now()
                 .checked_sub(self.config.reconcile_window)
                 .unwrap_or(UNIX_EPOCH);
-            match self.look_for(d, since + CLOCK_MARGIN).await {
+            // half of the attempt for the search, the rest for the produce
+            let deadline = Instant::now() + d.time_left(self.config.timeout) / 2;
+            match self.look_for(d, since + CLOCK_MARGIN, deadline).await {
                 Search::Found { partition, offset } => {
                     return Outcome::Delivered {
                         reference: Some(format!("{}:{partition}:{offset}", record.topic)),
@@ -457,7 +464,8 @@ impl Provider for KafkaProvider {
 
     async fn reconcile(&self, d: &Delivery<'_>) -> Reconciled {
         let since = d.previous_attempt_at.unwrap_or(UNIX_EPOCH);
-        match self.look_for(d, since).await {
+        let deadline = Instant::now() + d.time_left(self.config.timeout);
+        match self.look_for(d, since, deadline).await {
             Search::Found { partition, offset } => {
                 let topic = d
                     .payload

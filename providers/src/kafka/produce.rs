@@ -78,6 +78,10 @@ pub fn producer_config(common: ClientConfig, config: &super::KafkaConfig) -> Cli
         .set("acks", "all")
         .set("partitioner", "murmur2_random")
         .set("message.timeout.ms", millis(wait))
+        // an idempotent producer fails a record in flight only when its
+        // request times out: within the same wait, so that the report, not
+        // the attempt's own timer, says what became of it
+        .set("request.timeout.ms", millis(wait))
         // an unknown topic is reported within the attempt, not after 30 s
         .set("topic.metadata.propagation.max.ms", millis(wait / 2))
         .set("linger.ms", millis(config.linger))

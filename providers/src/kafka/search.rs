@@ -3,10 +3,11 @@
 //!
 //! The search starts at the offset the broker gives for the attempt's start
 //! (minus a margin for clocks) and reads forward until the partition is
-//! exhausted: no record for [`IDLE`]. It never trusts a high watermark to
-//! say where the partition ends, and a start offset the broker answers too
-//! early (Tansu answers 0 for a time past the last record) costs only
-//! reading more. A keyed record has one partition it can be in; a record
+//! exhausted: past the high watermark the broker gave at the start, and no
+//! record for [`IDLE`] since. It never trusts the high watermark to say
+//! where the partition ends (Tansu reports one too low: the read goes on
+//! past it), and a start offset the broker answers too early (Tansu answers
+//! 0 for a time past the last record) costs only reading more. A keyed record has one partition it can be in; a record
 //! with neither key nor partition may be in any, so all are read.
 
 use std::time::{Duration, Instant};
@@ -19,8 +20,10 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::request::EFFECT_KEY_HEADER;
 
-/// A partition that gives no record for this long is exhausted.
-pub const IDLE: Duration = Duration::from_millis(1000);
+/// A partition that gives no record for this long is exhausted: the
+/// broker answers an empty fetch within `fetch.wait.max.ms` (100 ms), so
+/// this is four empty answers in a row.
+pub const IDLE: Duration = Duration::from_millis(400);
 
 /// What to look for.
 pub struct Wanted<'a> {
@@ -64,6 +67,19 @@ fn left(deadline: Instant) -> Result<Duration, String> {
     }
 }
 
+/// Closing a consumer waits for its broker threads, which a cut network
+/// holds up to the socket timeout: it is closed on a thread of its own, so
+/// that the search answers by its deadline.
+struct Detached(Option<BaseConsumer>);
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(consumer) = self.0.take() {
+            std::thread::spawn(move || drop(consumer));
+        }
+    }
+}
+
 fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Search, String> {
     let consumer: BaseConsumer = common
         .clone()
@@ -75,6 +91,10 @@ fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Searc
         .set("isolation.level", "read_uncommitted")
         .create()
         .map_err(|e| format!("cannot create the reconcile consumer: {e}"))?;
+    let consumer = Detached(Some(consumer));
+    let Some(consumer) = consumer.0.as_ref() else {
+        return Err("no consumer".into());
+    };
     let metadata = consumer
         .fetch_metadata(Some(w.topic), left(deadline)?)
         .map_err(|e| format!("no metadata for topic {:?}: {e}", w.topic))?;
@@ -100,7 +120,10 @@ fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Searc
     // cannot say is read from its beginning
     let starts = consumer.offsets_for_times(at_time, left(deadline)?).ok();
     let mut assignment = TopicPartitionList::new();
-    let mut assigned = 0;
+    // per partition: the high watermark at the start, and whether the read
+    // has reached it (a broker that reports one too low, as Tansu does,
+    // only makes the read go on past it until the partition is quiet)
+    let mut ends: std::collections::HashMap<i32, (i64, bool)> = Default::default();
     for p in &partitions {
         let start = starts
             .as_ref()
@@ -112,12 +135,16 @@ fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Searc
             Some(Offset::Offset(o)) if o >= 0 => Offset::Offset(o),
             _ => Offset::Beginning,
         };
+        let high = consumer
+            .fetch_watermarks(w.topic, *p, left(deadline)?)
+            .map_or(0, |(_, high)| high);
+        let reached = matches!(start, Offset::Offset(o) if o >= high);
         assignment
             .add_partition_offset(w.topic, *p, start)
             .map_err(|e| e.to_string())?;
-        assigned += 1;
+        ends.insert(*p, (high, reached));
     }
-    if assigned == 0 {
+    if ends.is_empty() {
         return Ok(Search::NotFound);
     }
     consumer
@@ -126,15 +153,22 @@ fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Searc
     let mut last_record = Instant::now();
     loop {
         let remaining = left(deadline)?;
-        if last_record.elapsed() >= IDLE {
+        if last_record.elapsed() >= IDLE && ends.values().all(|(_, reached)| *reached) {
             return Ok(Search::NotFound);
         }
         match consumer.poll(remaining.min(Duration::from_millis(200))) {
             None => {}
-            Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                if let Some(end) = ends.get_mut(&p) {
+                    end.1 = true;
+                }
+            }
             Some(Err(e)) => return Err(format!("reading topic {:?}: {e}", w.topic)),
             Some(Ok(record)) => {
                 last_record = Instant::now();
+                if let Some(end) = ends.get_mut(&record.partition()) {
+                    end.1 |= record.offset() + 1 >= end.0;
+                }
                 let ours = record.headers().is_some_and(|headers| {
                     headers.iter().any(|h| {
                         h.key == EFFECT_KEY_HEADER && h.value == Some(w.effect_key.as_bytes())
