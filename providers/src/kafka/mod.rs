@@ -217,7 +217,8 @@ impl KafkaProvider {
         // librdkafka checks the settings (a CA file it cannot read) as it
         // creates the producer
         let producer = produce::producer_config(client.clone(), &config)
-            .create_with_context::<_, produce::Producer>(produce::Context)
+            .create_with_context(produce::Context)
+            .map(produce::Producer::new)
             .map_err(|e| crate::Error::Config(format!("kafka: {e}")))?;
         Ok(KafkaProvider {
             config,
@@ -232,15 +233,20 @@ impl KafkaProvider {
             return Ok(p.clone());
         }
         let p = produce::producer_config(self.client.clone(), &self.config)
-            .create_with_context::<_, produce::Producer>(produce::Context)
-            .map(Arc::new)
+            .create_with_context(produce::Context)
+            .map(|p| Arc::new(produce::Producer::new(p)))
             .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
         *slot = Some(p.clone());
         Ok(p)
     }
 
-    fn drop_producer(&self) {
-        *self.producer.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    /// Forget a producer that cannot go on (unless another attempt has
+    /// already replaced it); the next attempt makes a new one.
+    fn drop_producer(&self, ours: &Arc<produce::Producer>) {
+        let mut slot = self.producer.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|p| Arc::ptr_eq(p, ours)) {
+            *slot = None;
+        }
     }
 
     /// Search for the record (off the async runtime), from `since`, until
@@ -321,7 +327,7 @@ impl KafkaProvider {
             base = base.partition(p);
         }
         let topic = record.topic.clone();
-        if let Err((error, _)) = producer.send(base) {
+        if let Err((error, _)) = producer.get().send(base) {
             // refused before it was queued: nothing left the relay
             return match produce::code(&error).and_then(produce::refusal) {
                 Some(why) => rejected(&topic, why, &error),
@@ -358,12 +364,12 @@ impl KafkaProvider {
             } => {
                 // an idempotent producer that lost its sequence or epoch
                 // (fenced, out of order) fails every record from then on
-                if let Some((code, why)) = producer.client().fatal_error() {
+                if let Some((code, why)) = producer.get().client().fatal_error() {
                     tracing::warn!(%code, %why, "the Kafka producer is in a fatal state; a new one is made for the next attempt");
-                    self.drop_producer();
+                    self.drop_producer(&producer);
                 } else if produce::is_fatal(&error) {
                     tracing::warn!(%error, "the Kafka producer's id or sequence was refused; a new producer is made for the next attempt");
-                    self.drop_producer();
+                    self.drop_producer(&producer);
                 }
                 classify(&topic, &error, possibly_written)
             }

@@ -60,7 +60,32 @@ impl ProducerContext for Context {
     }
 }
 
-pub type Producer = ThreadedProducer<Context>;
+/// The producer. Destroying one waits for its broker threads (a cut
+/// network holds them up to the socket timeout), so the last reference
+/// lets go of it on a thread of its own, never on the async runtime.
+pub struct Producer(Option<ThreadedProducer<Context>>);
+
+impl Producer {
+    pub fn new(inner: ThreadedProducer<Context>) -> Self {
+        Producer(Some(inner))
+    }
+
+    pub fn get(&self) -> &ThreadedProducer<Context> {
+        match &self.0 {
+            Some(p) => p,
+            // only Drop takes it
+            None => unreachable!("a producer is used only before it is dropped"),
+        }
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            std::thread::spawn(move || drop(p));
+        }
+    }
+}
 
 /// How long librdkafka tries to deliver a record (`message.timeout.ms`):
 /// half of the attempt, the other half is kept for a reconcile when no
