@@ -295,7 +295,7 @@ impl KafkaProvider {
         record: request::Record,
         started: Instant,
     ) -> Outcome {
-        let producer = match self.producer() {
+        let held = match self.producer() {
             Ok(p) => p,
             Err(reason) => {
                 return Outcome::Misconfigured {
@@ -303,6 +303,13 @@ impl KafkaProvider {
                     status: None,
                 }
             }
+        };
+        let Some(producer) = held.get() else {
+            return Outcome::Transient {
+                reason: "the Kafka producer was being replaced; nothing was sent".into(),
+                status: None,
+                retry_after: None,
+            };
         };
         let effect_key = request::effect_key(d.key, d.key_generation);
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
@@ -327,7 +334,7 @@ impl KafkaProvider {
             base = base.partition(p);
         }
         let topic = record.topic.clone();
-        if let Err((error, _)) = producer.get().send(base) {
+        if let Err((error, _)) = producer.send(base) {
             // refused before it was queued: nothing left the relay
             return match produce::code(&error).and_then(produce::refusal) {
                 Some(why) => rejected(&topic, why, &error),
@@ -364,12 +371,12 @@ impl KafkaProvider {
             } => {
                 // an idempotent producer that lost its sequence or epoch
                 // (fenced, out of order) fails every record from then on
-                if let Some((code, why)) = producer.get().client().fatal_error() {
+                if let Some((code, why)) = producer.client().fatal_error() {
                     tracing::warn!(%code, %why, "the Kafka producer is in a fatal state; a new one is made for the next attempt");
-                    self.drop_producer(&producer);
+                    self.drop_producer(&held);
                 } else if produce::is_fatal(&error) {
                     tracing::warn!(%error, "the Kafka producer's id or sequence was refused; a new producer is made for the next attempt");
-                    self.drop_producer(&producer);
+                    self.drop_producer(&held);
                 }
                 classify(&topic, &error, possibly_written)
             }

@@ -70,12 +70,9 @@ impl Producer {
         Producer(Some(inner))
     }
 
-    pub fn get(&self) -> &ThreadedProducer<Context> {
-        match &self.0 {
-            Some(p) => p,
-            // only Drop takes it
-            None => unreachable!("a producer is used only before it is dropped"),
-        }
+    /// The producer; `None` only once it is being dropped.
+    pub fn get(&self) -> Option<&ThreadedProducer<Context>> {
+        self.0.as_ref()
     }
 }
 
