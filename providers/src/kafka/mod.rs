@@ -361,7 +361,7 @@ impl KafkaProvider {
         };
         match report {
             Report::Written { partition, offset } => Outcome::Delivered {
-                reference: Some(format!("{topic}:{partition}:{offset}")),
+                reference: Some(reference(&topic, partition, offset)),
                 replayed: false,
                 status: None,
             },
@@ -382,6 +382,11 @@ impl KafkaProvider {
             }
         }
     }
+}
+
+/// The provider reference of a record: `<topic>:<partition>:<offset>`.
+fn reference(topic: &str, partition: i32, offset: i64) -> String {
+    format!("{topic}:{partition}:{offset}")
 }
 
 fn rejected(topic: &str, why: &str, error: &KafkaError) -> Outcome {
@@ -446,15 +451,13 @@ impl Provider for KafkaProvider {
         // a retry (not a recovery, which the relay reconciles itself):
         // the last attempt's record may be in the log already
         if d.attempt > 1 && d.previous_attempt_at.is_none() {
-            let since = SystemTime::now()
-                .checked_sub(self.config.reconcile_window)
-                .unwrap_or(UNIX_EPOCH);
-            // half of the attempt for the search, the rest for the produce
+            // half of the attempt for the search, the rest for the produce;
+            // as far back as the window goes
             let deadline = Instant::now() + d.time_left(self.config.timeout) / 2;
-            match self.look_for(d, since + CLOCK_MARGIN, deadline).await {
+            match self.look_for(d, UNIX_EPOCH, deadline).await {
                 Search::Found { partition, offset } => {
                     return Outcome::Delivered {
-                        reference: Some(format!("{}:{partition}:{offset}", record.topic)),
+                        reference: Some(reference(&record.topic, partition, offset)),
                         replayed: true,
                         status: None,
                     }
@@ -486,7 +489,7 @@ impl Provider for KafkaProvider {
                     .and_then(|t| t.as_str())
                     .unwrap_or_default();
                 Reconciled::Found {
-                    reference: format!("{topic}:{partition}:{offset}"),
+                    reference: reference(topic, partition, offset),
                 }
             }
             // not in the log now; a record still in flight could land
