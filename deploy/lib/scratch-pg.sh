@@ -221,9 +221,42 @@ scratch_pg_tls() {
 }
 
 scratch_pg_start() {
-	local name=$1 scratch="$REPO_ROOT/.scratch" dir lock other port out tries=0 i sockdir isready
+	local dir out sockdir
 	install_pg_server
 	pick_pg_user
+	scratch_pg_dir "$1"
+	dir=$SCRATCH_PG_DIR
+
+	say "starting a scratch PostgreSQL cluster in $dir ($("$PG_CTL" --version 2>/dev/null || echo pg_ctl)${SCRATCH_PG_USER:+, as user $SCRATCH_PG_USER})"
+	if ! out=$(as_pg_user "$PG_INITDB" -D "$dir" -A trust -U postgres -E UTF8 --no-locale 2>&1); then
+		printf '%s\n' "$out" >&2
+		die "initdb failed"
+	fi
+	{
+		echo
+		echo "# added by deploy/lib/scratch-pg.sh"
+		echo "listen_addresses = '127.0.0.1'"
+		echo "max_connections = 200"
+	} >>"$dir/postgresql.conf"
+	scratch_pg_socket_dir "$dir"
+	scratch_pg_tls "$dir"
+	scratch_pg_serve "$dir"
+}
+
+# Its own Unix socket directory for the cluster in DIR (a copy made by
+# pg_basebackup would otherwise share its primary's). Sockets have a path
+# limit of about 107 bytes: without room, TCP only.
+scratch_pg_socket_dir() {
+	local dir=$1 sockdir=$1
+	[ "${#dir}" -gt 90 ] && sockdir=""
+	echo "unix_socket_directories = '${sockdir//\'/\'\'}'" >>"$dir/postgresql.conf"
+}
+
+# An empty data directory .scratch/NAME (or a fresh one under $TMPDIR when
+# the cluster's user cannot reach the repository), owned by that user and
+# locked by this process: sets SCRATCH_PG_DIR and SCRATCH_PG_LOCK.
+scratch_pg_dir() {
+	local name=$1 scratch="$REPO_ROOT/.scratch" dir lock other
 	mkdir -p "$scratch"
 	lock="$scratch/$name.pid"
 	if [ -f "$lock" ] && other=$(cat "$lock" 2>/dev/null) && [ -n "$other" ] &&
@@ -249,24 +282,12 @@ scratch_pg_start() {
 			say "user $SCRATCH_PG_USER cannot reach $scratch; using $dir instead"
 		fi
 	fi
+}
 
-	say "starting a scratch PostgreSQL cluster in $dir ($("$PG_CTL" --version 2>/dev/null || echo pg_ctl)${SCRATCH_PG_USER:+, as user $SCRATCH_PG_USER})"
-	if ! out=$(as_pg_user "$PG_INITDB" -D "$dir" -A trust -U postgres -E UTF8 --no-locale 2>&1); then
-		printf '%s\n' "$out" >&2
-		die "initdb failed"
-	fi
-	# Unix sockets have a path limit of about 107 bytes: without room, TCP only.
-	sockdir=$dir
-	[ "${#dir}" -gt 90 ] && sockdir=""
-	{
-		echo
-		echo "# added by deploy/lib/scratch-pg.sh"
-		echo "listen_addresses = '127.0.0.1'"
-		echo "unix_socket_directories = '${sockdir//\'/\'\'}'"
-		echo "max_connections = 200"
-	} >>"$dir/postgresql.conf"
-	scratch_pg_tls "$dir"
-
+# Start the cluster in DIR on a free port from 55432 up, wait until it
+# answers, and export DATABASE_URL for it.
+scratch_pg_serve() {
+	local dir=$1 port out tries=0 i isready
 	port=55432
 	while :; do
 		while tcp_open 127.0.0.1 "$port"; do

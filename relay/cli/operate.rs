@@ -346,6 +346,9 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
         };
         println!("waiting: {} pending {} intent(s): {why}", u.pending, u.kind);
     }
+    for w in &s.standby_waits {
+        println!("waiting: {}", w.describe());
+    }
     Ok(())
 }
 

@@ -55,6 +55,15 @@ pub struct RelaySection {
     pub name: Option<String>,
     /// Postgres connections; default concurrency/8 + 4.
     pub max_connections: Option<u32>,
+    /// Perform an intent's effect only after its commit is flushed on at
+    /// least this many streaming standbys, so that a failover to one of
+    /// them cannot lose an intent whose effect already happened. 0 (the
+    /// default) turns the wait off: a database without standbys would
+    /// otherwise deliver nothing, and the relay cannot tell which standbys
+    /// a failover would promote. Set it to 1 where an asynchronous
+    /// standby can be promoted. While too few standbys keep up, deliveries
+    /// wait (no intent fails for it).
+    pub wait_for_standbys: u32,
 }
 
 impl Default for RelaySection {
@@ -73,6 +82,7 @@ impl Default for RelaySection {
             lookup_token: None,
             name: None,
             max_connections: None,
+            wait_for_standbys: 0,
         }
     }
 }
@@ -102,6 +112,12 @@ impl RelaySection {
         }
         if r.sweep_interval.0 < Duration::from_millis(10) {
             bail!("relay.sweep_interval must be at least 10ms");
+        }
+        if r.wait_for_standbys > 64 {
+            bail!(
+                "relay.wait_for_standbys must be between 0 and 64, not {}",
+                r.wait_for_standbys
+            );
         }
         if let Some(addr) = &r.metrics_addr {
             addr.parse::<std::net::SocketAddr>().map_err(|_| {

@@ -144,6 +144,8 @@ struct OverviewPage {
     stranded: i64,
     duplicates: i64,
     failures: i64,
+    /// One line per relay whose deliveries wait for standbys.
+    standby_waits: Vec<String>,
     charts: Vec<Chart>,
 }
 
@@ -209,6 +211,7 @@ pub async fn overview(
         stranded: stats.stranded_ordering_intents,
         duplicates: stats.duplicate_enqueues,
         failures,
+        standby_waits: stats.standby_waits.iter().map(|w| w.describe()).collect(),
         charts,
     })
 }

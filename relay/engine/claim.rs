@@ -11,6 +11,7 @@ use tokio::sync::{watch, Notify};
 use crate::engine::budget::ClaimBudget;
 use crate::engine::complete::BatchCounts;
 use crate::engine::dispatch::Deliverer;
+use crate::engine::standbys::Standbys;
 use crate::store::{ClaimQuery, Claimed, Store};
 
 /// The NOTIFY channel `outbox.enqueue` signals on.
@@ -41,6 +42,8 @@ pub struct Claimer {
     pub budget: Arc<ClaimBudget>,
     pub deliverer: Arc<Deliverer>,
     pub batches: Arc<BatchCounts>,
+    /// Held up while standbys lag (`relay.wait_for_standbys`).
+    pub standbys: Arc<Standbys>,
 }
 
 impl Claimer {
@@ -78,6 +81,10 @@ impl Claimer {
     ) -> Result<(), sqlx::Error> {
         let mut backoff = Duration::from_millis(100);
         loop {
+            // claims taken while the standbys lag would only wait
+            if !self.standbys.until_in_step(&mut stop).await {
+                return Ok(());
+            }
             let idle_before = self.budget.idle();
             let Some(mut permits) = self.budget.take(self.budget.batch_size(), &mut stop).await
             else {

@@ -21,6 +21,7 @@ use crate::config::RetryPolicy;
 use crate::engine::budget::{ClaimBudget, Permit};
 use crate::engine::complete::Sink;
 use crate::engine::reconcile::{self, Recovery};
+use crate::engine::standbys::Standbys;
 use crate::engine::supervisor::panic_message;
 use crate::engine::transition::{self, Next};
 use crate::observe::metrics::kind_label;
@@ -78,6 +79,8 @@ pub struct Deliverer {
     gate: Arc<Gate>,
     /// The span of each attempt, and the trace context it sends.
     tracer: Tracer,
+    /// The wait for standbys before each effect.
+    standbys: Arc<Standbys>,
 }
 
 impl Deliverer {
@@ -90,6 +93,7 @@ impl Deliverer {
         store: Store,
         stopping: watch::Receiver<bool>,
     ) -> Deliverer {
+        let store_for_standbys = store.clone();
         // no limits, breakers off: replaced by the engine's (with_gate)
         let gate = Arc::new(Gate::new(
             Default::default(),
@@ -107,6 +111,7 @@ impl Deliverer {
             stopping,
             gate,
             tracer: Tracer::off(),
+            standbys: Standbys::off(store_for_standbys),
         }
     }
 
@@ -120,6 +125,16 @@ impl Deliverer {
     pub fn with_gate(mut self, gate: Arc<Gate>) -> Deliverer {
         self.gate = gate;
         self
+    }
+
+    /// Wait for `standbys` before each effect.
+    pub fn with_standbys(mut self, standbys: Arc<Standbys>) -> Deliverer {
+        self.standbys = standbys;
+        self
+    }
+
+    pub fn standbys(&self) -> &Arc<Standbys> {
+        &self.standbys
     }
 
     /// The kinds this relay delivers.
@@ -158,6 +173,27 @@ impl Deliverer {
 /// its lease is left for a whole attempt — is handed back without an attempt.
 async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     let mut stopping = d.stopping.clone();
+    // the intent's commit must be on enough standbys before its effect;
+    // past the moment the lease leaves for an attempt, the claim goes back
+    let room = d.settings.attempt_time(&claim.kind) + GATE_TIME + Duration::from_millis(500);
+    let wait_until = claim.claimed_at + d.settings.lease.saturating_sub(room);
+    let mut stop_waiting = d.stopping.clone();
+    let in_step = d
+        .standbys
+        .wait(claim.wal_target, async move {
+            tokio::select! {
+                _ = stop_waiting.wait_for(|s| *s) => {}
+                _ = tokio::time::sleep_until(wait_until.into()) => {}
+            }
+        })
+        .await;
+    if !in_step {
+        d.budget.dequeue();
+        d.release(std::slice::from_ref(&claim)).await;
+        drop(permit);
+        d.budget.task_finished();
+        return;
+    }
     let slot = tokio::select! {
         biased;
         _ = stopping.wait_for(|s| *s) => None,
@@ -584,6 +620,7 @@ mod tests {
             created_at: Utc::now(),
             delivered_before: false,
             claimed_at: std::time::Instant::now(),
+            wal_target: None,
             recovered_from: None,
             previous_attempt_at: None,
             traceparent: None,

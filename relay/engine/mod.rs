@@ -12,6 +12,7 @@ pub mod claim;
 pub mod complete;
 pub mod dispatch;
 pub mod reconcile;
+pub mod standbys;
 pub mod supervisor;
 pub mod sweeper;
 pub mod transition;
@@ -38,6 +39,7 @@ use budget::ClaimBudget;
 use claim::{Claimer, Mode};
 use complete::{Gauges, Sink};
 use dispatch::Deliverer;
+use standbys::Standbys;
 use supervisor::{Service, Supervisor};
 use sweeper::Sweeper;
 
@@ -96,6 +98,9 @@ pub struct EngineConfig {
     pub health: crate::config::HealthSettings,
     /// Spans of attempts (off unless the daemon starts an export).
     pub tracer: crate::observe::trace::Tracer,
+    /// Standbys that must have flushed an intent's commit before its
+    /// effect (0: off).
+    pub wait_for_standbys: usize,
 }
 
 impl EngineConfig {
@@ -123,6 +128,7 @@ impl EngineConfig {
                 crate::config::HealthSettings::default()
             }),
             tracer: crate::observe::trace::Tracer::off(),
+            wait_for_standbys: r.wait_for_standbys as usize,
         }
     }
 }
@@ -140,6 +146,8 @@ pub fn default_owner() -> String {
 /// One relay's delivery engine.
 pub struct Engine {
     cfg: EngineConfig,
+    /// The wait for standbys before each effect (`relay.wait_for_standbys`).
+    standbys: Arc<Standbys>,
     store: Store,
     claimer: Arc<Claimer>,
     sweeper: Arc<Sweeper>,
@@ -186,6 +194,7 @@ impl Engine {
             cfg.owner.clone(),
             cfg.max_attempt_time,
         ));
+        let standbys = Standbys::new(cfg.wait_for_standbys, store.clone(), cfg.owner.clone());
         let deliverer = Arc::new(
             Deliverer::new(
                 providers,
@@ -197,7 +206,8 @@ impl Engine {
                 stop_rx.clone(),
             )
             .with_gate(gate)
-            .with_tracer(cfg.tracer.clone()),
+            .with_tracer(cfg.tracer.clone())
+            .with_standbys(standbys.clone()),
         );
         let claimer = Arc::new(Claimer {
             store: store.clone(),
@@ -209,6 +219,7 @@ impl Engine {
             budget: budget.clone(),
             deliverer: deliverer.clone(),
             batches: gauges.batches.clone(),
+            standbys: standbys.clone(),
         });
         let sweeper = Arc::new(Sweeper {
             store: store.clone(),
@@ -221,6 +232,7 @@ impl Engine {
         });
         Engine {
             cfg,
+            standbys,
             store,
             claimer,
             sweeper,
@@ -294,6 +306,11 @@ impl Engine {
         sup.start(Service::new("claim loop", async move {
             // in Mode::Serve claim errors are retried, never returned
             let _ = claimer.run(wake, claim_stop, Mode::Serve).await;
+        }));
+        let standbys = self.standbys.clone();
+        let standbys_stop = stop.clone();
+        sup.start(Service::new("standby watcher", async move {
+            standbys.run(standbys_stop).await
         }));
         sup.start(Service::new(
             "heartbeat",
@@ -395,12 +412,22 @@ impl Engine {
     /// completion, return. Retries scheduled for later stay pending. The
     /// claim loop of the daemon, in [`Mode::Drain`].
     pub async fn run_once(self) -> anyhow::Result<()> {
-        self.sweeper.tick().await?;
-        let (_never, stop) = watch::channel(false);
-        self.claimer
-            .run(Arc::new(Notify::new()), stop, Mode::Drain)
-            .await?;
+        let (watcher_stop, stop) = watch::channel(false);
+        let watcher = tokio::spawn(self.standbys.clone().run(stop.clone()));
+        let drained = async {
+            self.sweeper.tick().await?;
+            self.claimer
+                .run(Arc::new(Notify::new()), stop, Mode::Drain)
+                .await
+        }
+        .await;
+        if let Err(err) = drained {
+            let _ = watcher_stop.send(true);
+            return Err(err.into());
+        }
         self.finish().await;
+        let _ = watcher_stop.send(true);
+        let _ = watcher.await;
         Ok(())
     }
 

@@ -44,6 +44,10 @@ pub struct Claimed {
     pub delivered_before: bool,
     /// When this process received the claim; the lease started a little earlier.
     pub claimed_at: std::time::Instant,
+    /// Where the server's WAL stood when it claimed the intent: past the
+    /// intent's commit (the claim saw it). The standbys must have flushed
+    /// it before the effect (`relay.wait_for_standbys`).
+    pub wal_target: Option<WalMark>,
     /// Set when the sweeper reclaimed an expired lease (or the intent is
     /// claimed again after its recovery was deferred): the previous attempt's
     /// outcome is unknown and must be reconciled, not guessed.
@@ -110,7 +114,9 @@ const CLAIMED_COLUMNS: &str =
     "i.id, i.key, i.kind, i.destination, i.payload::text AS payload, i.attempts, \
      i.attempts_base, i.fence, i.key_generation, i.created_at, \
      i.delivered_at IS NOT NULL AS delivered_before, i.recover_owner, i.recover_at, \
-     i.traceparent, i.tracestate, i.ordering_key";
+     i.traceparent, i.tracestate, i.ordering_key, \
+     (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint AS wal_position, \
+     ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::int AS wal_timeline";
 
 fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
     let payload_text: String = row.try_get("payload")?;
@@ -138,6 +144,10 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
         created_at: row.try_get("created_at")?,
         delivered_before: row.try_get("delivered_before")?,
         claimed_at: std::time::Instant::now(),
+        wal_target: Some(WalMark {
+            timeline: row.try_get("wal_timeline")?,
+            position: row.try_get("wal_position")?,
+        }),
         traceparent: row.try_get("traceparent")?,
         tracestate: row.try_get("tracestate")?,
         ordering_key: row.try_get("ordering_key")?,
@@ -154,6 +164,16 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
             row.try_get("recover_at")?
         },
     })
+}
+
+/// A position in a server's WAL, on its timeline (a promoted standby
+/// starts a new one: a position of the old primary's timeline says
+/// nothing about what the new primary holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalMark {
+    pub timeline: i32,
+    /// Bytes from 0/0.
+    pub position: i64,
 }
 
 /// One relay's claim statements. The relay's batch size (the cap) and the

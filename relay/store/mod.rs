@@ -14,6 +14,7 @@ pub mod operator;
 pub mod recovery;
 mod reworded;
 pub mod schedules;
+pub mod standbys;
 pub mod stats;
 pub mod storable;
 
@@ -22,7 +23,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-pub use claims::{ClaimQuery, Claimed, Completion, Written};
+pub use claims::{ClaimQuery, Claimed, Completion, WalMark, Written};
 pub use enqueue::{enqueue, enqueue_many, EnqueueError, Enqueued, NewIntent};
 
 /// The migrations in `schema/`, embedded in the binary.

@@ -58,6 +58,9 @@ pub struct Stats {
     /// Pending intents whose kind no live relay delivers, and which live
     /// relays know the kind without being configured for it.
     pub unserved_kinds: Vec<super::fleet::UnservedKind>,
+    /// Live relays whose deliveries wait for standbys to flush their
+    /// intents' commits (`relay.wait_for_standbys`).
+    pub standby_waits: Vec<super::standbys::StandbyWait>,
 }
 
 /// Ordering keys whose oldest live intent is dead or ambiguous. Reads the
@@ -111,7 +114,9 @@ impl Store {
             .fetch_one(&self.pool)
             .await?;
         let stranded_ordering_intents = self.stranded_ordering_intents().await?;
+        let standby_waits = self.standby_waits().await?;
         Ok(Stats {
+            standby_waits,
             by_state,
             due,
             expired_leases,

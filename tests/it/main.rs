@@ -27,6 +27,7 @@ mod email;
 mod enqueue;
 mod enqueue_many;
 mod enqueue_many_equivalence;
+mod failover;
 mod first_steps;
 mod getting_started;
 mod hardening;

@@ -1,5 +1,6 @@
 //! A private PostgreSQL cluster for one test (tests/peers/pg-cluster.sh):
-//! one it may restart, or whose TLS certificate it knows.
+//! one it may restart, kill, replicate and promote, or whose TLS
+//! certificate it knows.
 
 use std::process::Command as StdCommand;
 use std::time::{Duration, Instant};
@@ -16,15 +17,28 @@ impl Cluster {
     }
 
     pub fn start(prefix: &str) -> Cluster {
-        let name = format!("{prefix}-{}-{:04x}", std::process::id(), fastrand::u16(..));
+        Cluster::run(&["start", &Cluster::name(prefix)])
+    }
+
+    /// An asynchronous streaming standby of this cluster (pg_basebackup -R).
+    pub fn replica(&self, prefix: &str) -> Cluster {
+        Cluster::run(&["replica", &self.dir, &Cluster::name(prefix)])
+    }
+
+    fn name(prefix: &str) -> String {
+        format!("{prefix}-{}-{:04x}", std::process::id(), fastrand::u16(..))
+    }
+
+    fn run(args: &[&str]) -> Cluster {
         let out = StdCommand::new(Cluster::script())
-            .args(["start", &name])
+            .args(args)
             .stderr(std::process::Stdio::inherit())
             .output()
             .expect("run tests/peers/pg-cluster.sh");
         assert!(
             out.status.success(),
-            "this test needs a private PostgreSQL cluster; tests/peers/pg-cluster.sh start failed (see above)"
+            "this test needs a private PostgreSQL cluster; tests/peers/pg-cluster.sh {} failed (see above)",
+            args[0]
         );
         let text = String::from_utf8(out.stdout).unwrap();
         let mut lines = text.lines();
@@ -32,6 +46,34 @@ impl Cluster {
             url: lines.next().expect("url").to_string(),
             dir: lines.next().expect("dir").to_string(),
         }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .expect("the cluster's URL has a port")
+    }
+
+    /// SIGKILL the server and every process of it, as when its machine dies.
+    pub fn kill(&self) {
+        let status = StdCommand::new(Cluster::script())
+            .args(["kill", &self.dir])
+            .status()
+            .unwrap();
+        assert!(status.success(), "pg-cluster.sh kill failed");
+    }
+
+    /// Promote a standby (pg_ctl promote, waiting until it is a primary).
+    pub fn promote(&self) {
+        let status = StdCommand::new(Cluster::script())
+            .args(["promote", &self.dir])
+            .status()
+            .unwrap();
+        assert!(status.success(), "pg_ctl promote failed");
     }
 
     pub fn restart(&self) -> Duration {

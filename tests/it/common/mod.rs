@@ -5,6 +5,7 @@
 pub mod amqp;
 pub mod cluster;
 pub mod console;
+pub mod failover;
 pub mod kafka;
 pub mod nats;
 pub mod otlp;
