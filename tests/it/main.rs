@@ -47,6 +47,7 @@ mod recovery;
 mod reference;
 mod schedules;
 mod secrets;
+mod standbys;
 mod tls;
 mod trace_context;
 mod traces;

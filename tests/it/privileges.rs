@@ -103,6 +103,29 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read_a
         assert!(denied(err), "the application role must not run: {sql}");
     }
 
+    // the standbys' positions (relay.wait_for_standbys) are the relay's to
+    // read, through the one function, without a statistics privilege
+    let standbys = "SELECT * FROM outbox.standby_flush_positions()";
+    let err = sqlx::query(standbys).execute(app.pool()).await.unwrap_err();
+    assert!(
+        denied(err),
+        "the application role must not read the standbys' positions"
+    );
+    let relay = Store::connect(&url_as(&db, "t_outbox_relay"), 2)
+        .await
+        .unwrap();
+    let positions = relay.standby_positions().await.unwrap();
+    assert_eq!(
+        (positions.hidden, positions.flushed.len() as i32),
+        (0, positions.streaming)
+    );
+    let stats_role: bool =
+        sqlx::query_scalar("SELECT pg_has_role('t_outbox_relay', 'pg_read_all_stats', 'USAGE')")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert!(!stats_role, "the relay role needs no statistics privilege");
+
     // the relay role delivers (and does not need to migrate)
     let out = common::relay_command(&url_as(&db, "t_outbox_relay"))
         .args(["run", "--once"])
