@@ -19,6 +19,10 @@
 #   - crates.io: the Kafka-API test broker Tansu, built once per machine
 #     into ~/.cache/outbox-relay/tools (about ten minutes on two cores; see
 #     deploy/lib/tansu.sh);
+#   - the previous version of the relay (a pinned commit of this
+#     repository), built once per machine into ~/.cache/outbox-relay/tools
+#     for the rolling-upgrade test (a few minutes; see
+#     deploy/lib/previous-relay.sh);
 #   - the clients' test tools: clients/python/setup.sh (PyPI, hash-checked,
 #     into target/clients/python-venv) and clients/typescript/setup.sh
 #     (npm ci into clients/typescript/node_modules; Debian's nodejs and npm
@@ -38,6 +42,8 @@ LOG_PREFIX=run.sh
 . "$REPO_ROOT/deploy/lib/build-tools.sh"
 # shellcheck source=deploy/lib/tansu.sh
 . "$REPO_ROOT/deploy/lib/tansu.sh"
+# shellcheck source=deploy/lib/previous-relay.sh
+. "$REPO_ROOT/deploy/lib/previous-relay.sh"
 
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
@@ -156,6 +162,7 @@ bash "$REPO_ROOT/clients/typescript/setup.sh"
 ensure_nats_server
 ensure_chromium
 tansu_ensure
+previous_relay_ensure
 scratch_rabbit_setup
 scratch_pg_setup pg-test
 drop_leftover_test_dbs

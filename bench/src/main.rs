@@ -23,9 +23,11 @@ mod drains;
 mod ordering;
 mod otlp;
 mod peers;
+mod plot;
 mod receiver;
 mod report;
 mod scratch;
+mod soak;
 mod sql;
 mod traced;
 
@@ -154,6 +156,21 @@ struct BenchArgs {
     /// New followers enqueued before the timed pass of --ordering-keys.
     #[arg(long, default_value_t = 1_000)]
     ordering_burst: u64,
+    /// Run the soak instead of the engine's measurements: one relay
+    /// under a steady mixed load this long (e.g. 1h), against receivers
+    /// that flap, with retention purging and the console and /metrics
+    /// polled; samples to a CSV and a PNG under --soak-out.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    soak: Option<std::time::Duration>,
+    /// The soak's offered load, intents per second.
+    #[arg(long, default_value_t = 500)]
+    rate: u32,
+    /// How often the soak samples.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    soak_sample: std::time::Duration,
+    /// Where the soak writes soak.csv and soak.png.
+    #[arg(long)]
+    soak_out: Option<PathBuf>,
     /// Keep the scratch database afterwards.
     #[arg(long)]
     keep: bool,
@@ -201,6 +218,28 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             );
         } else {
             console::print(&report);
+        }
+        return Ok(());
+    }
+    if let Some(duration) = a.soak {
+        drop(store);
+        let args = soak::SoakArgs {
+            duration,
+            rate: a.rate.clamp(1, 100_000),
+            sample: a.soak_sample.max(std::time::Duration::from_secs(1)),
+            out_dir: a.soak_out.clone().unwrap_or_else(soak::default_out),
+            nats_url: a.nats_url.clone(),
+            in_flight: a.in_flight.clamp(1, 10_000),
+            keep: a.keep,
+        };
+        let report = soak::run(&url, args).await?;
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serializable")
+            );
+        } else {
+            soak::print(&report);
         }
         return Ok(());
     }

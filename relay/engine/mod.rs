@@ -283,7 +283,9 @@ impl Engine {
     ) -> anyhow::Result<()> {
         let stop = self.stop_rx.clone();
         let wake = Arc::new(Notify::new());
-        self.register().await;
+        if self.register().await {
+            health.registered.store(true, Ordering::SeqCst);
+        }
         let mut sup = Supervisor::new(stop.clone());
         sup.start(Service::new(
             "listener",
@@ -318,6 +320,7 @@ impl Engine {
                 self.store.clone(),
                 self.cfg.owner.clone(),
                 self.kinds.clone(),
+                health.clone(),
                 stop.clone(),
             ),
         ));
@@ -397,13 +400,17 @@ impl Engine {
     }
 
     /// Put this relay in `outbox.relays` (kinds it serves and knows).
-    async fn register(&self) {
-        if let Err(err) = self
+    async fn register(&self) -> bool {
+        match self
             .store
             .register_relay(&self.cfg.owner, VERSION, &self.kinds, KNOWN_KINDS)
             .await
         {
-            tracing::warn!(error = %err, "could not register in outbox.relays; will retry with the heartbeat");
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(error = %err, "could not register in outbox.relays; will retry with the heartbeat");
+                false
+            }
         }
     }
 
@@ -504,17 +511,25 @@ async fn heartbeat(
     store: Store,
     owner: String,
     kinds: Vec<&'static str>,
+    health: Arc<Health>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
+        // a relay whose registration failed at start retries it soon
+        let every = if health.registered.load(Ordering::SeqCst) {
+            HEARTBEAT_EVERY
+        } else {
+            Duration::from_secs(1)
+        };
         tokio::select! {
-            _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
+            _ = tokio::time::sleep(every) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
         let beat = async {
             store
                 .register_relay(&owner, VERSION, &kinds, KNOWN_KINDS)
                 .await?;
+            health.registered.store(true, Ordering::SeqCst);
             store.forget_silent_relays().await
         };
         if let Err(err) = beat.await {

@@ -8,6 +8,10 @@ use std::sync::Mutex;
 #[derive(Debug, Default)]
 pub struct Health {
     pub shutting_down: AtomicBool,
+    /// Set once the relay is in `outbox.relays`: until then other relays
+    /// do not know which kinds it knows (an older relay would reject an
+    /// intent of a kind only this one knows), so it is not ready.
+    pub registered: AtomicBool,
     /// Set by the supervisor when a task died or got stuck: the relay is
     /// broken and on its way out.
     failure: Mutex<Option<String>>,

@@ -79,6 +79,12 @@ async fn ready(State(s): State<Served>) -> (StatusCode, String) {
     if s.health.shutting_down.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".into());
     }
+    if !s.health.registered.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: not registered in outbox.relays yet\n".into(),
+        );
+    }
     let check = tokio::time::timeout(Duration::from_secs(2), s.store.migrations_current()).await;
     match check {
         Ok(Ok(true)) => (StatusCode::OK, "ready\n".into()),

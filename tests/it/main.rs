@@ -51,3 +51,4 @@ mod standbys;
 mod tls;
 mod trace_context;
 mod traces;
+mod upgrade;
