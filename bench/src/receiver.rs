@@ -36,16 +36,17 @@ impl Seen {
     }
 }
 
-/// A webhook receiver on its own thread and runtime, so it does not share
-/// the relay's executor. Answers 200 to every POST and notes its webhook-id.
-pub(crate) fn receiver() -> anyhow::Result<(u16, std::thread::JoinHandle<()>, Seen)> {
-    let seen = Seen::default();
-    let log = seen.clone();
+/// Serve `app` on a free loopback port, on a thread and runtime of its own
+/// (so it does not share the relay's executor).
+pub(crate) fn serve_on_thread(
+    name: &str,
+    app: axum::Router,
+) -> anyhow::Result<(u16, std::thread::JoinHandle<()>)> {
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     std_listener.set_nonblocking(true)?;
     let port = std_listener.local_addr()?.port();
     let handle = std::thread::Builder::new()
-        .name("bench-receiver".into())
+        .name(name.into())
         .spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -53,19 +54,28 @@ pub(crate) fn receiver() -> anyhow::Result<(u16, std::thread::JoinHandle<()>, Se
                 .expect("runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-                let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
-                    log.record(headers.get("webhook-id").and_then(|v| v.to_str().ok()));
-                    let delay = log.delay();
-                    async move {
-                        if !delay.is_zero() {
-                            tokio::time::sleep(delay).await;
-                        }
-                        ""
-                    }
-                });
                 let _ = axum::serve(listener, app).await;
             });
         })?;
+    Ok((port, handle))
+}
+
+/// A webhook receiver on its own thread: answers 200 to every POST and
+/// notes its webhook-id.
+pub(crate) fn receiver() -> anyhow::Result<(u16, std::thread::JoinHandle<()>, Seen)> {
+    let seen = Seen::default();
+    let log = seen.clone();
+    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+        log.record(headers.get("webhook-id").and_then(|v| v.to_str().ok()));
+        let delay = log.delay();
+        async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            ""
+        }
+    });
+    let (port, handle) = serve_on_thread("bench-receiver", app)?;
     Ok((port, handle, seen))
 }
 

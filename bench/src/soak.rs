@@ -122,37 +122,22 @@ pub(crate) struct SoakReport {
 fn flapping_receiver(flaps: bool, started: Instant) -> anyhow::Result<(u16, Arc<AtomicU64>)> {
     let requests = Arc::new(AtomicU64::new(0));
     let count = requests.clone();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    listener.set_nonblocking(true)?;
-    let port = listener.local_addr()?.port();
-    std::thread::Builder::new()
-        .name("soak-receiver".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                let app = axum::Router::new().fallback(move || {
-                    count.fetch_add(1, Ordering::Relaxed);
-                    let minute = started.elapsed().as_secs() / 60 % 10;
-                    let status = if flaps && minute == 5 {
-                        503
-                    } else if fastrand::u32(..100) < 1 {
-                        500
-                    } else {
-                        200
-                    };
-                    async move {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        axum::http::StatusCode::from_u16(status)
-                            .unwrap_or(axum::http::StatusCode::OK)
-                    }
-                });
-                let _ = axum::serve(listener, app).await;
-            });
-        })?;
+    let app = axum::Router::new().fallback(move || {
+        count.fetch_add(1, Ordering::Relaxed);
+        let minute = started.elapsed().as_secs() / 60 % 10;
+        let status = if flaps && minute == 5 {
+            503
+        } else if fastrand::u32(..100) < 1 {
+            500
+        } else {
+            200
+        };
+        async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::OK)
+        }
+    });
+    let (port, _thread) = crate::receiver::serve_on_thread("soak-receiver", app)?;
     Ok((port, requests))
 }
 

@@ -211,7 +211,8 @@ impl Engine {
         );
         let claimer = Arc::new(Claimer {
             store: store.clone(),
-            query: ClaimQuery::new(cfg.batch_size as i64, &unserved),
+            query: ClaimQuery::new(cfg.batch_size as i64, &unserved)
+                .with_wal_mark(cfg.wait_for_standbys > 0),
             owner: cfg.owner.clone(),
             lease: cfg.lease,
             poll_interval: cfg.poll_interval,

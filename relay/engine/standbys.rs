@@ -171,6 +171,8 @@ impl Standbys {
 
     /// The watcher: reads the standbys' positions until `stop`.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        // a wait reported by an earlier process under the same name is over
+        self.report(Reading::default(), 0, None).await;
         if self.need == 0 {
             // a deployment with a standby to fail over to is told once
             if let Ok(p) = self.store.standby_positions().await {
@@ -309,7 +311,7 @@ impl Standbys {
             .report_standby_wait(
                 &self.owner,
                 self.need as i32,
-                Some(reading.streaming as i32),
+                reading.timeline.map(|_| reading.streaming as i32),
                 waiting as i32,
                 held_for,
             )

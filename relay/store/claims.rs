@@ -114,9 +114,17 @@ const CLAIMED_COLUMNS: &str =
     "i.id, i.key, i.kind, i.destination, i.payload::text AS payload, i.attempts, \
      i.attempts_base, i.fence, i.key_generation, i.created_at, \
      i.delivered_at IS NOT NULL AS delivered_before, i.recover_owner, i.recover_at, \
-     i.traceparent, i.tracestate, i.ordering_key, \
-     (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint AS wal_position, \
+     i.traceparent, i.tracestate, i.ordering_key";
+
+/// Where the server's WAL stands and its timeline, with each claimed row
+/// (`relay.wait_for_standbys`); evaluated after the row was found visible,
+/// so past the intent's commit record.
+const WAL_MARK: &str = "(pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint AS wal_position, \
      ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::int AS wal_timeline";
+
+/// The same columns, empty: a relay that does not wait for standbys spends
+/// nothing on them.
+const NO_WAL_MARK: &str = "NULL::bigint AS wal_position, NULL::int AS wal_timeline";
 
 fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
     let payload_text: String = row.try_get("payload")?;
@@ -144,10 +152,10 @@ fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Clai
         created_at: row.try_get("created_at")?,
         delivered_before: row.try_get("delivered_before")?,
         claimed_at: std::time::Instant::now(),
-        wal_target: Some(WalMark {
-            timeline: row.try_get("wal_timeline")?,
-            position: row.try_get("wal_position")?,
-        }),
+        wal_target: match (row.try_get("wal_timeline")?, row.try_get("wal_position")?) {
+            (Some(timeline), Some(position)) => Some(WalMark { timeline, position }),
+            _ => None,
+        },
         traceparent: row.try_get("traceparent")?,
         tracestate: row.try_get("tracestate")?,
         ordering_key: row.try_get("ordering_key")?,
@@ -208,6 +216,9 @@ pub struct WalMark {
 pub struct ClaimQuery {
     /// (inner limit, statement), by limit ascending; the last is the cap.
     rungs: Vec<(i64, String)>,
+    /// What the statements are built from (see [`ClaimQuery::with_wal_mark`]).
+    limits: Vec<i64>,
+    unserved_kinds: Vec<String>,
 }
 
 impl ClaimQuery {
@@ -228,8 +239,18 @@ impl ClaimQuery {
         ClaimQuery::with_rungs(&[cap.max(1)], unserved_kinds)
     }
 
+    /// The same claim returning each row's WAL mark (for
+    /// `relay.wait_for_standbys`), or not.
+    pub fn with_wal_mark(self, on: bool) -> ClaimQuery {
+        ClaimQuery::build(&self.limits, &self.unserved_kinds, on)
+    }
+
     /// One statement per limit in `limits` (ascending; the last is the cap).
     fn with_rungs(limits: &[i64], unserved_kinds: &[String]) -> ClaimQuery {
+        ClaimQuery::build(limits, unserved_kinds, false)
+    }
+
+    fn build(limits: &[i64], unserved_kinds: &[String], wal_mark: bool) -> ClaimQuery {
         let kinds = if unserved_kinds.is_empty() {
             String::new()
         } else {
@@ -241,11 +262,16 @@ impl ClaimQuery {
                 .map(|k| k.to_string())
                 .collect::<Vec<_>>(),
         );
+        let mark = if wal_mark { WAL_MARK } else { NO_WAL_MARK };
         let rungs = limits
             .iter()
-            .map(|&limit| (limit, claim_sql(limit, &kinds, &known)))
+            .map(|&limit| (limit, claim_sql(limit, &kinds, &known, mark)))
             .collect();
-        ClaimQuery { rungs }
+        ClaimQuery {
+            rungs,
+            limits: limits.to_vec(),
+            unserved_kinds: unserved_kinds.to_vec(),
+        }
     }
 
     /// The most intents one call claims.
@@ -272,7 +298,7 @@ impl ClaimQuery {
 }
 
 /// The claim of at most `limit` intents (see [`ClaimQuery`]).
-fn claim_sql(limit: i64, kinds: &str, known: &str) -> String {
+fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
     format!(
         "WITH due AS (
              SELECT id FROM (
@@ -296,7 +322,7 @@ fn claim_sql(limit: i64, kinds: &str, known: &str) -> String {
                 lease_expires_at = now() + $3 * interval '1 millisecond',
                 fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
            FROM due WHERE i.id = due.id
-         RETURNING {CLAIMED_COLUMNS}"
+         RETURNING {CLAIMED_COLUMNS}, {mark}"
     )
 }
 
@@ -348,7 +374,7 @@ static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
             SET owner = $2, lease_expires_at = now() + $3 * interval '1 millisecond',
                 fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
            FROM expired e WHERE i.id = e.id
-         RETURNING {CLAIMED_COLUMNS}, e.previous_owner, e.previous_at"
+         RETURNING {CLAIMED_COLUMNS}, {WAL_MARK}, e.previous_owner, e.previous_at"
     )
 });
 

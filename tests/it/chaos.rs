@@ -111,10 +111,7 @@ async fn chaos_drill() {
     let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
     let log = answers.clone();
     let rx = Receiver::start(move |req, _| {
-        let intent = serde_json::from_slice::<Value>(&req.body)
-            .ok()
-            .and_then(|b| b["k"].as_str().map(str::to_string))
-            .unwrap_or_default();
+        let intent = req.body_str("k");
         let roll = fastrand::f64();
         let (reply, status, stalled) = if roll < 0.02 {
             (

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
+use serde_json::json;
 use sqlx::Connection;
 
 use crate::common;
@@ -132,10 +132,7 @@ async fn drill(wait_for_standbys: u32) -> Figures {
     let seen: Arc<Mutex<Vec<(String, String, Instant)>>> = Arc::default();
     let log = seen.clone();
     let rx = Receiver::start(move |req, _| {
-        let key = serde_json::from_slice::<Value>(&req.body)
-            .ok()
-            .and_then(|b| b["k"].as_str().map(str::to_string))
-            .unwrap_or_default();
+        let key = req.body_str("k");
         log.lock()
             .unwrap()
             .push((key, req.webhook_id(), Instant::now()));

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::common::kafka::Broker;
 use crate::common::nats::NatsServer;
@@ -144,10 +144,7 @@ async fn a_rolling_upgrade_under_load_loses_nothing_and_keys_every_effect_once()
     let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let log = seen.clone();
     let rx = Receiver::start(move |req, _| {
-        let key = serde_json::from_slice::<Value>(&req.body)
-            .ok()
-            .and_then(|b| b["k"].as_str().map(str::to_string))
-            .unwrap_or_default();
+        let key = req.body_str("k");
         log.lock().unwrap().push((key, req.webhook_id()));
         common::Reply::status(200).after(Duration::from_millis(fastrand::u64(5..30)))
     })

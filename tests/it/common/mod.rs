@@ -342,6 +342,14 @@ impl Received {
     pub fn webhook_id(&self) -> String {
         self.header("webhook-id").unwrap_or_default()
     }
+
+    /// A string field of the JSON body ("" when there is none).
+    pub fn body_str(&self, field: &str) -> String {
+        serde_json::from_slice::<serde_json::Value>(&self.body)
+            .ok()
+            .and_then(|b| b[field].as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
 }
 
 /// What the receiver answers.
