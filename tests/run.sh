@@ -11,7 +11,8 @@
 # What it installs when missing (Debian packages only when run as root, and
 # it says each install before it runs it):
 #   - Debian: postgresql, rabbitmq-server, nats-server, chromium and
-#     chromium-driver (the console's browser test), python3 and python3-venv;
+#     chromium-driver (the console's browser test), haproxy (the failover
+#     drill), python3 and python3-venv;
 #   - PyPI, into a private virtual environment under target/test-venv (never
 #     into your own Python): the pinned peers of tests/peers/requirements.txt;
 #   - Debian: make, pkg-config and libssl-dev (librdkafka's build, see
@@ -133,6 +134,17 @@ ensure_chromium() {
 	fi
 }
 
+# HAProxy (the failover drill's stable address in front of a primary and
+# its standby): Debian's haproxy, through tests/peers/haproxy.sh.
+ensure_haproxy() {
+	local bin
+	if bin=$("$REPO_ROOT/tests/peers/haproxy.sh"); then
+		say "failover test peer: $("$bin" -v 2>/dev/null | head -n 1)"
+	else
+		say "warning: HAProxy is unavailable; the failover drill will say so (apt-get install haproxy)"
+	fi
+}
+
 # Best effort: drop test databases left by runs that were killed. A database
 # still in use (a concurrent run) refuses DROP and is left alone.
 drop_leftover_test_dbs() {
@@ -161,6 +173,7 @@ say "the TypeScript client's test tools: clients/typescript/setup.sh"
 bash "$REPO_ROOT/clients/typescript/setup.sh"
 ensure_nats_server
 ensure_chromium
+ensure_haproxy
 tansu_ensure
 previous_relay_ensure
 scratch_rabbit_setup

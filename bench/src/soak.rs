@@ -165,6 +165,20 @@ fn fds(pid: u32) -> u64 {
 
 pub(crate) async fn run(server_url: &str, args: SoakArgs) -> anyhow::Result<SoakReport> {
     std::fs::create_dir_all(&args.out_dir)?;
+    // an hour of updates without autovacuum measures bloat and stale
+    // statistics, not the relay
+    let mut conn: sqlx::PgConnection = sqlx::Connection::connect(server_url).await?;
+    let autovacuum: String = sqlx::query_scalar("SELECT current_setting('autovacuum')")
+        .fetch_one(&mut conn)
+        .await?;
+    sqlx::Connection::close(conn).await?;
+    if autovacuum != "on" && args.duration > Duration::from_secs(60) {
+        anyhow::bail!(
+            "autovacuum is off on this server: a soak without it measures dead rows piling up \
+             and stale statistics, not the relay. Run it against a server with autovacuum on \
+             (for instance a private one: tests/peers/pg-cluster.sh start soak)"
+        );
+    }
     with_database(server_url, "soak", 4, args.keep, |store| async move {
         let admin: PgConnectOptions = server_url.parse()?;
         let db_name: String = sqlx::query_scalar("SELECT current_database()")

@@ -133,10 +133,6 @@ impl Deliverer {
         self
     }
 
-    pub fn standbys(&self) -> &Arc<Standbys> {
-        &self.standbys
-    }
-
     /// The kinds this relay delivers.
     pub fn kinds(&self) -> Vec<&'static str> {
         self.providers.kinds()
