@@ -36,6 +36,9 @@ pub(crate) struct SoakArgs {
     pub keep: bool,
 }
 
+/// The flapping receiver's cycle: down (503) for its sixth minute.
+const FLAP_CYCLE_S: f64 = 600.0;
+
 /// One row of the CSV.
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct Sample {
@@ -84,8 +87,8 @@ impl Sample {
 /// The soak's targets, each with what was measured.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Verdict {
-    /// Relay RSS at the end of the warm-up (the first tenth of the run, at
-    /// most ten minutes) and its highest after it.
+    /// Relay RSS at the end of the warm-up (the first ten minutes, one
+    /// flapping cycle; a tenth of a shorter run) and its highest after it.
     pub rss_after_warmup_mb: f64,
     pub rss_max_mb: f64,
     /// p99 of enqueue → delivered over each block of the warm-up's length.
@@ -124,7 +127,7 @@ fn flapping_receiver(flaps: bool, started: Instant) -> anyhow::Result<(u16, Arc<
     let count = requests.clone();
     let app = axum::Router::new().fallback(move || {
         count.fetch_add(1, Ordering::Relaxed);
-        let minute = started.elapsed().as_secs() / 60 % 10;
+        let minute = started.elapsed().as_secs() / 60 % (FLAP_CYCLE_S as u64 / 60);
         let status = if flaps && minute == 5 {
             503
         } else if fastrand::u32(..100) < 1 {
@@ -477,7 +480,13 @@ async fn sample(
 /// ambiguous.
 async fn judge(store: &Store, samples: &[Sample]) -> anyhow::Result<Verdict> {
     let total = samples.last().map_or(0.0, |s| s.t_s);
-    let warmup = (total / 10.0).clamp(1.0, 600.0);
+    // blocks as long as the flapping cycle (ten minutes), so that each
+    // holds one outage; a run shorter than two cycles uses tenths
+    let warmup = if total >= 2.0 * FLAP_CYCLE_S {
+        FLAP_CYCLE_S
+    } else {
+        (total / 10.0).max(1.0)
+    };
     let after: Vec<&Sample> = samples.iter().filter(|s| s.t_s > warmup).collect();
     let rss_after_warmup_mb = after.first().map_or(f64::NAN, |s| s.relay_rss_mb);
     let rss_max_mb = after
