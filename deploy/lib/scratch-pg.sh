@@ -221,7 +221,7 @@ scratch_pg_tls() {
 }
 
 scratch_pg_start() {
-	local dir out sockdir
+	local dir out
 	install_pg_server
 	pick_pg_user
 	scratch_pg_dir "$1"
@@ -287,7 +287,7 @@ scratch_pg_dir() {
 # Start the cluster in DIR on a free port from 55432 up, wait until it
 # answers, and export DATABASE_URL for it.
 scratch_pg_serve() {
-	local dir=$1 port out tries=0 i isready
+	local dir=$1 port tries=0 i isready
 	port=55432
 	while :; do
 		while tcp_open 127.0.0.1 "$port"; do
