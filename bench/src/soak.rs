@@ -188,12 +188,17 @@ pub(crate) async fn run(server_url: &str, args: SoakArgs) -> anyhow::Result<Soak
             .fetch_one(store.pool())
             .await?;
         let db_url = admin.database(&db_name).to_url_lossy().to_string();
-        soak(&store, &db_url, &args).await
+        soak(&store, &db_url, &db_name, &args).await
     })
     .await
 }
 
-async fn soak(store: &Store, db_url: &str, args: &SoakArgs) -> anyhow::Result<SoakReport> {
+async fn soak(
+    store: &Store,
+    db_url: &str,
+    db_name: &str,
+    args: &SoakArgs,
+) -> anyhow::Result<SoakReport> {
     let started = Instant::now();
     let (steady_port, steady) = flapping_receiver(false, started)?;
     let (flapping_port, flapping) = flapping_receiver(true, started)?;
@@ -364,14 +369,12 @@ async fn soak(store: &Store, db_url: &str, args: &SoakArgs) -> anyhow::Result<So
             scrape_errors += 1;
         }
         let now = chrono::Utc::now();
-        let s = sample(store, &db_url_name(db_url), last_at).await?;
+        let s = sample(store, db_name, last_at, now).await?;
         let s = Sample {
             t_s: started.elapsed().as_secs_f64(),
             relay_rss_mb: rss_mb(relay_pid),
             relay_fds: fds(relay_pid),
             enqueued: enqueued.load(Ordering::Relaxed),
-            delivered_per_s: s.delivered_per_s / (now - last_at).num_milliseconds().max(1) as f64
-                * 1e3,
             console_ms,
             ..s
         };
@@ -415,22 +418,14 @@ async fn soak(store: &Store, db_url: &str, args: &SoakArgs) -> anyhow::Result<So
     })
 }
 
-fn db_url_name(url: &str) -> String {
-    url.rsplit('/')
-        .next()
-        .and_then(|s| s.split('?').next())
-        .unwrap_or_default()
-        .to_string()
-}
-
-/// The database's side of a sample: latency of what was delivered since
-/// `since`, backlog, sizes, connections, dead and ambiguous. Its
-/// `delivered_per_s` holds the count delivered since `since` (the caller
-/// divides by the time).
+/// The database's side of a sample: what was delivered between `since`
+/// and `now` (a rate, and its latency), backlog, sizes, connections, dead
+/// and ambiguous.
 async fn sample(
     store: &Store,
     db_name: &str,
     since: chrono::DateTime<chrono::Utc>,
+    now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<Sample> {
     let (delivered, p50, p99): (i64, Option<f64>, Option<f64>) = sqlx::query_as(
         "SELECT count(*),
@@ -463,7 +458,7 @@ async fn sample(
     let mb = |b: i64| b as f64 / 1048576.0;
     Ok(Sample {
         pg_connections: connections,
-        delivered_per_s: delivered as f64,
+        delivered_per_s: delivered as f64 * 1e3 / (now - since).num_milliseconds().max(1) as f64,
         p50_ms: p50.unwrap_or(0.0) * 1e3,
         p99_ms: p99.unwrap_or(0.0) * 1e3,
         backlog,

@@ -171,19 +171,7 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     let mut stopping = d.stopping.clone();
     // the intent's commit must be on enough standbys before its effect;
     // past the moment the lease leaves for an attempt, the claim goes back
-    let room = d.settings.attempt_time(&claim.kind) + GATE_TIME + Duration::from_millis(500);
-    let wait_until = claim.claimed_at + d.settings.lease.saturating_sub(room);
-    let mut stop_waiting = d.stopping.clone();
-    let in_step = d
-        .standbys
-        .wait(claim.wal_target, async move {
-            tokio::select! {
-                _ = stop_waiting.wait_for(|s| *s) => {}
-                _ = tokio::time::sleep_until(wait_until.into()) => {}
-            }
-        })
-        .await;
-    if !in_step {
+    if d.standbys.needed() > 0 && !wait_for_standbys(&d, &claim).await {
         d.budget.dequeue();
         d.release(std::slice::from_ref(&claim)).await;
         drop(permit);
@@ -283,6 +271,22 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     }
     .instrument(span)
     .await
+}
+
+/// Wait until the standbys hold the claim's intent, or give up (shutdown,
+/// or too little lease left for an attempt after the wait).
+async fn wait_for_standbys(d: &Deliverer, claim: &Claimed) -> bool {
+    let room = d.settings.attempt_time(&claim.kind) + GATE_TIME + Duration::from_millis(500);
+    let wait_until = claim.claimed_at + d.settings.lease.saturating_sub(room);
+    let mut stopping = d.stopping.clone();
+    d.standbys
+        .wait(claim.wal_target, async move {
+            tokio::select! {
+                _ = stopping.wait_for(|s| *s) => {}
+                _ = tokio::time::sleep_until(wait_until.into()) => {}
+            }
+        })
+        .await
 }
 
 /// The most the gate's database work may take per attempt, before it and

@@ -95,6 +95,7 @@ impl Standbys {
         Standbys::new(0, store, String::new())
     }
 
+    /// `relay.wait_for_standbys` (0: deliveries do not wait).
     pub fn needed(&self) -> usize {
         self.need
     }

@@ -82,29 +82,23 @@ fn previous_relay() -> PathBuf {
 }
 
 fn spawn(
-    bin: &PathBuf,
+    bin: &std::path::Path,
     db: &TestDb,
     config: &std::path::Path,
     name: &str,
     port: u16,
 ) -> tokio::process::Child {
-    tokio::process::Command::new(bin)
+    common::relay_command_of(bin, &db.url)
         .arg("run")
-        .env("DATABASE_URL", &db.url)
         .env("OUTBOX_RELAY_CONFIG", config)
         .env("OUTBOX_RELAY__RELAY__NAME", format!("\"{name}\""))
         .env(
             "OUTBOX_RELAY__RELAY__METRICS_ADDR",
             format!("\"127.0.0.1:{port}\""),
         )
-        .env(
-            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
-            "[\"127.0.0.0/8\"]",
-        )
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn relay")
 }

@@ -556,7 +556,12 @@ allowed_networks = ["127.0.0.0/8"]
 /// test. Callers add the subcommand and their own settings (a later `env`
 /// of the same name wins).
 pub fn relay_command(url: &str) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(relay_bin());
+    relay_command_of(&relay_bin(), url)
+}
+
+/// [`relay_command`] for another build of the relay (an older version).
+pub fn relay_command_of(bin: &std::path::Path, url: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin);
     cmd.env("DATABASE_URL", url)
         .env(
             "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
