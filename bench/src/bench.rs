@@ -68,6 +68,9 @@ pub struct BenchArgs {
     pub brokers: Option<crate::brokers::Brokers>,
     /// Rounds of the drain with tracing off and on, each (0 skips).
     pub tracing_rounds: usize,
+    /// The `batch_size` of the bench's relay processes: the bench's own
+    /// configuration's.
+    pub relay_batch_size: u32,
 }
 
 pub async fn run(server_url: &str, config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
@@ -403,7 +406,7 @@ async fn latency_split(store: &Store) -> anyhow::Result<LatencySplit> {
              SELECT extract(epoch FROM a.started_at - i.created_at) * 1000 AS to_attempt,
                     extract(epoch FROM a.finished_at - a.started_at) * 1000 AS call,
                     extract(epoch FROM i.delivered_at - a.finished_at) * 1000 AS to_record
-               FROM outbox.intents i JOIN outbox.attempts a ON a.intent_id = i.id AND a.attempt = 1
+               FROM outbox.intents i JOIN outbox.attempt_history a ON a.intent_id = i.id AND a.attempt = 1
               WHERE i.key LIKE 'latency-%')
          SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY to_attempt),
                 percentile_cont(0.99) WITHIN GROUP (ORDER BY to_attempt),

@@ -38,20 +38,20 @@ async fn seed(store: &Store, history: u64) -> anyhow::Result<()> {
         let chunk = (history - have).min(250_000);
         eprintln!("bench: console: history {}/{history}", have + chunk);
         sqlx::query(
-            "WITH h AS (
-                 INSERT INTO outbox.intents (key, kind, payload, state, attempts, fence, provider_ref,
-                                             delivered_at, updated_at, created_at)
-                 SELECT 'history-' || g, 'webhook',
-                        jsonb_build_object('url', 'http://127.0.0.1:9/hook', 'body',
-                            jsonb_build_object('order_id', g, 'customer', 'cus_' || (g % 5000),
-                                               'note', repeat('x', 200))),
-                        'delivered', 1, 1, 'msg_' || g, t, t, t
-                   FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) g,
-                        LATERAL (SELECT now() - (($3::bigint - g) % 86400) * interval '1 second' AS t) x
-                 RETURNING id, created_at)
-             INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at, finished_at,
-                                          outcome, status, provider_ref)
-             SELECT id, 1, 1, 'history', created_at, created_at, 'delivered', 200, 'msg_' || id FROM h",
+            // delivered at the first attempt, kept on the row as a relay
+            // keeps it (schema 0018)
+            "INSERT INTO outbox.intents (key, kind, payload, state, attempts, fence, provider_ref,
+                                         delivered_at, updated_at, created_at,
+                                         first_attempt_started_at, first_attempt_finished_at,
+                                         first_attempt_owner, first_attempt_status,
+                                         first_attempt_replayed)
+             SELECT 'history-' || g, 'webhook',
+                    jsonb_build_object('url', 'http://127.0.0.1:9/hook', 'body',
+                        jsonb_build_object('order_id', g, 'customer', 'cus_' || (g % 5000),
+                                           'note', repeat('x', 200))),
+                    'delivered', 1, 1, 'msg_' || g, t, t, t, t, t, 'history', 200, false
+               FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) g,
+                    LATERAL (SELECT now() - (($3::bigint - g) % 86400) * interval '1 second' AS t) x",
         )
         .bind(have as i64)
         .bind(chunk as i64)

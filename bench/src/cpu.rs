@@ -5,8 +5,9 @@
 //! machine, whoever spends it. So beside each drain rate the bench reports
 //! the CPU time all processes spent during the drain (from `/proc/stat`)
 //! divided by its jobs, how busy the machine was, and the part of it spent
-//! by the bench process itself (the receiver, mostly) and, for the relay, by
-//! the relay processes. Linux only; elsewhere the figures are absent.
+//! by the bench process itself (the receiver, mostly), by the Postgres
+//! server's processes (crate::server) and, for the relay, by the relay
+//! processes. Linux only; elsewhere the figures are absent.
 //!
 //! A peer times its own drain, so the sampler keeps a reading every 10 ms
 //! while a peer runs, and the peer's reported window (wall-clock times)
@@ -15,6 +16,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::server::Server;
 
 /// CPU use over one drain.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -29,6 +32,10 @@ pub struct CpuUse {
     pub bench_us_per_job: f64,
     /// Of that, the relay processes' (for the relay's drains).
     pub relay_us_per_job: Option<f64>,
+    /// Of that, the Postgres server's processes' (crate::server).
+    pub postgres_us_per_job: Option<f64>,
+    /// WAL the server wrote over the window, per job.
+    pub wal_bytes_per_job: Option<f64>,
 }
 
 /// One reading: wall-clock seconds, the machine's busy and total ticks
@@ -41,6 +48,8 @@ pub(crate) struct Reading {
     total: u64,
     cpus: f64,
     own: u64,
+    /// Nanoseconds the Postgres server's processes have used.
+    postgres_ns: Option<u64>,
 }
 
 /// Seconds since the epoch, as the peers report theirs.
@@ -87,7 +96,8 @@ pub(crate) fn ticks_of(pid: u32) -> Option<u64> {
     process_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
-pub(crate) fn read() -> Option<Reading> {
+/// A reading of the machine, this process and, when given, the server.
+pub(crate) fn read(server: Option<&Server>) -> Option<Reading> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let (busy, total) = machine_ticks(&stat)?;
     let own = process_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
@@ -97,6 +107,7 @@ pub(crate) fn read() -> Option<Reading> {
         total,
         cpus: cpus(&stat)?,
         own,
+        postgres_ns: server.and_then(Server::cpu_ns),
     })
 }
 
@@ -132,7 +143,21 @@ pub(crate) fn between(
         machine_us_per_job: us_per_job(busy),
         bench_us_per_job: us_per_job(to.own.checked_sub(from.own)?),
         relay_us_per_job: relay_ticks.map(us_per_job),
+        postgres_us_per_job: to
+            .postgres_ns
+            .zip(from.postgres_ns)
+            .and_then(|(to, from)| to.checked_sub(from))
+            .map(|ns| ns as f64 / 1e3 / jobs as f64),
+        wal_bytes_per_job: None,
     })
+}
+
+impl CpuUse {
+    /// With the WAL written over the same window.
+    pub(crate) fn with_wal(mut self, bytes: Option<i64>, jobs: usize) -> CpuUse {
+        self.wal_bytes_per_job = bytes.filter(|_| jobs > 0).map(|b| b as f64 / jobs as f64);
+        self
+    }
 }
 
 /// Readings every 10 ms on a thread of its own, while it lives.
@@ -140,13 +165,16 @@ pub(crate) struct Sampler {
     readings: Arc<Mutex<Vec<Reading>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    server: Option<Server>,
 }
 
 impl Sampler {
-    pub(crate) fn start() -> Sampler {
+    pub(crate) fn start(server: Option<Server>) -> Sampler {
         // the first reading before the thread runs, and (in `window`) the
         // last after it stops: a starved thread still leaves both ends
-        let readings = Arc::new(Mutex::new(read().into_iter().collect::<Vec<_>>()));
+        let readings = Arc::new(Mutex::new(
+            read(server.as_ref()).into_iter().collect::<Vec<_>>(),
+        ));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (readings, stop) = (readings.clone(), stop.clone());
@@ -154,7 +182,7 @@ impl Sampler {
                 .name("bench-cpu".into())
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        if let (Some(r), Ok(mut all)) = (read(), readings.lock()) {
+                        if let (Some(r), Ok(mut all)) = (read(server.as_ref()), readings.lock()) {
                             all.push(r);
                         }
                         std::thread::sleep(Duration::from_millis(10));
@@ -166,6 +194,7 @@ impl Sampler {
             readings,
             stop,
             thread,
+            server,
         }
     }
 
@@ -177,7 +206,7 @@ impl Sampler {
             let _ = t.join();
         }
         let mut all = self.readings.lock().ok()?;
-        all.extend(read());
+        all.extend(read(self.server.as_ref()));
         let first = all.iter().rev().find(|r| r.unix <= from)?;
         let last = all.iter().find(|r| r.unix >= to)?;
         between(first, last, jobs, None)
@@ -213,6 +242,7 @@ mod tests {
             total: 10_000,
             cpus: 2.0,
             own: 10,
+            postgres_ns: Some(1_000_000_000),
         };
         // two seconds of two CPUs at 100 ticks per CPU-second: 400 ticks,
         // 300 of them busy
@@ -222,6 +252,7 @@ mod tests {
             total: 10_400,
             cpus: 2.0,
             own: 60,
+            postgres_ns: Some(1_250_000_000),
         };
         let cpu = between(&from, &to, 1_000, Some(100)).unwrap();
         assert!((cpu.seconds - 2.0).abs() < 1e-9);
@@ -230,6 +261,10 @@ mod tests {
         assert!((cpu.machine_us_per_job - 3_000.0).abs() < 1e-6);
         assert!((cpu.bench_us_per_job - 500.0).abs() < 1e-6);
         assert!((cpu.relay_us_per_job.unwrap() - 1_000.0).abs() < 1e-6);
+        // a quarter of a CPU-second over 1,000 jobs
+        assert!((cpu.postgres_us_per_job.unwrap() - 250.0).abs() < 1e-6);
+        let cpu = cpu.with_wal(Some(2_000_000), 1_000);
+        assert_eq!(cpu.wal_bytes_per_job, Some(2_000.0));
         assert!(between(&to, &from, 1_000, None).is_none());
         assert!(between(&from, &to, 0, None).is_none());
     }

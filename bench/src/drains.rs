@@ -11,6 +11,7 @@ use crate::otlp::Traces;
 use crate::peers::ENQUEUE_PER_CALL;
 use crate::receiver::{peak_rss_mb_of, Seen};
 use crate::report::{RelayRun, ScaleOut};
+use crate::server::{self, Server};
 use crate::sql::{enqueue_many_statements, run_sql, wait_delivered};
 
 /// Start `relays` separate `outbox-relay run` processes on the bench
@@ -34,6 +35,7 @@ pub(crate) async fn scale_out_drain(
     run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
     seen.reset();
+    let server = Server::find(store).await;
     if let Some(traces) = traced {
         traces.reset();
     }
@@ -54,6 +56,10 @@ pub(crate) async fn scale_out_drain(
             .env(
                 "OUTBOX_RELAY__RELAY__CONCURRENCY",
                 args.in_flight.to_string(),
+            )
+            .env(
+                "OUTBOX_RELAY__RELAY__BATCH_SIZE",
+                args.relay_batch_size.to_string(),
             )
             .env(
                 "OUTBOX_RELAY__WEBHOOK__MAX_IN_FLIGHT_PER_HOST",
@@ -116,10 +122,15 @@ pub(crate) async fn scale_out_drain(
             .map(|c| c.id().and_then(cpu::ticks_of))
             .sum()
     };
-    let (cpu_from, relay_from) = (cpu::read(), relay_ticks());
+    let (cpu_from, relay_from) = (cpu::read(server.as_ref()), relay_ticks());
+    let wal_from = server::wal_position(store).await;
+    // the receiver's count first (no query), then the database's
+    seen.wait_distinct(args.intents as u64, Duration::from_secs(600))
+        .await;
     wait_delivered(store, "scale-", args.intents as i64).await?;
     let drain = args.intents as f64 / t.elapsed().as_secs_f64();
-    let (cpu_to, mut relay_to) = (cpu::read(), relay_ticks());
+    let (cpu_to, mut relay_to) = (cpu::read(server.as_ref()), relay_ticks());
+    let wal_to = server::wal_position(store).await;
     // the relays' export work runs on after the last delivery: their CPU
     // is read again once the last span has arrived (the machine's window
     // stays the drain, as others may use the CPUs while the export lingers)
@@ -134,9 +145,11 @@ pub(crate) async fn scale_out_drain(
     let relay_used = relay_to
         .zip(relay_from)
         .and_then(|(to, from)| to.checked_sub(from));
+    let wal = wal_to.zip(wal_from).map(|(to, from)| to - from);
     let cpu = cpu_from
         .zip(cpu_to)
-        .and_then(|(from, to)| cpu::between(&from, &to, args.intents, relay_used));
+        .and_then(|(from, to)| cpu::between(&from, &to, args.intents, relay_used))
+        .map(|c| c.with_wal(wal, args.intents));
     let exported = match (traced, lag) {
         (Some(traces), Some(lag)) => {
             Some(crate::traced::exported(traces, &metrics_ports, args.intents, lag).await?)
@@ -151,7 +164,7 @@ pub(crate) async fn scale_out_drain(
         let _ = c.start_kill();
         let _ = c.wait().await;
     }
-    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.attempts")
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.attempt_history")
         .fetch_one(store.pool())
         .await?;
     let (requests, distinct) = seen.counts();

@@ -26,7 +26,9 @@ mod peers;
 mod plot;
 mod receiver;
 mod report;
+mod rounds;
 mod scratch;
+mod server;
 mod soak;
 mod sql;
 mod traced;
@@ -171,6 +173,16 @@ struct BenchArgs {
     /// Where the soak writes soak.csv and soak.png.
     #[arg(long)]
     soak_out: Option<PathBuf>,
+    /// Only the relay's webhook drain by one `outbox-relay run` process,
+    /// this many times, with what each round cost per intent (the
+    /// machine's, the relay's and Postgres's CPU, WAL bytes); 0 skips.
+    #[arg(long, default_value_t = 0)]
+    drain_rounds: usize,
+    /// With --drain-rounds: SQL to run in the scratch database after it is
+    /// migrated (a change of the storage measured before it is written as
+    /// a migration: an index dropped, a trigger added).
+    #[arg(long, requires = "drain_rounds")]
+    setup_sql: Option<PathBuf>,
     /// Keep the scratch database afterwards.
     #[arg(long)]
     keep: bool,
@@ -200,7 +212,10 @@ fn main() -> ExitCode {
 async fn execute(cli: Cli) -> Result<(), Failure> {
     let config = Config::load(cli.config.as_deref(), std::env::vars())
         .map_err(|e| Failure::usage(format!("{e:#}")))?;
-    let url = outbox_relay::cli::database_url(cli.database_url.clone(), &config)?;
+    let url = plaintext_unless_asked(&outbox_relay::cli::database_url(
+        cli.database_url.clone(),
+        &config,
+    )?)?;
     // the server answers (and the URL is one) before anything is measured
     let connections = config
         .relay
@@ -300,7 +315,27 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             intents: a.broker_intents.max(1),
         }),
         tracing_rounds: a.tracing.min(100),
+        relay_batch_size: config.relay.batch_size,
     };
+    if a.drain_rounds > 0 {
+        drop(store);
+        let setup = match &a.setup_sql {
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                Failure::usage(format!("cannot read --setup-sql {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        let report = rounds::run(&url, &args, a.drain_rounds.min(100), setup.as_deref()).await?;
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serializable")
+            );
+        } else {
+            rounds::print(&report);
+        }
+        return Ok(());
+    }
     let report = bench::run(&url, &config, &args).await?;
     drop(store);
     if a.json {
@@ -312,4 +347,39 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
         bench::print(&report);
     }
     Ok(())
+}
+
+/// The server URL with `sslmode=disable` unless it names an `sslmode`:
+/// every system the bench runs (its relays, the peers) then talks to
+/// Postgres the same way. The peers' drivers connect without TLS unless
+/// told to, while the relay's would negotiate TLS with a server that
+/// offers it, which costs that server about a tenth more CPU per intent
+/// (docs/performance.md). The bench only talks to loopback.
+fn plaintext_unless_asked(url: &str) -> Result<String, Failure> {
+    let mut parsed = url::Url::parse(url)
+        .map_err(|e| Failure::usage(format!("the database URL is not a URL: {e}")))?;
+    if !parsed.query_pairs().any(|(k, _)| k == "sslmode") {
+        parsed.query_pairs_mut().append_pair("sslmode", "disable");
+    }
+    Ok(parsed.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plaintext_unless_asked;
+
+    #[test]
+    fn the_bench_talks_plaintext_unless_the_url_asks_for_tls() {
+        assert_eq!(
+            plaintext_unless_asked("postgres://postgres@127.0.0.1:5432/postgres").unwrap(),
+            "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+        );
+        assert_eq!(
+            plaintext_unless_asked("postgres://u@127.0.0.1/db?application_name=x").unwrap(),
+            "postgres://u@127.0.0.1/db?application_name=x&sslmode=disable"
+        );
+        let tls = "postgres://u@127.0.0.1/db?sslmode=require";
+        assert_eq!(plaintext_unless_asked(tls).unwrap(), tls);
+        assert!(plaintext_unless_asked("not a url").is_err());
+    }
 }

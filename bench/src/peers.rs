@@ -20,6 +20,7 @@ use crate::bench::BenchArgs;
 use crate::cpu::{self, CpuUse};
 use crate::receiver::Seen;
 use crate::report::{PeerRun, PeerSetting};
+use crate::server::{Server, WalSampler};
 
 /// A peer's sweep is small: each setting is a drain of the whole workload.
 const MAX_SETTINGS: usize = 16;
@@ -257,7 +258,8 @@ async fn peer_once(
     let runner = args.peers_dir.join("run-peer.sh");
     // readings only around a drain: an enqueue run reports no window
     let drain = !env.iter().any(|(k, v)| k == "MODE" && v == "enqueue");
-    let sampler = drain.then(cpu::Sampler::start);
+    let server = Server::find(store).await;
+    let sampler = drain.then(|| (cpu::Sampler::start(server), WalSampler::start(store)));
     let child = peer_command(&runner)
         .arg(peer)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -302,9 +304,11 @@ async fn peer_once(
     let window = reported["drain_started_unix"]
         .as_f64()
         .zip(reported["drain_ended_unix"].as_f64());
-    let cpu = window
-        .zip(sampler)
-        .and_then(|((from, to), sampler)| sampler.window(from, to, args.intents));
+    let cpu = window.zip(sampler).and_then(|((from, to), (cpu, wal))| {
+        let wal = wal.window(from, to);
+        cpu.window(from, to, args.intents)
+            .map(|c| c.with_wal(wal, args.intents))
+    });
     Ok((reported, cpu))
 }
 

@@ -34,6 +34,15 @@ impl Seen {
         let s = self.log.lock().expect("receiver log");
         (s.0, s.1.len() as u64)
     }
+    /// Until `n` distinct webhook-ids have arrived, or `limit` has passed:
+    /// watching a drain's progress without a query to the database it
+    /// measures.
+    pub(crate) async fn wait_distinct(&self, n: u64, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.counts().1 < n && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
 }
 
 /// Serve `app` on a free loopback port, on a thread and runtime of its own

@@ -452,14 +452,18 @@ fn per_round(rates: &[f64]) -> String {
         .join(" / ")
 }
 
-/// CPU per job and the busy share, for a table; blank when not measured.
-fn cpu_cells(cpu: Option<&CpuUse>) -> (String, String) {
+/// CPU per job, the Postgres server's part of it, WAL bytes per job and
+/// the busy share, for a table; blank when not measured.
+fn cpu_cells(cpu: Option<&CpuUse>) -> [String; 4] {
+    let us = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0} µs"));
     match cpu {
-        Some(c) => (
-            format!("{:.0} µs", c.machine_us_per_job),
+        Some(c) => [
+            us(Some(c.machine_us_per_job)),
+            us(c.postgres_us_per_job),
+            c.wal_bytes_per_job.map_or("-".into(), |b| format!("{b:.0} B")),
             format!("{:.0}%", c.busy_share * 100.0),
-        ),
-        None => ("-".into(), "-".into()),
+        ],
+        None => ["-".into(), "-".into(), "-".into(), "-".into()],
     }
 }
 
@@ -471,7 +475,7 @@ fn print_peers(r: &Report) {
     );
     println!("each peer's drain is the best of its sweep; bulk enqueue 1,000 per call");
     println!(
-        "{:<34} {:>10} {:>10} {:>11} {:>10} {:>11} {:>10} {:>11} {:>6}",
+        "{:<34} {:>10} {:>10} {:>11} {:>10} {:>11} {:>10} {:>11} {:>11} {:>9} {:>6}",
         "queue",
         "drain/s",
         "requests",
@@ -480,12 +484,14 @@ fn print_peers(r: &Report) {
         "enqueue/s",
         "relay is",
         "CPU/job",
+        "Postgres",
+        "WAL/job",
         "busy"
     );
     let relay_row = |run: &RelayRun| {
-        let (per_job, busy) = cpu_cells(run.cpu.as_ref());
+        let [per_job, postgres, wal, busy] = cpu_cells(run.cpu.as_ref());
         println!(
-            "{:<34} {:>10.0} {:>10} {:>11} {:>10} {:>11.0} {:>10} {:>11} {:>6}",
+            "{:<34} {:>10.0} {:>10} {:>11} {:>10} {:>11.0} {:>10} {:>11} {:>11} {:>9} {:>6}",
             "outbox-relay (one `run` process)",
             run.drain_per_s,
             run.requests,
@@ -494,6 +500,8 @@ fn print_peers(r: &Report) {
             run.enqueue_many_per_s,
             "",
             per_job,
+            postgres,
+            wal,
             busy,
         );
     };
@@ -501,9 +509,9 @@ fn print_peers(r: &Report) {
         if let Some(run) = r.relay_runs.get(i) {
             relay_row(run);
         }
-        let (per_job, busy) = cpu_cells(p.cpu.as_ref());
+        let [per_job, postgres, wal, busy] = cpu_cells(p.cpu.as_ref());
         println!(
-            "{:<34} {:>10.0} {:>10} {:>11} {:>9.2}x {:>11.0} {:>9.2}x {:>11} {:>6}",
+            "{:<34} {:>10.0} {:>10} {:>11} {:>9.2}x {:>11.0} {:>9.2}x {:>11} {:>11} {:>9} {:>6}",
             format!("{} {}", p.peer, p.version),
             p.drain_per_s,
             p.requests,
@@ -512,6 +520,8 @@ fn print_peers(r: &Report) {
             p.enqueue_per_s,
             p.relay_enqueue_ratio,
             per_job,
+            postgres,
+            wal,
             busy,
         );
     }
@@ -519,17 +529,19 @@ fn print_peers(r: &Report) {
         relay_row(run);
     }
     println!("(each peer against the mean of the relay runs just before and after it; relay enqueue is outbox.enqueue_many)");
-    println!("(CPU/job: the CPU time of every process on the machine during the drain over its jobs; busy: of all CPUs)");
+    println!("(CPU/job: the CPU time of every process on the machine during the drain over its jobs; Postgres: of that, the server's");
+    println!(" processes'; WAL/job: the WAL the server wrote during the drain over its jobs; busy: of all CPUs)");
     let parts: Vec<String> = r
         .relay_runs
         .iter()
         .filter_map(|run| run.cpu.as_ref())
         .filter_map(|c| {
             let relay = c.relay_us_per_job?;
+            let postgres = c.postgres_us_per_job.unwrap_or(0.0);
             Some(format!(
-                "relay process {relay:.0} µs, bench receiver {:.0} µs, the rest (Postgres, kernel) {:.0} µs",
+                "relay process {relay:.0} µs, bench receiver {:.0} µs, Postgres {postgres:.0} µs, the rest (kernel, others) {:.0} µs",
                 c.bench_us_per_job,
-                c.machine_us_per_job - relay - c.bench_us_per_job
+                c.machine_us_per_job - relay - c.bench_us_per_job - postgres
             ))
         })
         .collect();
@@ -549,13 +561,15 @@ fn print_peers(r: &Report) {
             p.enqueue_api
         );
         for s in &p.sweep {
-            let (per_job, busy) = cpu_cells(s.cpu.as_ref());
+            let [per_job, postgres, wal, busy] = cpu_cells(s.cpu.as_ref());
             println!(
-                "  {:>8.0}/s  {:>6} requests {:>4} duplicates  {:>9}/job {:>4} busy  {}",
+                "  {:>8.0}/s  {:>6} requests {:>4} duplicates  {:>9}/job (Postgres {:>7}, WAL {:>7}) {:>4} busy  {}",
                 s.drain_per_s,
                 s.requests,
                 s.duplicate_requests,
                 per_job,
+                postgres,
+                wal,
                 busy,
                 knobs(&s.knobs)
             );

@@ -88,7 +88,7 @@ pub(crate) async fn blocked_backlog(
 /// Claim + complete rounds at each history size; the point is their median.
 const HISTORY_ROUNDS: usize = 3;
 
-/// Grow the delivered history (intents and their attempt rows) to each size
+/// Grow the delivered history (intents delivered at their first attempt) to each size
 /// in turn; at each, EXPLAIN one claim and measure claim + complete of
 /// 5,000 fresh intents, [`HISTORY_ROUNDS`] times. Flat figures mean history
 /// costs the hot path nothing.
@@ -110,20 +110,20 @@ pub(crate) async fn history_scale(
         while have < size {
             let chunk = (size - have).min(250_000);
             sqlx::query(
-                "WITH h AS (
-                     INSERT INTO outbox.intents (key, kind, payload, state, attempts, fence,
-                                                 provider_ref, delivered_at, updated_at, created_at)
-                     SELECT 'history-' || g, 'webhook',
-                            jsonb_build_object('url', 'http://127.0.0.1:9/hook', 'body',
-                                               jsonb_build_object('order_id', g, 'note', repeat('x', 200))),
-                            'delivered', 1, 1, 'msg_' || g,
-                            now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
-                       FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) g
-                     RETURNING id)
-                 INSERT INTO outbox.attempts (intent_id, attempt, fence, owner, started_at,
-                                              finished_at, outcome, status, provider_ref)
-                 SELECT id, 1, 1, 'history', now() - interval '1 day', now() - interval '1 day',
-                        'delivered', 200, 'msg_' || id FROM h",
+                // delivered at the first attempt, kept on the row as a
+                // relay keeps it (schema 0018)
+                "INSERT INTO outbox.intents (key, kind, payload, state, attempts, fence,
+                                             provider_ref, delivered_at, updated_at, created_at,
+                                             first_attempt_started_at, first_attempt_finished_at,
+                                             first_attempt_owner, first_attempt_status,
+                                             first_attempt_replayed)
+                 SELECT 'history-' || g, 'webhook',
+                        jsonb_build_object('url', 'http://127.0.0.1:9/hook', 'body',
+                                           jsonb_build_object('order_id', g, 'note', repeat('x', 200))),
+                        'delivered', 1, 1, 'msg_' || g,
+                        now() - interval '1 day', now() - interval '1 day', now() - interval '1 day',
+                        now() - interval '1 day', now() - interval '1 day', 'history', 200, false
+                   FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) g",
             )
             .bind(have as i64)
             .bind(chunk as i64)
@@ -363,14 +363,16 @@ pub(crate) async fn enqueue_many_statements(
 
 /// Wait until `n` intents whose key starts with `prefix` are delivered.
 /// Polls for open (pending or claimed) intents, which reads only those rows
-/// through the partial indexes, and counts the delivered ones only when
+/// through the partial indexes (due, waiting, leases), and counts the delivered ones only when
 /// none is open: the watching must not load the database it measures.
 pub(crate) async fn wait_delivered(store: &Store, prefix: &str, n: i64) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let open: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM outbox.intents
-                             WHERE state = 'pending' AND key LIKE $1 || '%')
+                             WHERE state = 'pending' AND NOT waiting AND key LIKE $1 || '%')
+                 OR EXISTS (SELECT 1 FROM outbox.intents
+                             WHERE state = 'pending' AND waiting AND key LIKE $1 || '%')
                  OR EXISTS (SELECT 1 FROM outbox.intents
                              WHERE state = 'claimed' AND key LIKE $1 || '%')",
         )
