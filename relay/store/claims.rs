@@ -321,7 +321,10 @@ fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
             SET state = 'claimed', owner = $2,
                 lease_expires_at = now() + $3 * interval '1 millisecond',
                 fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
-           FROM due WHERE i.id = due.id
+          -- by primary key, whatever the cap: joined to the CTE instead,
+          -- a claim of more than about a hundred rows beside a small table
+          -- was planned as a hash join over a scan of the whole table
+          WHERE i.id = ANY(ARRAY(SELECT id FROM due))
          RETURNING {CLAIMED_COLUMNS}, {mark}"
     )
 }
@@ -385,16 +388,21 @@ static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
 /// `state`: `(i.state = 'claimed') IS TRUE` (the same test, `state` being
 /// NOT NULL) is not something an index can answer. Written plainly, Postgres
 /// may read every claimed intent through `intents_leases` or
-/// `intents_state_kind` and match them against the batch, since the
+/// `intents_unsettled` and match them against the batch, since the
 /// statistics, taken while few rows happened to be claimed, say there is
 /// about one: that costs in proportion to all the claims every relay holds
 /// (docs/performance.md has the measurement). A test checks the plan.
 pub const COMPLETE_SQL: &str = "WITH u AS (
-                 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::int[],
-                                      $5::timestamptz[], $6::timestamptz[], $7::text[], $8::int[],
-                                      $9::text[], $10::text[], $11::bool[], $12::text[],
-                                      $13::timestamptz[], $14::jsonb[], $16::bool[])
-                     AS u(id, fence, attempt, key_generation, started_at, finished_at, outcome,
+                 SELECT v.*,
+                        -- delivered at the intent's first attempt: kept on
+                        -- the intent row, not in a row of outbox.attempts
+                        (v.state = 'delivered' AND v.outcome = 'delivered' AND v.attempt = 1
+                         AND NOT v.uncounted AND v.error IS NULL) AS first
+                   FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::int[],
+                               $5::timestamptz[], $6::timestamptz[], $7::text[], $8::int[],
+                               $9::text[], $10::text[], $11::bool[], $12::text[],
+                               $13::timestamptz[], $14::jsonb[], $16::bool[])
+                     AS v(id, fence, attempt, key_generation, started_at, finished_at, outcome,
                           status, provider_ref, error, replayed, state, run_after, response,
                           uncounted)),
              done AS (
@@ -413,7 +421,17 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
                         response = coalesce(u.response, i.response),
                         owner = NULL, lease_expires_at = NULL, updated_at = now(),
                         delivered_at = CASE WHEN u.state = 'delivered' THEN now()
-                                            ELSE i.delivered_at END
+                                            ELSE i.delivered_at END,
+                        first_attempt_started_at = CASE WHEN u.first THEN u.started_at
+                                                        ELSE i.first_attempt_started_at END,
+                        first_attempt_finished_at = CASE WHEN u.first THEN u.finished_at
+                                                         ELSE i.first_attempt_finished_at END,
+                        first_attempt_owner = CASE WHEN u.first THEN $15
+                                                   ELSE i.first_attempt_owner END,
+                        first_attempt_status = CASE WHEN u.first THEN u.status
+                                                    ELSE i.first_attempt_status END,
+                        first_attempt_replayed = CASE WHEN u.first THEN u.replayed
+                                                      ELSE i.first_attempt_replayed END
                    FROM u
                   WHERE i.id = u.id AND i.fence = u.fence AND (i.state = 'claimed') IS TRUE
                  RETURNING i.id, i.created_at),
@@ -426,10 +444,17 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
                         u.key_generation
                    FROM u LEFT JOIN done d ON d.id = u.id
                   WHERE NOT u.uncounted
+                    -- kept on the intent row
+                    AND NOT (u.first AND d.id IS NOT NULL)
                     -- an intent cancelled and purged while its attempt was in
-                    -- flight has no row left to hang the attempt on
+                    -- flight has no row left to hang the attempt on; the
+                    -- same batch written again after a lost acknowledgement
+                    -- finds a first attempt already on its row
                     AND (d.id IS NOT NULL
-                         OR EXISTS (SELECT 1 FROM outbox.intents g WHERE g.id = u.id))
+                         OR EXISTS (SELECT 1 FROM outbox.intents g
+                                     WHERE g.id = u.id
+                                       AND NOT (g.fence = u.fence
+                                                AND g.first_attempt_started_at IS NOT NULL)))
                  ON CONFLICT (intent_id, fence) DO UPDATE
                     SET finished_at = excluded.finished_at, outcome = excluded.outcome,
                         status = excluded.status, provider_ref = excluded.provider_ref,
@@ -578,7 +603,8 @@ impl Store {
 
     /// Of these completions, the ones an earlier run of the same statement
     /// already recorded as accepted (its commit was acknowledged too late
-    /// to be seen): the attempt row of their fence exists, accepted. A
+    /// to be seen): the attempt of their fence is on the intent row, or its
+    /// row in outbox.attempts exists, accepted. A
     /// completer that retries a batch after an unknown commit result counts
     /// these as written, not as fencing rejections.
     pub async fn already_completed(
@@ -590,8 +616,10 @@ impl Store {
         let rows = sqlx::query(
             "SELECT i.id, i.created_at
                FROM unnest($1::bigint[], $2::bigint[]) AS u(id, fence)
-               JOIN outbox.attempts a ON a.intent_id = u.id AND a.fence = u.fence AND a.accepted
-               JOIN outbox.intents i ON i.id = u.id",
+               JOIN outbox.intents i ON i.id = u.id
+              WHERE (i.fence = u.fence AND i.first_attempt_started_at IS NOT NULL)
+                 OR EXISTS (SELECT 1 FROM outbox.attempts a
+                             WHERE a.intent_id = u.id AND a.fence = u.fence AND a.accepted)",
         )
         .bind(ids)
         .bind(fences)

@@ -3,8 +3,9 @@
 //! and bulk changes to everything a filter matches, in batches.
 //!
 //! Every filter is served by an index or bounded: `state` and `kind` use
-//! `intents_state_kind`, the page walks the primary key downwards from its
-//! cursor, and the filters no index serves (key prefix, host, error text,
+//! `intents_unsettled` (every state but `delivered`, which most rows are in
+//! and which the primary-key walk finds), the page walks the primary key
+//! downwards from its cursor, and the filters no index serves (key prefix, host, error text,
 //! class, time range, payload containment) are applied to at most
 //! [`SCAN_WINDOW`] rows per page. A page that reached the end of its window
 //! says where it stopped, and the next page continues from there.
@@ -68,8 +69,15 @@ impl Search {
     /// ` AND ...` for the filters an index serves.
     fn push_indexed(&self, q: &mut QueryBuilder<'_, Postgres>) {
         if !self.states.is_empty() {
-            let names: Vec<String> = self.states.iter().map(|s| s.as_sql().to_string()).collect();
-            q.push(" AND state = ANY(").push_bind(names).push(")");
+            // written into the text, not bound: the planner then sees that
+            // states other than `delivered` are all in `intents_unsettled`
+            // (a state's spelling is one of a fixed few, never the caller's)
+            let names: Vec<String> = self
+                .states
+                .iter()
+                .map(|s| format!("'{}'", s.as_sql()))
+                .collect();
+            q.push(format!(" AND state IN ({})", names.join(", ")));
         }
         if let Some(kind) = &self.kind {
             q.push(" AND kind = ").push_bind(kind.clone());
@@ -341,7 +349,7 @@ impl Store {
 
     /// Dead, ambiguous and failing (pending after a failure) intents,
     /// grouped by state, kind, destination and error class, the largest
-    /// groups first. Reads only those states' rows (`intents_state_kind`),
+    /// groups first. Reads only those states' rows (`intents_unsettled`),
     /// never the delivered history.
     pub async fn failure_groups(&self) -> Result<Vec<FailureGroup>, StoreError> {
         self.groups(
@@ -383,7 +391,8 @@ impl Store {
     /// epoch second `from`, which is a multiple of `step_secs`: the
     /// buckets that have any, oldest first, as (bucket start in epoch
     /// seconds, delivered, failed). Reads that span of attempts through the
-    /// BRIN index on `started_at`.
+    /// BRIN indexes on their start (`attempts_started_brin`, and
+    /// `intents_first_attempt_brin` for the first attempts kept on intents).
     pub async fn attempt_counts(
         &self,
         from: i64,
@@ -393,8 +402,12 @@ impl Store {
             "SELECT (floor(extract(epoch FROM started_at))::bigint / $2) * $2 AS at,
                     count(*) FILTER (WHERE outcome = 'delivered' AND accepted) AS delivered,
                     count(*) FILTER (WHERE outcome IN ('transient', 'ambiguous', 'rejected', 'lost')) AS failed
-               FROM outbox.attempts
-              WHERE started_at >= to_timestamp($1)
+               FROM (SELECT started_at, outcome, accepted FROM outbox.attempts
+                      WHERE started_at >= to_timestamp($1)
+                     UNION ALL
+                     -- first attempts that delivered, kept on their intents
+                     SELECT first_attempt_started_at, 'delivered', true FROM outbox.intents
+                      WHERE first_attempt_started_at >= to_timestamp($1)) a
               GROUP BY 1 ORDER BY 1",
         )
         .bind(from)

@@ -214,8 +214,9 @@ const INTENT_COLUMNS: &str =
     duplicates + (SELECT count(*) FROM outbox.enqueue_duplicates d \
                    WHERE d.intent_id = intents.id)::int AS duplicates, \
     source, created_at, updated_at, delivered_at, traceparent, tracestate, \
-    (SELECT max(coalesce(a.finished_at, a.started_at)) FROM outbox.attempts a \
-      WHERE a.intent_id = intents.id AND a.outcome = 'delivered') AS effect_at";
+    greatest((SELECT max(coalesce(a.finished_at, a.started_at)) FROM outbox.attempts a \
+               WHERE a.intent_id = intents.id AND a.outcome = 'delivered'), \
+             coalesce(first_attempt_finished_at, first_attempt_started_at)) AS effect_at";
 
 use IntentState::{Dead, Delivered, Rejected};
 
@@ -321,7 +322,7 @@ impl Store {
         Ok(sqlx::query_as(
             "SELECT attempt, fence, owner, started_at, finished_at, outcome, status, provider_ref,
                     error, replayed, accepted, key_generation
-               FROM outbox.attempts WHERE intent_id = $1 ORDER BY fence, id",
+               FROM outbox.attempt_history WHERE intent_id = $1 ORDER BY fence, id NULLS FIRST",
         )
         .bind(intent_id)
         .fetch_all(&self.pool)

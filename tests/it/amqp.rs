@@ -550,7 +550,7 @@ async fn a_missing_exchange_or_a_full_queue_does_not_hold_back_the_other_publish
     }));
     let refused = || async {
         sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM outbox.attempts a JOIN outbox.intents i ON i.id = a.intent_id
+            "SELECT count(*) FROM outbox.attempt_history a JOIN outbox.intents i ON i.id = a.intent_id
               WHERE a.outcome = 'transient' AND (i.key LIKE 'nowhere:%' OR i.key LIKE 'full:%')",
         )
         .fetch_one(db.pool())

@@ -374,7 +374,7 @@ timeout = "2s"
     let explained: HashMap<String, (i64, i64)> = sqlx::query_as::<_, (String, i64, i64)>(
         "SELECT i.kind, count(*) FILTER (WHERE a.outcome = 'lost'),
                 count(*) FILTER (WHERE a.outcome = 'ambiguous')
-           FROM outbox.attempts a JOIN outbox.intents i ON i.id = a.intent_id
+           FROM outbox.attempt_history a JOIN outbox.intents i ON i.id = a.intent_id
           GROUP BY 1",
     )
     .fetch_all(&pool)
@@ -388,7 +388,7 @@ timeout = "2s"
                 count(*) FILTER (WHERE NOT accepted),
                 count(*) FILTER (WHERE outcome = 'lost'),
                 count(*) FILTER (WHERE replayed)
-           FROM outbox.attempts",
+           FROM outbox.attempt_history",
     )
     .fetch_one(&pool)
     .await

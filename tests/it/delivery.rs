@@ -198,7 +198,7 @@ async fn transient_failures_end_dead_only_when_the_budget_is_spent() {
     assert_eq!(rx.requests().len(), 3);
     // no attempt ever recorded a 5xx as terminal
     let terminal_5xx: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox.attempts WHERE status >= 500 AND outcome IN ('delivered', 'rejected')",
+        "SELECT count(*) FROM outbox.attempt_history WHERE status >= 500 AND outcome IN ('delivered', 'rejected')",
     )
     .fetch_one(db.pool())
     .await
@@ -379,7 +379,7 @@ async fn one_slow_receiver_cannot_take_every_delivery_slot() {
         slow.max_in_flight()
     );
     let extra: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox.attempts WHERE outcome <> 'delivered'")
+        sqlx::query_scalar("SELECT count(*) FROM outbox.attempt_history WHERE outcome <> 'delivered'")
             .fetch_one(db.pool())
             .await
             .unwrap();

@@ -372,6 +372,30 @@ async fn claiming_uses_the_due_index_whatever_the_history() {
     }
 }
 
+/// A large claim (a relay whose `batch_size` is 1,000) still updates the
+/// rows it locked by primary key: joined to the claimed ids, Postgres
+/// planned it as a hash join over a scan of every intent, history and all.
+#[tokio::test]
+async fn a_large_claim_updates_its_rows_by_primary_key() {
+    let db = TestDb::new().await;
+    history_and_a_backlog(&db).await;
+    let query = ClaimQuery::new(1000, &[]);
+    let prepare = format!(
+        "PREPARE claim_large(bigint, text, bigint) AS {}",
+        query.sql_for(1000)
+    );
+    let execute = "EXECUTE claim_large(1000, 'explain', 60000)";
+    for (mode, plan) in plans_both_ways(&db, &prepare, execute).await {
+        assert!(
+            plan.contains("Index Scan using intents_pkey on intents i"),
+            "{mode}: the claimed rows must be updated by primary key:\n{plan}"
+        );
+        for other in ["Seq Scan on intents i", "Hash Join"] {
+            assert!(!plan.contains(other), "{mode}: {other}:\n{plan}");
+        }
+    }
+}
+
 /// The relay claims through prepared statements; after their first few
 /// calls Postgres runs them from the cached generic plan instead of planning
 /// every call (about a third of the time of a claim of 16 rows). That holds
@@ -481,7 +505,7 @@ async fn completing_reads_intents_by_primary_key_whatever_the_statistics() {
         );
         for other in [
             "intents_leases on intents i",
-            "intents_state_kind on intents i",
+            "intents_unsettled on intents i",
             "Seq Scan on intents i",
         ] {
             assert!(!plan.contains(other), "{mode}: {other}:\n{plan}");

@@ -452,7 +452,7 @@ fn webhook_ids(text: &str) -> Vec<&str> {
 /// The outcomes of an intent's attempts, in order.
 async fn outcomes(db: &TestDb, key: &str) -> Vec<String> {
     sqlx::query_scalar(
-        "SELECT a.outcome FROM outbox.attempts a JOIN outbox.intents i ON i.id = a.intent_id \
+        "SELECT a.outcome FROM outbox.attempt_history a JOIN outbox.intents i ON i.id = a.intent_id \
          WHERE i.key = $1 ORDER BY a.attempt",
     )
     .bind(key)

@@ -211,7 +211,7 @@ async fn an_intent_cancelled_while_its_request_succeeded_is_said_to_have_happene
                     cancelled.store(true, Ordering::SeqCst);
                 }
                 let stale: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM outbox.attempts WHERE outcome = 'delivered' AND NOT accepted",
+                "SELECT count(*) FROM outbox.attempt_history WHERE outcome = 'delivered' AND NOT accepted",
             )
             .fetch_one(db.pool())
             .await

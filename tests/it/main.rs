@@ -10,6 +10,7 @@
 mod common;
 
 mod amqp;
+mod attempt_history;
 mod bad_input;
 mod book;
 mod chaos;

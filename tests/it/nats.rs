@@ -288,7 +288,7 @@ async fn a_subject_without_a_stream_does_not_hold_back_the_other_publishes() {
     }));
     let refused = || async {
         sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM outbox.attempts a JOIN outbox.intents i ON i.id = a.intent_id
+            "SELECT count(*) FROM outbox.attempt_history a JOIN outbox.intents i ON i.id = a.intent_id
               WHERE a.outcome = 'transient' AND i.key LIKE 'lost:%'",
         )
         .fetch_one(db.pool())

@@ -101,7 +101,7 @@ async fn a_30s_database_outage_during_delivery_loses_nothing() {
     assert_eq!(counts.len() as i64, N, "every intent took effect");
     assert!(counts.values().all(|n| *n == 1), "and none twice");
     let by_outcome: Vec<(String, bool, i64)> = sqlx::query_as(
-        "SELECT outcome, accepted, count(*) FROM outbox.attempts GROUP BY 1, 2 ORDER BY 1, 2",
+        "SELECT outcome, accepted, count(*) FROM outbox.attempt_history GROUP BY 1, 2 ORDER BY 1, 2",
     )
     .fetch_all(db.pool())
     .await

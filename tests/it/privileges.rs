@@ -97,6 +97,7 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read_a
         "UPDATE outbox.intents SET state = 'delivered'",
         "DELETE FROM outbox.intents",
         "SELECT * FROM outbox.attempts",
+        "SELECT * FROM outbox.attempt_history",
         "INSERT INTO outbox.intents (key, kind, payload) VALUES ('x', 'webhook', '{}')",
     ] {
         let err = sqlx::query(sql).execute(app.pool()).await.unwrap_err();

@@ -67,7 +67,7 @@ async fn a_late_completion_after_the_lease_moved_on_changes_nothing_and_is_count
             let pool = pool.clone();
             async move {
                 let stale: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM outbox.attempts WHERE NOT accepted")
+                    sqlx::query_scalar("SELECT count(*) FROM outbox.attempt_history WHERE NOT accepted")
                         .fetch_one(&pool)
                         .await
                         .unwrap();
@@ -321,7 +321,7 @@ async fn four_relays_drain_5000_intents_and_each_webhook_arrives_once() {
         "webhook-ids seen more than once: {repeated:?}"
     );
     let owners: Vec<(String, i64)> =
-        sqlx::query_as("SELECT owner, count(*) FROM outbox.attempts GROUP BY owner ORDER BY owner")
+        sqlx::query_as("SELECT owner, count(*) FROM outbox.attempt_history GROUP BY owner ORDER BY owner")
             .fetch_all(db.pool())
             .await
             .unwrap();

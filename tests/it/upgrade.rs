@@ -343,7 +343,7 @@ timeout = "3s"
                 count(*) FILTER (WHERE a.owner LIKE 'old-%' AND NOT a.accepted),
                 count(*) FILTER (WHERE a.owner LIKE 'new-%'),
                 count(*) FILTER (WHERE a.owner LIKE 'old-%' AND i.kind = 'kafka')
-           FROM outbox.attempts a JOIN outbox.intents i ON i.id = a.intent_id",
+           FROM outbox.attempt_history a JOIN outbox.intents i ON i.id = a.intent_id",
         )
         .fetch_one(db.pool())
         .await
