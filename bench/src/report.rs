@@ -460,7 +460,8 @@ fn cpu_cells(cpu: Option<&CpuUse>) -> [String; 4] {
         Some(c) => [
             us(Some(c.machine_us_per_job)),
             us(c.postgres_us_per_job),
-            c.wal_bytes_per_job.map_or("-".into(), |b| format!("{b:.0} B")),
+            c.wal_bytes_per_job
+                .map_or("-".into(), |b| format!("{b:.0} B")),
             format!("{:.0}%", c.busy_share * 100.0),
         ],
         None => ["-".into(), "-".into(), "-".into(), "-".into()],
@@ -541,7 +542,7 @@ fn print_peers(r: &Report) {
             Some(format!(
                 "relay process {relay:.0} µs, bench receiver {:.0} µs, Postgres {postgres:.0} µs, the rest (kernel, others) {:.0} µs",
                 c.bench_us_per_job,
-                c.machine_us_per_job - relay - c.bench_us_per_job - postgres
+                (c.machine_us_per_job - relay - c.bench_us_per_job - postgres).max(0.0)
             ))
         })
         .collect();

@@ -55,51 +55,60 @@ pub async fn run(
     setup_sql: Option<&str>,
 ) -> anyhow::Result<DrainRounds> {
     let connections = (args.in_flight as u32 / 4).max(4) + 4;
-    crate::scratch::with_database(server_url, "rounds", connections, args.keep, |store| async move {
-        if let Some(sql) = setup_sql {
-            sqlx::raw_sql(sql)
-                .execute(store.pool())
-                .await
-                .map_err(|e| anyhow::anyhow!("--setup-sql: {e}"))?;
-        }
-        let (port, _receiver, seen) = receiver()?;
-        let hook = format!("http://127.0.0.1:{port}/hook");
-        let url = store_url(&store);
-        let statements = run_sql(&store, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            .await
-            .is_ok()
-            && reset_statements(&store).await;
-        let mut out = Vec::new();
-        for r in 1..=rounds {
-            eprintln!(
-                "bench: drain round {r} of {rounds}: {} webhooks, one relay process, {} in flight",
-                args.intents, args.in_flight
-            );
-            if statements {
-                reset_statements(&store).await;
-            }
-            let drain = scale_out_drain(&store, args, &url, &hook, 1, &seen, None).await?;
-            anyhow::ensure!(
-                drain.duplicate_requests == 0,
-                "round {r}: {} requests arrived twice",
-                drain.duplicate_requests
-            );
-            let statements = if statements {
-                statement_costs(&store, args.intents).await?
-            } else {
-                Vec::new()
-            };
-            out.push(Round { drain, statements });
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        Ok(DrainRounds {
-            intents: args.intents,
-            in_flight: args.in_flight,
-            batch_size: args.relay_batch_size,
-            rounds: out,
-        })
+    crate::scratch::with_database(server_url, "rounds", connections, args.keep, |store| {
+        drain_rounds(store, args, rounds, setup_sql)
     })
     .await
+}
+
+async fn drain_rounds(
+    store: Store,
+    args: &BenchArgs,
+    rounds: usize,
+    setup_sql: Option<&str>,
+) -> anyhow::Result<DrainRounds> {
+    if let Some(sql) = setup_sql {
+        sqlx::raw_sql(sql)
+            .execute(store.pool())
+            .await
+            .map_err(|e| anyhow::anyhow!("--setup-sql: {e}"))?;
+    }
+    let (port, _receiver, seen) = receiver()?;
+    let hook = format!("http://127.0.0.1:{port}/hook");
+    let url = store_url(&store);
+    let statements = run_sql(&store, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .is_ok()
+        && reset_statements(&store).await;
+    let mut out = Vec::new();
+    for r in 1..=rounds {
+        eprintln!(
+            "bench: drain round {r} of {rounds}: {} webhooks, one relay process, {} in flight",
+            args.intents, args.in_flight
+        );
+        if statements {
+            reset_statements(&store).await;
+        }
+        let drain = scale_out_drain(&store, args, &url, &hook, 1, &seen, None).await?;
+        anyhow::ensure!(
+            drain.duplicate_requests == 0,
+            "round {r}: {} requests arrived twice",
+            drain.duplicate_requests
+        );
+        let statements = if statements {
+            statement_costs(&store, args.intents).await?
+        } else {
+            Vec::new()
+        };
+        out.push(Round { drain, statements });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(DrainRounds {
+        intents: args.intents,
+        in_flight: args.in_flight,
+        batch_size: args.relay_batch_size,
+        rounds: out,
+    })
 }
 
 /// The URL the bench's relays connect with: the store's own.
@@ -170,7 +179,10 @@ pub fn print(r: &DrainRounds) {
         if round.statements.is_empty() {
             continue;
         }
-        println!("round {}: statements by execution time (pg_stat_statements), per intent", i + 1);
+        println!(
+            "round {}: statements by execution time (pg_stat_statements), per intent",
+            i + 1
+        );
         for s in &round.statements {
             println!(
                 "  {:>6.1} µs exec {:>5.1} µs plan {:>7} calls {:>6.1} rows/call  {}",

@@ -114,8 +114,7 @@ impl WalSampler {
             let (store, readings) = (store.clone(), readings.clone());
             tokio::spawn(async move {
                 loop {
-                    if let (Some(at), Ok(mut all)) = (wal_position(&store).await, readings.lock())
-                    {
+                    if let (Some(at), Ok(mut all)) = (wal_position(&store).await, readings.lock()) {
                         all.push((crate::cpu::unix_now(), at));
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
