@@ -72,7 +72,11 @@ async fn a_delivery_after_a_failure_keeps_both_attempts_in_their_own_rows() {
     })
     .await;
     let id = db
-        .enqueue("second-time", "webhook", json!({"url": rx.url("/"), "body": {}}))
+        .enqueue(
+            "second-time",
+            "webhook",
+            json!({"url": rx.url("/"), "body": {}}),
+        )
         .await;
     common::run_until_state(
         engine(db.store.clone(), &config()),
@@ -104,7 +108,10 @@ async fn a_resend_moves_the_first_attempt_into_its_own_row_before_the_intent_cha
     let id = db
         .enqueue("resent", "webhook", json!({"url": rx.url("/"), "body": {}}))
         .await;
-    engine(db.store.clone(), &config()).run_once().await.unwrap();
+    engine(db.store.clone(), &config())
+        .run_once()
+        .await
+        .unwrap();
     let first = db.store.attempts(id).await.unwrap();
     assert_eq!(rows_in_attempts(&db, id).await, 0);
 
@@ -131,7 +138,10 @@ async fn a_resend_moves_the_first_attempt_into_its_own_row_before_the_intent_cha
             .unwrap();
     assert!(on_row.is_none());
 
-    engine(db.store.clone(), &config()).run_once().await.unwrap();
+    engine(db.store.clone(), &config())
+        .run_once()
+        .await
+        .unwrap();
     let all = db.store.attempts(id).await.unwrap();
     assert_eq!(
         all.iter()

@@ -378,11 +378,12 @@ async fn one_slow_receiver_cannot_take_every_delivery_slot() {
         "at most 2 in flight to the slow host, saw {}",
         slow.max_in_flight()
     );
-    let extra: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox.attempt_history WHERE outcome <> 'delivered'")
-            .fetch_one(db.pool())
-            .await
-            .unwrap();
+    let extra: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.attempt_history WHERE outcome <> 'delivered'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
     assert_eq!(extra, 0, "deferrals are not attempts");
     assert_eq!(db.count("attempts = 1").await, 12);
 }

@@ -66,11 +66,12 @@ async fn a_late_completion_after_the_lease_moved_on_changes_nothing_and_is_count
         || {
             let pool = pool.clone();
             async move {
-                let stale: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM outbox.attempt_history WHERE NOT accepted")
-                        .fetch_one(&pool)
-                        .await
-                        .unwrap();
+                let stale: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM outbox.attempt_history WHERE NOT accepted",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
                 stale == 1
             }
         },
@@ -320,11 +321,12 @@ async fn four_relays_drain_5000_intents_and_each_webhook_arrives_once() {
         repeated.is_empty(),
         "webhook-ids seen more than once: {repeated:?}"
     );
-    let owners: Vec<(String, i64)> =
-        sqlx::query_as("SELECT owner, count(*) FROM outbox.attempt_history GROUP BY owner ORDER BY owner")
-            .fetch_all(db.pool())
-            .await
-            .unwrap();
+    let owners: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT owner, count(*) FROM outbox.attempt_history GROUP BY owner ORDER BY owner",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
     assert_eq!(
         owners.iter().map(|o| o.1).sum::<i64>(),
         N,
