@@ -10,9 +10,10 @@
 # build after it). Each round runs A, then B (B first in every other round),
 # each with `--drain-rounds 1`: a scratch database of its own migrated by that
 # build, INTENTS webhooks (default 20000) drained by one `outbox-relay run`
-# process, 16 in flight. Prints each round's drain/s, Postgres CPU and WAL
-# bytes per intent, then the medians and B's over A's. Needs jq. Ratios
-# within one run are what count: the machine is shared.
+# process, 16 in flight, both in plain text unless DATABASE_URL names an
+# sslmode. Prints each round's drain/s, Postgres CPU and WAL bytes per
+# intent, then the medians and B's over A's. Needs jq. Ratios within one run
+# are what count: the machine is shared.
 set -euo pipefail
 
 [ $# -ge 2 ] || {
@@ -34,6 +35,12 @@ command -v jq >/dev/null || {
 	exit 2
 }
 : "${DATABASE_URL:?set DATABASE_URL to the Postgres server to measure on}"
+# both builds over the same transport, whatever each one's default
+case $DATABASE_URL in
+*sslmode=*) ;;
+*\?*) export DATABASE_URL="$DATABASE_URL&sslmode=disable" ;;
+*) export DATABASE_URL="$DATABASE_URL?sslmode=disable" ;;
+esac
 
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT

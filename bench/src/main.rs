@@ -226,14 +226,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
     if a.console_history > 0 {
         drop(store);
         let report = console::run(&url, &config, a.console_history, a.keep).await?;
-        if a.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).expect("serializable")
-            );
-        } else {
-            console::print(&report);
-        }
+        emit(&report, a.json, console::print);
         return Ok(());
     }
     if let Some(duration) = a.soak {
@@ -248,27 +241,13 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             keep: a.keep,
         };
         let report = soak::run(&url, args).await?;
-        if a.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).expect("serializable")
-            );
-        } else {
-            soak::print(&report);
-        }
+        emit(&report, a.json, soak::print);
         return Ok(());
     }
     if a.ordering_keys > 0 {
         drop(store);
         let report = ordering::run(&url, a.ordering_keys, a.ordering_burst, a.keep).await?;
-        if a.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).expect("serializable")
-            );
-        } else {
-            ordering::print(&report);
-        }
+        emit(&report, a.json, ordering::print);
         return Ok(());
     }
     let args = bench::BenchArgs {
@@ -326,27 +305,25 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             None => None,
         };
         let report = rounds::run(&url, &args, a.drain_rounds.min(100), setup.as_deref()).await?;
-        if a.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).expect("serializable")
-            );
-        } else {
-            rounds::print(&report);
-        }
+        emit(&report, a.json, rounds::print);
         return Ok(());
     }
     let report = bench::run(&url, &config, &args).await?;
     drop(store);
-    if a.json {
+    emit(&report, a.json, bench::print);
+    Ok(())
+}
+
+/// A report as JSON (`--json`) or as its text tables.
+fn emit<T: serde::Serialize>(report: &T, json: bool, print: fn(&T)) {
+    if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&report).expect("serializable")
+            serde_json::to_string_pretty(report).expect("serializable")
         );
     } else {
-        bench::print(&report);
+        print(report);
     }
-    Ok(())
 }
 
 /// The server URL with `sslmode=disable` unless it names an `sslmode`:
