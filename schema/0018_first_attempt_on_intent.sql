@@ -6,7 +6,7 @@
 -- delivered intent and a fifth of its WAL; docs/performance.md). Every
 -- other attempt (a failure, a retry, a lost lease, a completion the fence
 -- refused) keeps its row in outbox.attempts, and relays of earlier
--- versions, which do not know these columns, keep writing rows as before.
+-- versions, which do not know these columns, write a row for every attempt.
 --
 -- 1. The first attempt's own facts; its attempt number is 1, its outcome
 --    `delivered`, and its fence, key generation and provider reference are

@@ -20,7 +20,7 @@ use crate::sql::run_sql;
 /// One statement's share of a round (`pg_stat_statements`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StatementCost {
-    /// The statement's text, its first line, whitespace folded.
+    /// The statement's first 200 characters, whitespace folded.
     pub statement: String,
     pub calls: i64,
     /// Rows it returned or changed, per call.
