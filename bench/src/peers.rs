@@ -258,8 +258,12 @@ async fn peer_once(
     let runner = args.peers_dir.join("run-peer.sh");
     // readings only around a drain: an enqueue run reports no window
     let drain = !env.iter().any(|(k, v)| k == "MODE" && v == "enqueue");
-    let server = Server::find(store).await;
-    let sampler = drain.then(|| (cpu::Sampler::start(server), WalSampler::start(store)));
+    let sampler = if drain {
+        let server = Server::find(store).await;
+        Some((cpu::Sampler::start(server), WalSampler::start(store)))
+    } else {
+        None
+    };
     let child = peer_command(&runner)
         .arg(peer)
         .envs(env.iter().map(|(k, v)| (k, v)))

@@ -76,7 +76,7 @@ async fn drain_rounds(
     let (port, _receiver, seen) = receiver()?;
     let hook = format!("http://127.0.0.1:{port}/hook");
     let url = store_url(&store);
-    let statements = run_sql(&store, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    let tracked = run_sql(&store, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .await
         .is_ok()
         && reset_statements(&store).await;
@@ -86,7 +86,7 @@ async fn drain_rounds(
             "bench: drain round {r} of {rounds}: {} webhooks, one relay process, {} in flight",
             args.intents, args.in_flight
         );
-        if statements {
+        if tracked {
             reset_statements(&store).await;
         }
         let drain = scale_out_drain(&store, args, &url, &hook, 1, &seen, None).await?;
@@ -95,7 +95,7 @@ async fn drain_rounds(
             "round {r}: {} requests arrived twice",
             drain.duplicate_requests
         );
-        let statements = if statements {
+        let statements = if tracked {
             statement_costs(&store, args.intents).await?
         } else {
             Vec::new()

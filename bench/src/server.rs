@@ -22,9 +22,11 @@ use outbox_relay::store::Store;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Server {
     postmaster: u32,
-    /// Clock ticks per second of `/proc/PID/stat` (USER_HZ, 100 on Linux).
-    hz: f64,
 }
+
+/// Clock ticks per second of `/proc/PID/stat` (USER_HZ: 100 on Linux,
+/// whatever the kernel's own tick rate).
+const USER_HZ: f64 = 100.0;
 
 /// Fields of `/proc/PID/stat` after the parenthesised command name (which
 /// may hold spaces): index 0 is field 3 (state).
@@ -57,10 +59,7 @@ impl Server {
         if !matches!(stat_comm(&pm_stat)?, "postgres" | "postmaster") {
             return None;
         }
-        let server = Server {
-            postmaster,
-            hz: 100.0,
-        };
+        let server = Server { postmaster };
         server.cpu_ns().map(|_| server)
     }
 
@@ -74,7 +73,7 @@ impl Server {
         // cutime and cstime are fields 16 and 17
         let reaped_ticks: u64 =
             fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?;
-        let mut ns = (reaped_ticks as f64 / self.hz * 1e9) as u64;
+        let mut ns = (reaped_ticks as f64 / USER_HZ * 1e9) as u64;
         ns += schedstat_ns(&std::fs::read_to_string(format!("/proc/{pm}/schedstat")).ok()?)?;
         let children = std::fs::read_to_string(format!("/proc/{pm}/task/{pm}/children")).ok()?;
         for child in children.split_whitespace() {

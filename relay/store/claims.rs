@@ -603,8 +603,8 @@ impl Store {
 
     /// Of these completions, the ones an earlier run of the same statement
     /// already recorded as accepted (its commit was acknowledged too late
-    /// to be seen): the attempt of their fence is on the intent row, or its
-    /// row in outbox.attempts exists, accepted. A
+    /// to be seen): the attempt of their fence is in outbox.attempt_history,
+    /// accepted. A
     /// completer that retries a batch after an unknown commit result counts
     /// these as written, not as fencing rejections.
     pub async fn already_completed(
@@ -617,8 +617,7 @@ impl Store {
             "SELECT i.id, i.created_at
                FROM unnest($1::bigint[], $2::bigint[]) AS u(id, fence)
                JOIN outbox.intents i ON i.id = u.id
-              WHERE (i.fence = u.fence AND i.first_attempt_started_at IS NOT NULL)
-                 OR EXISTS (SELECT 1 FROM outbox.attempts a
+              WHERE EXISTS (SELECT 1 FROM outbox.attempt_history a
                              WHERE a.intent_id = u.id AND a.fence = u.fence AND a.accepted)",
         )
         .bind(ids)

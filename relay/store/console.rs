@@ -402,12 +402,8 @@ impl Store {
             "SELECT (floor(extract(epoch FROM started_at))::bigint / $2) * $2 AS at,
                     count(*) FILTER (WHERE outcome = 'delivered' AND accepted) AS delivered,
                     count(*) FILTER (WHERE outcome IN ('transient', 'ambiguous', 'rejected', 'lost')) AS failed
-               FROM (SELECT started_at, outcome, accepted FROM outbox.attempts
-                      WHERE started_at >= to_timestamp($1)
-                     UNION ALL
-                     -- first attempts that delivered, kept on their intents
-                     SELECT first_attempt_started_at, 'delivered', true FROM outbox.intents
-                      WHERE first_attempt_started_at >= to_timestamp($1)) a
+               FROM outbox.attempt_history
+              WHERE started_at >= to_timestamp($1)
               GROUP BY 1 ORDER BY 1",
         )
         .bind(from)

@@ -214,9 +214,8 @@ const INTENT_COLUMNS: &str =
     duplicates + (SELECT count(*) FROM outbox.enqueue_duplicates d \
                    WHERE d.intent_id = intents.id)::int AS duplicates, \
     source, created_at, updated_at, delivered_at, traceparent, tracestate, \
-    greatest((SELECT max(coalesce(a.finished_at, a.started_at)) FROM outbox.attempts a \
-               WHERE a.intent_id = intents.id AND a.outcome = 'delivered'), \
-             coalesce(first_attempt_finished_at, first_attempt_started_at)) AS effect_at";
+    (SELECT max(coalesce(a.finished_at, a.started_at)) FROM outbox.attempt_history a \
+      WHERE a.intent_id = intents.id AND a.outcome = 'delivered') AS effect_at";
 
 use IntentState::{Dead, Delivered, Rejected};
 
