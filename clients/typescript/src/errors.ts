@@ -40,10 +40,22 @@ interface ErrorFields {
 }
 
 /**
+ * A session or statement ended from outside rather than a refusal: class 08
+ * (connection exception), class 57 (operator intervention: terminated,
+ * cancelled, shut down, the database dropped, an idle session timed out),
+ * and the server's transaction timeouts that close the session (25P03,
+ * 25P04).
+ */
+function endedFromOutside(sqlstate: string): boolean {
+  return /^(08|57)/.test(sqlstate) || sqlstate === "25P03" || sqlstate === "25P04";
+}
+
+/**
  * The typed error for a driver's error that carries a SQLSTATE (node-postgres's
  * `DatabaseError`, as thrown through Knex and Kysely too); any other error
- * (a lost connection, a bug) is returned as it is. `keys` are the keys of the
- * call, one of which an `OB409` message names.
+ * (a connection lost or ended by the server, a cancelled statement, a bug)
+ * is returned as it is. `keys` are the keys of the call, one of which an
+ * `OB409` message names.
  */
 export function outboxErrorOf(err: unknown, keys: readonly string[]): unknown {
   if (typeof err !== "object" || err === null) return err;
@@ -54,7 +66,8 @@ export function outboxErrorOf(err: unknown, keys: readonly string[]): unknown {
     typeof code !== "string" ||
     !/^[0-9A-Z]{5}$/.test(code) ||
     typeof message !== "string" ||
-    typeof severity !== "string"
+    typeof severity !== "string" ||
+    endedFromOutside(code)
   ) {
     return err;
   }

@@ -120,16 +120,28 @@ async def run_async(conn: object, stmt: Statement, keys: Iterable[str]) -> Rows:
     )
 
 
+def ended(sqlstate: str) -> bool:
+    """A session or statement ended from outside rather than a refusal: class
+    08 (connection exception), class 57 (operator intervention: terminated,
+    cancelled, shut down, the database dropped, an idle session timed out),
+    and the server's transaction timeouts that close the session (25P03,
+    25P04)."""
+    return sqlstate[:2] in ("08", "57") or sqlstate in ("25P03", "25P04")
+
+
 def translate(exc: BaseException, keys: Iterable[str]) -> OutboxError | None:
     """The refusal a driver's exception carries (psycopg's `sqlstate`, psycopg2's
     `pgcode`, behind SQLAlchemy's `orig` or Django's `__cause__`), or None when
-    it carries no SQLSTATE (a lost connection, a programming error)."""
+    it is no refusal: no SQLSTATE (a programming error) or a connection or
+    statement ended from outside (`ended`), left as the driver raised it."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
         if isinstance(code, str) and code:
+            if ended(code):
+                return None
             diag = getattr(e, "diag", None)
             message = getattr(diag, "message_primary", None) or str(e).strip()
             detail = getattr(diag, "message_detail", None)
