@@ -207,3 +207,65 @@ async fn a_current_spans_trace_reaches_the_receiver() {
     assert_eq!(&sent[3..35], trace_id, "{sent}");
     assert_eq!(header("/untraced"), None, "no span was current");
 }
+
+/// A connection the server ends while an enqueue runs (`pg_terminate_backend`,
+/// SQLSTATE 57P01) is no refusal: it comes back as sqlx's own error
+/// (`EnqueueError::Database`), for `enqueue` and `enqueue_many` alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_server_ends_is_sqlxs_own_error() {
+    let db = TestDb::new().await;
+    for many in [false, true] {
+        let key = format!("lost:{many}");
+        let intent = NewIntent::of(&key, Nats::new("orders.lost", json!(1)));
+        // another transaction holds the key uncommitted: the enqueue waits
+        let mut holder = db.pool().begin().await.unwrap();
+        enqueue(&mut *holder, &intent).await.unwrap();
+        let mut tx = db.pool().begin().await.unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        let admin = db.pool().clone();
+        let terminate = tokio::spawn(async move {
+            for _ in 0..1000 {
+                let waits: Option<String> = sqlx::query_scalar(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1",
+                )
+                .bind(pid)
+                .fetch_optional(&admin)
+                .await
+                .unwrap()
+                .flatten();
+                if waits.as_deref() == Some("Lock") {
+                    return sqlx::query_scalar::<_, bool>("SELECT pg_terminate_backend($1)")
+                        .bind(pid)
+                        .fetch_one(&admin)
+                        .await
+                        .unwrap();
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            false
+        });
+        let err = if many {
+            enqueue_many(&mut *tx, std::slice::from_ref(&intent))
+                .await
+                .unwrap_err()
+        } else {
+            enqueue(&mut *tx, &intent).await.unwrap_err()
+        };
+        assert!(terminate.await.unwrap(), "backend {pid} never waited");
+        match &err {
+            EnqueueError::Database(e) => {
+                let code = e.as_database_error().and_then(|d| d.code());
+                assert!(
+                    code.as_deref() == Some("57P01") || matches!(e, sqlx::Error::Io(_)),
+                    "{e:?}"
+                );
+            }
+            other => panic!("a lost connection became a refusal: {other:?}"),
+        }
+        drop(tx);
+        holder.rollback().await.unwrap();
+    }
+}

@@ -22,7 +22,9 @@ pub enum EnqueueError {
     /// not be read as jsonb (22P02 not JSON, 22P05 `\u0000` in a string,
     /// 54001 nested too deep to parse).
     Invalid { sqlstate: String, message: String },
-    /// Anything else: the connection, a permission (42501), a lock
+    /// Anything else, as sqlx reported it: a connection lost or ended by
+    /// the server or a statement cancelled (SQLSTATE class 08 or 57, such
+    /// as 57P01 from `pg_terminate_backend`), a permission (42501), a lock
     /// timeout. [`EnqueueError::sqlstate`] tells the database's code.
     Database(sqlx::Error),
 }
