@@ -269,3 +269,57 @@ async fn a_connection_the_server_ends_is_sqlxs_own_error() {
         holder.rollback().await.unwrap();
     }
 }
+
+/// Strict mode, `outbox_client::require_transaction`: an intent that would
+/// commit on its own (on the pool, on a connection outside `BEGIN`, after a
+/// `BEGIN` that wrote nothing) is refused with OB428 and not written; after
+/// the business row in its transaction it is written as by `enqueue`.
+#[tokio::test]
+async fn strict_mode_refuses_an_intent_that_would_commit_on_its_own() {
+    use outbox_client::require_transaction;
+    let db = TestDb::new().await;
+    orders(&db).await;
+    let intent = |key: &str| NewIntent::of(key, Nats::new("orders.strict", json!({"key": key})));
+    let ob428 = |err: EnqueueError| {
+        assert_eq!(err.sqlstate().as_deref(), Some("OB428"), "{err:?}");
+        assert!(matches!(err, EnqueueError::Database(_)), "{err:?}");
+    };
+    ob428(
+        require_transaction::enqueue(db.pool(), &intent("pool"))
+            .await
+            .unwrap_err(),
+    );
+    let mut conn = db.pool().acquire().await.unwrap();
+    ob428(
+        require_transaction::enqueue_many(&mut conn, &[intent("many")])
+            .await
+            .unwrap_err(),
+    );
+    let mut tx = db.pool().begin().await.unwrap();
+    ob428(
+        require_transaction::enqueue(&mut *tx, &intent("first"))
+            .await
+            .unwrap_err(),
+    );
+    drop(tx);
+    assert_eq!(db.count("key IN ('pool', 'many', 'first')").await, 0);
+
+    let mut tx = db.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id) VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let one = require_transaction::enqueue(&mut *tx, &intent("one"))
+        .await
+        .unwrap();
+    let many = require_transaction::enqueue_many(&mut tx, &[intent("one"), intent("two")])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(many[0].id, one.id);
+    assert!(many[0].duplicate && !many[1].duplicate);
+    assert_eq!(db.count("key IN ('one', 'two')").await, 2);
+    // the crate's own enqueue is unchanged: on the pool, written
+    enqueue(db.pool(), &intent("loose")).await.unwrap();
+    assert_eq!(db.count("key = 'loose'").await, 1);
+}

@@ -618,3 +618,119 @@ async fn the_kind_shape_accepts_exactly_what_the_bounded_pattern_accepted() {
         }
     }
 }
+
+/// The SQLSTATE of a statement's error, or "ok".
+async fn sqlstate_of(result: Result<sqlx::postgres::PgQueryResult, sqlx::Error>) -> String {
+    match result {
+        Ok(_) => "ok".into(),
+        Err(e) => e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.into_owned())
+            .unwrap_or_else(|| format!("{e}")),
+    }
+}
+
+/// With the setting `outbox.require_transaction` on, an enqueue in a
+/// transaction that has written nothing yet is refused with OB428 and
+/// writes nothing: an autocommit `outbox.enqueue`, `outbox.enqueue_many`
+/// and `INSERT INTO outbox.outbox`, and one after `BEGIN` alone. An enqueue
+/// after the business rows, in their transaction, in a trigger of their
+/// INSERT or in the same statement, passes. A value that is neither on nor
+/// off is refused naming the setting.
+#[tokio::test]
+async fn require_transaction_refuses_an_enqueue_that_would_commit_on_its_own() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool().acquire().await.unwrap();
+    for sql in [
+        "CREATE TABLE orders (id bigint PRIMARY KEY)",
+        "CREATE FUNCTION orders_intent() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM outbox.enqueue('trigger:' || NEW.id, 'webhook', '{\"url\": \"https://x.example/\"}');
+             RETURN NEW;
+         END $$",
+        "CREATE TRIGGER orders_intent AFTER INSERT ON orders FOR EACH ROW EXECUTE FUNCTION orders_intent()",
+        "SET outbox.require_transaction = on",
+    ] {
+        sqlx::raw_sql(sql).execute(&mut *conn).await.unwrap();
+    }
+    let hook = r#"'{"url": "https://x.example/"}'"#;
+    let refused = [
+        format!("SELECT outbox.enqueue('alone', 'webhook', {hook})"),
+        format!(
+            "SELECT outbox.enqueue_many(ARRAY['many'], ARRAY['webhook'], ARRAY[{hook}::jsonb])"
+        ),
+        format!(
+            "INSERT INTO outbox.outbox (key, kind, payload) VALUES ('view', 'webhook', {hook})"
+        ),
+    ];
+    for sql in &refused {
+        let got = sqlstate_of(sqlx::query(sql).execute(&mut *conn).await).await;
+        assert_eq!(got, "OB428", "{sql}");
+    }
+    // BEGIN alone is no write: the intent would still commit by itself
+    sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+    let got = sqlstate_of(sqlx::query(&refused[0]).execute(&mut *conn).await).await;
+    assert_eq!(got, "OB428");
+    sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.unwrap();
+    let err = sqlx::query(&refused[0])
+        .execute(&mut *conn)
+        .await
+        .unwrap_err();
+    let db_err = err.as_database_error().unwrap();
+    assert!(
+        db_err
+            .message()
+            .starts_with("outbox.enqueue: nothing has been written in this transaction yet"),
+        "{db_err}"
+    );
+
+    for sql in [
+        // after the business row, in its transaction
+        format!(
+            "BEGIN; INSERT INTO orders VALUES (1); SELECT outbox.enqueue('after', 'webhook', {hook}); COMMIT"
+        ),
+        // in a trigger of the business row's INSERT, autocommit
+        "INSERT INTO orders VALUES (2)".to_string(),
+        // in the statement that writes the business row
+        format!(
+            "WITH o AS (INSERT INTO orders VALUES (3) RETURNING id)
+             SELECT e.* FROM o, outbox.enqueue('with:' || o.id, 'webhook', {hook}) e"
+        ),
+    ] {
+        sqlx::raw_sql(&sql)
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {sql}"));
+    }
+    assert_eq!(
+        db.count("key IN ('after', 'trigger:1', 'trigger:2', 'trigger:3', 'with:3')")
+            .await,
+        5
+    );
+    assert_eq!(db.count("key IN ('alone', 'many', 'view')").await, 0);
+
+    sqlx::raw_sql("SET outbox.require_transaction = sometimes")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let err = sqlx::query(&refused[0])
+        .execute(&mut *conn)
+        .await
+        .unwrap_err();
+    let db_err = err.as_database_error().unwrap();
+    assert_eq!(db_err.code().as_deref(), Some("22023"));
+    assert!(
+        db_err
+            .message()
+            .contains("outbox.require_transaction is 'sometimes'"),
+        "{db_err}"
+    );
+    // off, and unset: written as before
+    sqlx::raw_sql("SET outbox.require_transaction = off")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query(&refused[0]).execute(&mut *conn).await.unwrap();
+    assert_eq!(db.count("key = 'alone'").await, 1);
+}

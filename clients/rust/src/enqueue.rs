@@ -112,21 +112,46 @@ pub async fn enqueue<'e, E>(executor: E, intent: &NewIntent) -> Result<Enqueued,
 where
     E: sqlx::PgExecutor<'e>,
 {
+    enqueue_checked(executor, intent, false).await
+}
+
+/// The key parameter `$1` of a call of `function`: in strict mode behind
+/// `outbox.require_transaction`, which the server runs before the call (an
+/// argument is evaluated first) and which refuses, with SQLSTATE OB428, a
+/// transaction that has written nothing yet.
+fn key_param(function: &str, require_transaction: bool) -> String {
+    if require_transaction {
+        format!("CASE WHEN outbox.require_transaction('{function}') THEN $1 END")
+    } else {
+        "$1".to_string()
+    }
+}
+
+/// [`enqueue`], in strict mode when `require_transaction`.
+pub(crate) async fn enqueue_checked<'e, E>(
+    executor: E,
+    intent: &NewIntent,
+    require_transaction: bool,
+) -> Result<Enqueued, EnqueueError>
+where
+    E: sqlx::PgExecutor<'e>,
+{
     let current = crate::trace::current(intent);
     let intent = current.as_ref().unwrap_or(intent);
     let traced = intent.traceparent.is_some();
-    let query = sqlx::query_as(if traced {
-        "SELECT id, duplicate FROM outbox.enqueue($1, $2, $3, $4, coalesce($5, now()), $6, $7, $8, $9)"
-    } else {
-        "SELECT id, duplicate FROM outbox.enqueue($1, $2, $3, $4, coalesce($5, now()), $6, $7)"
-    })
-    .bind(&intent.key)
-    .bind(&intent.kind)
-    .bind(&intent.payload)
-    .bind(&intent.destination)
-    .bind(intent.run_after)
-    .bind(&intent.ordering_key)
-    .bind(&intent.source);
+    let sql = format!(
+        "SELECT id, duplicate FROM outbox.enqueue({}, $2, $3, $4, coalesce($5, now()), $6, $7{})",
+        key_param("outbox.enqueue", require_transaction),
+        if traced { ", $8, $9" } else { "" }
+    );
+    let query = sqlx::query_as(&sql)
+        .bind(&intent.key)
+        .bind(&intent.kind)
+        .bind(&intent.payload)
+        .bind(&intent.destination)
+        .bind(intent.run_after)
+        .bind(&intent.ordering_key)
+        .bind(&intent.source);
     let query = if traced {
         query.bind(&intent.traceparent).bind(&intent.tracestate)
     } else {
@@ -153,6 +178,15 @@ pub async fn enqueue_many(
     conn: &mut sqlx::PgConnection,
     intents: &[NewIntent],
 ) -> Result<Vec<Enqueued>, EnqueueError> {
+    enqueue_many_checked(conn, intents, false).await
+}
+
+/// [`enqueue_many`], in strict mode when `require_transaction`.
+pub(crate) async fn enqueue_many_checked(
+    conn: &mut sqlx::PgConnection,
+    intents: &[NewIntent],
+    require_transaction: bool,
+) -> Result<Vec<Enqueued>, EnqueueError> {
     let current: Vec<NewIntent>;
     let intents = if crate::trace::has_current() {
         current = intents
@@ -171,18 +205,19 @@ pub async fn enqueue_many(
             };
         }
         let traced = run.iter().any(|i| i.traceparent.is_some());
-        let query = sqlx::query_as(if traced {
-            "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-        } else {
-            "SELECT ord, id, duplicate FROM outbox.enqueue_many($1, $2, $3, $4, $5, $6, $7)"
-        })
-        .bind(col!(|i| i.key.as_str()))
-        .bind(col!(|i| i.kind.as_str()))
-        .bind(col!(|i| &i.payload))
-        .bind(col!(|i| i.destination.as_deref()))
-        .bind(col!(|i| i.run_after))
-        .bind(col!(|i| i.ordering_key.as_deref()))
-        .bind(run[0].source.as_deref());
+        let sql = format!(
+            "SELECT ord, id, duplicate FROM outbox.enqueue_many({}, $2, $3, $4, $5, $6, $7{})",
+            key_param("outbox.enqueue_many", require_transaction),
+            if traced { ", $8, $9" } else { "" }
+        );
+        let query = sqlx::query_as(&sql)
+            .bind(col!(|i| i.key.as_str()))
+            .bind(col!(|i| i.kind.as_str()))
+            .bind(col!(|i| &i.payload))
+            .bind(col!(|i| i.destination.as_deref()))
+            .bind(col!(|i| i.run_after))
+            .bind(col!(|i| i.ordering_key.as_deref()))
+            .bind(run[0].source.as_deref());
         let query = if traced {
             // no tracestate in the run: NULL rather than an array of NULLs
             let tracestates = run

@@ -24,6 +24,8 @@
 //!   [`enqueue_many`] write them; [`Enqueued`] is the answer.
 //! - [`EnqueueError`]: a conflict ([`EnqueueError::Conflict`], with the
 //!   key) apart from every other refusal, each with its SQLSTATE.
+//! - [`require_transaction`]: strict mode, the same calls refusing an
+//!   intent that would commit on its own (SQLSTATE OB428).
 //!
 //! With the feature `opentelemetry`, an intent enqueued without a
 //! `traceparent` while an OpenTelemetry span is current takes that span's
@@ -32,6 +34,7 @@
 mod enqueue;
 mod error;
 pub mod kinds;
+pub mod require_transaction;
 mod trace;
 
 pub use enqueue::{enqueue, enqueue_many, Enqueued, NewIntent};

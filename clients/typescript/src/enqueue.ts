@@ -4,26 +4,27 @@
 
 import { outboxErrorOf } from "./errors.js";
 import { activeTraceContext, type TraceContext } from "./trace.js";
-import type { EnqueueOptions, Enqueued, Intent, Item, Queryable } from "./types.js";
+import type { CallOptions, EnqueueOptions, Enqueued, Intent, Item, Queryable } from "./types.js";
 
 /**
  * Record one intent under `key` in the transaction open on `client`: it is
  * delivered once that transaction commits, and never if it rolls back.
  * The same key with the same intent again answers the existing id with
  * `duplicate: true`; with another intent it throws `OutboxConflict`; any
- * other refusal is an `OutboxError` with its SQLSTATE.
+ * other refusal is an `OutboxError` with its SQLSTATE. `requireTransaction`
+ * is strict mode (`CallOptions`).
  */
 export async function enqueue(
   client: Queryable,
   key: string,
   intent: Intent,
-  options: EnqueueOptions = {},
+  options: EnqueueOptions & CallOptions = {},
 ): Promise<Enqueued> {
   checkClient(client);
   const row = rowOf(key, intent, options);
   const trace = row.traceparent === null ? await activeTraceContext() : undefined;
   const args = new Args();
-  args.add("p_key", key);
+  args.addKey("p_key", key, "::text", "outbox.enqueue", options.requireTransaction === true);
   args.add("p_kind", row.kind);
   args.add("p_payload", row.payload, "::text::jsonb");
   args.addIf("p_destination", row.destination);
@@ -50,8 +51,13 @@ export async function enqueue(
  * are in the order of `items`, each as `enqueue` would answer it. One
  * refused item refuses them all. `source` is one value per call: items
  * naming different sources are refused with a `TypeError` before any SQL.
+ * `requireTransaction` is strict mode (`CallOptions`).
  */
-export async function enqueueMany(client: Queryable, items: readonly Item[]): Promise<Enqueued[]> {
+export async function enqueueMany(
+  client: Queryable,
+  items: readonly Item[],
+  options: CallOptions = {},
+): Promise<Enqueued[]> {
   checkClient(client);
   if (!Array.isArray(items)) throw new TypeError("enqueueMany takes an array of { key, intent, ...options }");
   if (items.length === 0) return [];
@@ -74,7 +80,7 @@ export async function enqueueMany(client: Queryable, items: readonly Item[]): Pr
   );
   const args = new Args();
   const keys = items.map((item) => item.key);
-  args.add("p_keys", keys, "::text[]");
+  args.addKey("p_keys", keys, "::text[]", "outbox.enqueue_many", options.requireTransaction === true);
   args.add(
     "p_kinds",
     rows.map((r) => r.kind),
@@ -177,6 +183,20 @@ class Args {
   add(name: string, value: unknown, cast = ""): void {
     this.values.push(value);
     this.named.push(`${name} => $${this.values.length}${cast}`);
+  }
+
+  /**
+   * The key argument. In strict mode it goes through
+   * `outbox.require_transaction`, which the server runs before the call (an
+   * argument is evaluated first) and which refuses, with SQLSTATE OB428, a
+   * transaction that has written nothing yet.
+   */
+  addKey(name: string, value: unknown, cast: string, fn: string, strict: boolean): void {
+    this.values.push(value);
+    const arg = `$${this.values.length}${cast}`;
+    this.named.push(
+      `${name} => ${strict ? `CASE WHEN outbox.require_transaction('${fn}') THEN ${arg} END` : arg}`,
+    );
   }
 
   addIf(name: string, value: unknown, cast = ""): void {

@@ -20,6 +20,7 @@ export { OutboxConflict, OutboxError } from "./errors.js";
 export { fromKnex, fromKysely } from "./adapters.js";
 export type { CompiledRawQuery, KnexTransactionLike, KyselyTransactionLike } from "./adapters.js";
 export type {
+  CallOptions,
   EnqueueOptions,
   Enqueued,
   Intent,

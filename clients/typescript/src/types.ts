@@ -33,6 +33,18 @@ export interface EnqueueOptions {
   readonly tracestate?: string | undefined;
 }
 
+/** How `enqueue` and `enqueueMany` run, apart from what they write. */
+export interface CallOptions {
+  /**
+   * Strict mode: refuse (an `OutboxError` with SQLSTATE `OB428`, nothing
+   * written) an enqueue in a transaction that has written nothing yet, as
+   * on a bare pool or any connection outside `BEGIN`, where it would commit
+   * on its own. The server's `outbox.require_transaction` decides, in the
+   * enqueue's own statement.
+   */
+  readonly requireTransaction?: boolean | undefined;
+}
+
 /** One intent of `enqueueMany`: `{ key, intent, ...options }`. */
 export interface Item extends EnqueueOptions {
   readonly key: string;

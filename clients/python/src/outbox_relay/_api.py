@@ -70,6 +70,7 @@ def enqueue(
     ordering_key: str | None = None,
     source: str | None = None,
     traceparent: str | None = None,
+    require_transaction: bool = False,
 ) -> Enqueued:
     """Write one intent inside the transaction open on `conn`; it is delivered
     once that transaction commits, and never if it rolls back.
@@ -77,23 +78,31 @@ def enqueue(
     `conn`: a psycopg 3 Connection or Cursor, a psycopg2 connection or
     cursor, a SQLAlchemy Connection or Session, or a Django connection.
     Raises `Conflict` when `key` was used for another intent, `OutboxError`
-    for any other refusal.
+    for any other refusal. `require_transaction=True` (strict mode) refuses,
+    with SQLSTATE OB428, an enqueue in a transaction that has written
+    nothing yet: on an autocommit connection, it would commit on its own.
     """
     options = Options(destination, run_after, ordering_key, source, traceparent)
-    stmt = _sql.enqueue(key, intent, options)
+    stmt = _sql.enqueue(key, intent, options, require_transaction)
     return _one(_drivers.run(conn, stmt, [key]))
 
 
-def enqueue_many(conn: object, items: Sequence[Item | tuple[str, IntentLike]]) -> list[Enqueued]:
+def enqueue_many(
+    conn: object,
+    items: Sequence[Item | tuple[str, IntentLike]],
+    *,
+    require_transaction: bool = False,
+) -> list[Enqueued]:
     """Write many intents in one statement; the answers are in input order.
 
     An item is `(key, intent)` or `Item(key, intent, **options)`. All items
     of one call have the same `source` (the SQL API takes one per call).
+    `require_transaction` as for `enqueue`.
     """
     parsed = _items(items)
     if not parsed:
         return []
-    stmt = _sql.enqueue_many(parsed)
+    stmt = _sql.enqueue_many(parsed, require_transaction)
     return _many(_drivers.run(conn, stmt, [k for k, _, _ in parsed]), len(parsed))
 
 
@@ -107,20 +116,24 @@ async def enqueue_async(
     ordering_key: str | None = None,
     source: str | None = None,
     traceparent: str | None = None,
+    require_transaction: bool = False,
 ) -> Enqueued:
     """`enqueue` on a psycopg 3 AsyncConnection or AsyncCursor, or a SQLAlchemy
     AsyncConnection or AsyncSession."""
     options = Options(destination, run_after, ordering_key, source, traceparent)
-    stmt = _sql.enqueue(key, intent, options)
+    stmt = _sql.enqueue(key, intent, options, require_transaction)
     return _one(await _drivers.run_async(conn, stmt, [key]))
 
 
 async def enqueue_many_async(
-    conn: object, items: Sequence[Item | tuple[str, IntentLike]]
+    conn: object,
+    items: Sequence[Item | tuple[str, IntentLike]],
+    *,
+    require_transaction: bool = False,
 ) -> list[Enqueued]:
     """`enqueue_many` on an async connection (see `enqueue_async`)."""
     parsed = _items(items)
     if not parsed:
         return []
-    stmt = _sql.enqueue_many(parsed)
+    stmt = _sql.enqueue_many(parsed, require_transaction)
     return _many(await _drivers.run_async(conn, stmt, [k for k, _, _ in parsed]), len(parsed))

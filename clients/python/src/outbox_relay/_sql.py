@@ -60,7 +60,7 @@ class Statement:
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 _ENQUEUE = """SELECT id, duplicate FROM outbox.enqueue(
-    p_key => CAST({key} AS text),
+    p_key => <KEY>,
     p_kind => CAST({kind} AS text),
     p_payload => CAST({payload} AS jsonb),
     p_destination => CAST({destination} AS text),
@@ -71,7 +71,7 @@ _ENQUEUE = """SELECT id, duplicate FROM outbox.enqueue(
     p_tracestate => CAST({tracestate} AS text))"""
 
 _ENQUEUE_MANY = """SELECT ord, id, duplicate FROM outbox.enqueue_many(
-    p_keys => CAST({keys} AS text[]),
+    p_keys => <KEY>,
     p_kinds => CAST({kinds} AS text[]),
     p_payloads => CAST({payloads} AS jsonb[]),
     p_destinations => CAST({destinations} AS text[]),
@@ -83,6 +83,16 @@ _ENQUEUE_MANY = """SELECT ord, id, duplicate FROM outbox.enqueue_many(
     p_traceparents => CAST({traceparents} AS text[]),
     p_tracestates => CAST({tracestates} AS text[]))
 ORDER BY ord"""
+
+
+def _with_key(sql: str, key: str, function: str, require_transaction: bool) -> str:
+    """The statement with its key argument. With `require_transaction`, the key
+    goes through outbox.require_transaction, which the server runs before the
+    call (an argument is evaluated first) and which refuses, with SQLSTATE
+    OB428, a transaction that has written nothing yet."""
+    if require_transaction:
+        key = f"CASE WHEN outbox.require_transaction('{function}') THEN {key} END"
+    return sql.replace("<KEY>", key)
 
 
 def payload_text(intent: IntentLike) -> str:
@@ -137,12 +147,14 @@ def _trace(
     return active or (None, None)
 
 
-def enqueue(key: str, intent: IntentLike, options: Options) -> Statement:
+def enqueue(
+    key: str, intent: IntentLike, options: Options, require_transaction: bool = False
+) -> Statement:
     payload = payload_text(intent)
     _check(key, intent, options)
     traceparent, tracestate = _trace(options, active_context())
     return Statement(
-        _ENQUEUE,
+        _with_key(_ENQUEUE, "CAST({key} AS text)", "outbox.enqueue", require_transaction),
         {
             "key": key,
             "kind": intent.kind,
@@ -163,7 +175,9 @@ def _array(values: list[str | None]) -> list[str | None] | None:
     return values if any(v is not None for v in values) else None
 
 
-def enqueue_many(items: Sequence[tuple[str, IntentLike, Options]]) -> Statement:
+def enqueue_many(
+    items: Sequence[tuple[str, IntentLike, Options]], require_transaction: bool = False
+) -> Statement:
     sources = {o.source for _, _, o in items}
     if len(sources) > 1:
         raise ValueError(
@@ -176,7 +190,9 @@ def enqueue_many(items: Sequence[tuple[str, IntentLike, Options]]) -> Statement:
     active = active_context()
     traces = [_trace(o, active) for _, _, o in items]
     return Statement(
-        _ENQUEUE_MANY,
+        _with_key(
+            _ENQUEUE_MANY, "CAST({keys} AS text[])", "outbox.enqueue_many", require_transaction
+        ),
         {
             "keys": [k for k, _, _ in items],
             "kinds": [i.kind for _, i, _ in items],
