@@ -27,6 +27,7 @@ pub mod kafka;
 pub mod keys;
 pub mod nats;
 pub mod outcome;
+pub mod redact;
 pub mod secret;
 pub mod span;
 pub mod webhook;

@@ -89,6 +89,52 @@ impl Outcome {
         }
     }
 
+    /// The outcome with every URL in its reason shown by the one rule
+    /// ([`crate::redact`]): what the relay records, logs and exports.
+    pub fn redacted(self) -> Self {
+        let r = |reason: String| crate::redact::urls_in(&reason);
+        match self {
+            Outcome::Delivered { .. } => self,
+            Outcome::Rejected {
+                reason,
+                status,
+                response,
+            } => Outcome::Rejected {
+                reason: r(reason),
+                status,
+                response,
+            },
+            Outcome::Transient {
+                reason,
+                status,
+                retry_after,
+            } => Outcome::Transient {
+                reason: r(reason),
+                status,
+                retry_after,
+            },
+            Outcome::TargetUnavailable { reason, status } => Outcome::TargetUnavailable {
+                reason: r(reason),
+                status,
+            },
+            Outcome::Ambiguous { reason, status } => Outcome::Ambiguous {
+                reason: r(reason),
+                status,
+            },
+            Outcome::Misconfigured { reason, status } => Outcome::Misconfigured {
+                reason: r(reason),
+                status,
+            },
+            Outcome::Deferred {
+                reason,
+                retry_after,
+            } => Outcome::Deferred {
+                reason: r(reason),
+                retry_after,
+            },
+        }
+    }
+
     /// Shorthand for a rejection of the payload before any network call.
     /// Reasons quote the offending value; a long one is clipped (to
     /// [`MAX_REASON_CHARS`]) so a hostile payload cannot turn `last_error`

@@ -125,43 +125,9 @@ pub fn server_of(shape: SpanShape, url: &url::Url) -> SpanShape {
     }
 }
 
-/// A URL for `url.full` with its secrets taken out, for a collector that
-/// may be another company's: credentials dropped, every query value
-/// replaced by `REDACTED` (a webhook's query often carries a token), and
-/// every path segment after the first too (Slack's, Discord's and many
-/// another webhook URL carries its secret in the path). The names and the
-/// first segment stay, so the span still tells where it went.
-pub fn redacted_url(url: &url::Url) -> String {
-    let mut out = url.clone();
-    let _ = out.set_username("");
-    let _ = out.set_password(None);
-    out.set_fragment(None);
-    let segments: Vec<String> = url
-        .path_segments()
-        .map(|s| s.map(str::to_string).collect())
-        .unwrap_or_default();
-    if segments.len() > 1 {
-        let kept: Vec<&str> = std::iter::once(segments[0].as_str())
-            .chain(
-                segments[1..]
-                    .iter()
-                    .map(|s| if s.is_empty() { "" } else { "REDACTED" }),
-            )
-            .collect();
-        out.set_path(&kept.join("/"));
-    }
-    if url.query().is_some() {
-        let names: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
-        out.set_query(None);
-        if !names.is_empty() {
-            let mut q = out.query_pairs_mut();
-            for name in &names {
-                q.append_pair(name, "REDACTED");
-            }
-        }
-    }
-    out.to_string()
-}
+/// A URL for `url.full`, by the rule every shown URL follows
+/// ([`crate::redact`]).
+pub use crate::redact::redacted_url;
 
 #[cfg(test)]
 mod tests {

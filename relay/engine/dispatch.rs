@@ -238,7 +238,7 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
         let (outcome, completion) = match guarded.catch_unwind().await {
             Ok(done) => done,
             Err(panic) => {
-                let what = panic_message(&*panic);
+                let what = outbox_providers::redact::urls_in(&panic_message(&*panic));
                 tracing::error!(panic = %what, "the provider panicked; parking the intent");
                 let outcome = Outcome::Ambiguous {
                     reason: format!(
@@ -432,6 +432,10 @@ async fn attempt_at(
         .await
         // no answer in time is no answer: the kind's policy decides
         .unwrap_or_else(|_| reconcile::decide(policy, previous));
+        let recovered = match recovered {
+            Recovery::Settled(outcome) => Recovery::Settled(outcome.redacted()),
+            redeliver => redeliver,
+        };
         match &recovered {
             Recovery::Settled(outcome) => span.end_reconcile(outcome.class(), outcome.reason()),
             Recovery::Redeliver { .. } => span.end_reconcile("redeliver", None),
@@ -472,6 +476,8 @@ async fn attempt_at(
     };
     let http_status = outbox_providers::reports_http_status(&claim.kind);
     let attempted_at = std::time::SystemTime::now();
+    // a reason is recorded, logged and exported with its URLs redacted,
+    // whichever provider wrote it
     let outcome = tokio::time::timeout_at(backstop, provider.deliver(&delivery))
         .await
         .unwrap_or_else(|_| Outcome::Ambiguous {
@@ -480,7 +486,8 @@ async fn attempt_at(
                 claim.kind
             ),
             status: None,
-        });
+        })
+        .redacted();
     if let Outcome::Ambiguous { .. } = &outcome {
         let unsettled = outcome.clone();
         // the attempt that answered ambiguously is the one just made
@@ -493,7 +500,8 @@ async fn attempt_at(
             reconcile::settle_ambiguous(provider.as_ref(), &delivery, outcome),
         )
         .await
-        .unwrap_or(unsettled);
+        .unwrap_or(unsettled)
+        .redacted();
         metrics::counter!("outbox_reconcile_total", "kind" => kind_label(&claim.kind), "result" => settled.class())
             .increment(1);
         span.end(&settled, http_status);

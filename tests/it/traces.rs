@@ -552,3 +552,74 @@ async fn the_tracing_guides_example_runs_as_copied() {
         Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
     );
 }
+
+/// A webhook that cannot be reached, with its secret in the path, in a bare
+/// query and in a named query value: the secret is in no span (attributes
+/// or status), no log line, no `last_error` and no `show`; each shows the
+/// URL by the one rule (`…/services/REDACTED/…`, `?REDACTED`,
+/// `?token=REDACTED`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_webhooks_secrets_reach_no_span_log_error_or_listing() {
+    let db = TestDb::new().await;
+    let collector = Collector::start().await;
+    let closed = common::free_port(); // nothing listens: the connect is refused
+    let base = format!("http://127.0.0.1:{closed}");
+    let urls = [
+        (
+            "leak:path",
+            format!("{base}/services/T0001/B0002/SECRETPATH"),
+        ),
+        ("leak:bare", format!("{base}/hook?SECRETBARE")),
+        ("leak:named", format!("{base}/hook?token=SECRETVALUE")),
+    ];
+    let intents: Vec<(&str, Value)> = urls
+        .iter()
+        .map(|(k, u)| (*k, json!({"url": u, "body": 1})))
+        .collect();
+    enqueue_traced(&db, None, &intents).await;
+    let out = common::relay_command(&db.url)
+        .args(["run", "--once"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", collector.http_endpoint())
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        .env("RUST_LOG", "debug")
+        .output()
+        .await
+        .unwrap();
+    let logs = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{logs}");
+    assert!(logs.contains("could not connect"), "{logs}");
+    let spans = collector
+        .wait_for(Duration::from_secs(10), |s| s.len() >= 3)
+        .await;
+    let want = [
+        ("leak:path", "/services/REDACTED/REDACTED/REDACTED"),
+        ("leak:bare", "/hook?REDACTED"),
+        ("leak:named", "/hook?token=REDACTED"),
+    ];
+    for (key, shown) in want {
+        let span = by_key(&spans, key);
+        assert_eq!(span.len(), 1, "{spans:#?}");
+        let span = span[0];
+        assert_eq!(span.status_code, 2, "{span:#?}");
+        assert!(
+            span.status_message
+                .starts_with(&format!("POST {base}{shown}: could not connect")),
+            "{span:#?}"
+        );
+        assert_eq!(
+            span.attr("url.full"),
+            Some(format!("{base}{shown}").as_str())
+        );
+        let intent = db.store.find(key).await.unwrap();
+        let error = intent.last_error.unwrap_or_default();
+        assert!(error.contains(&format!("{base}{shown}")), "{error}");
+        let show = common::cli(&db, &["show", key]).await;
+        let show = String::from_utf8_lossy(&show.stdout).into_owned();
+        assert!(show.contains(&format!("{base}{shown}")), "{show}");
+        for text in [format!("{span:?}"), error, show] {
+            assert!(!text.contains("SECRET"), "{text}");
+        }
+    }
+    assert!(!logs.contains("SECRET"), "{logs}");
+}
+

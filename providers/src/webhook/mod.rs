@@ -173,7 +173,7 @@ impl WebhookProvider {
         let timeout = d.time_left(self.config.timeout);
         match builder.body(req.body).timeout(timeout).send().await {
             Ok(resp) => classify::response(resp, id, &self.config).await,
-            Err(err) => classify::error(&err, &request::redacted(&req.url), timeout),
+            Err(err) => classify::error(&err, &crate::redact::redacted_url(&req.url), timeout),
         }
     }
 }
@@ -205,7 +205,7 @@ impl Provider for WebhookProvider {
             kind: SpanKind::Client,
             attributes: vec![
                 ("http.request.method", "POST".into()),
-                ("url.full", crate::span::redacted_url(&url).into()),
+                ("url.full", crate::redact::redacted_url(&url).into()),
             ],
         };
         crate::span::server_of(shape, &url)

@@ -185,16 +185,6 @@ pub fn parse_url(text: &str) -> Result<reqwest::Url, String> {
     Ok(url)
 }
 
-/// The URL without query, fragment or credentials, for logs and errors.
-pub fn redacted(url: &reqwest::Url) -> String {
-    format!(
-        "{}://{}{}",
-        url.scheme(),
-        url.host_str().unwrap_or(""),
-        url.port().map(|p| format!(":{p}")).unwrap_or_default()
-    ) + url.path()
-}
-
 pub fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -225,7 +215,6 @@ mod tests {
         assert_eq!(r.url.as_str(), "https://example.com/hook?x=1");
         assert_eq!(r.body, br#"{"a":[1],"b":1}"#);
         assert_eq!(r.headers["x-tenant"], "t1");
-        assert_eq!(redacted(&r.url), "https://example.com/hook");
     }
 
     #[test]
