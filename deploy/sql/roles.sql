@@ -71,7 +71,10 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     outbox.pause_destination(text, text),
     outbox.resume_destination(text),
-    outbox.destination_of(text, text, jsonb)
+    outbox.destination_of(text, text, jsonb),
+    -- (0022) destination_of reads an origin spelt otherwise through these
+    outbox.url_origin(text),
+    outbox.punycode(text)
     TO outbox_relay, outbox_operator, outbox_console;
 
 -- the console (0008): the failure groups' error class; retry, cancel and

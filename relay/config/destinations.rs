@@ -10,15 +10,30 @@ use serde_json::Value;
 /// The destinations that are not a URL's origin.
 pub const NAMED: &[&str] = &["smtp", "charge", "nats", "amqp", "kafka"];
 
-/// `scheme://host[:port]` of a URL, lowercase, without a default port, an
-/// IPv4 address in its dotted form however it was written (`0x7f.1`,
-/// `[::ffff:127.0.0.1]`): one destination has one name.
+/// `scheme://host[:port]` of an http(s) URL, lowercase, without a
+/// default port, a domain without its trailing dot, an IPv4 address in
+/// its dotted form however it was written (`0x7f.1`, `2130706433`,
+/// `[::ffff:127.0.0.1]`): one destination has one name. The SQL's
+/// `outbox.url_origin` (schema 0022) gives the same name.
 pub fn origin(url: &str) -> Option<String> {
     let mut url = url::Url::parse(url).ok()?;
-    if let Some(url::Host::Ipv6(v6)) = url.host() {
-        if let Some(v4) = v6.to_ipv4_mapped() {
-            url.set_ip_host(std::net::IpAddr::V4(v4)).ok()?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return None;
+    }
+    match url.host() {
+        Some(url::Host::Ipv6(v6)) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                url.set_ip_host(std::net::IpAddr::V4(v4)).ok()?;
+            }
         }
+        Some(url::Host::Domain(name)) if name.ends_with('.') => {
+            let name = name.trim_end_matches('.').to_string();
+            if name.is_empty() {
+                return None;
+            }
+            url.set_host(Some(&name)).ok()?;
+        }
+        _ => {}
     }
     let origin = url.origin();
     origin.is_tuple().then(|| origin.ascii_serialization())
@@ -110,6 +125,17 @@ mod tests {
             assert_eq!(
                 canonical(spelling, &endpoints).unwrap(),
                 "http://127.0.0.1:8080",
+                "{spelling}"
+            );
+        }
+        for spelling in [
+            "http://localhost.:8080",
+            "http://LocalHost.:8080/x",
+            "HTTP://LOCALHOST:8080",
+        ] {
+            assert_eq!(
+                canonical(spelling, &endpoints).unwrap(),
+                "http://localhost:8080",
                 "{spelling}"
             );
         }

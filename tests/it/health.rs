@@ -978,3 +978,123 @@ async fn a_pause_holds_for_a_claim_recovered_after_a_crash() {
         0
     );
 }
+
+/// One table of spellings, and the name each comes to: the gate's
+/// (`config::destinations::origin`, which pauses and breakers go by) and
+/// the SQL's (`outbox.destination_of`, which `destinations`, the console's
+/// host filter and a bulk change's dry run count by) give the same one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_an_origin_has_one_name_in_the_gate_and_in_the_sql() {
+    use outbox_relay::config::destinations::origin;
+    let db = TestDb::new().await;
+    let local = Some("http://127.0.0.1:8080");
+    let table: &[(&str, Option<&str>)] = &[
+        ("http://127.0.0.1:8080/x", local),
+        ("http://127.1:8080/", local),
+        ("http://0x7f.1:8080", local),
+        ("http://0x7F.0.0.1:8080", local),
+        ("http://2130706433:8080/a", local),
+        ("http://0177.0.0.1:8080", local),
+        ("http://127.0.0.1.:8080", local),
+        ("http://[::ffff:127.0.0.1]:8080", local),
+        ("http://[::FFFF:7f00:1]:8080/x?y", local),
+        ("http://%31%32%37.0.0.1:8080", local),
+        ("http://127.0.0.1:08080", local),
+        ("http://user:pw@127.0.0.1:8080/", local),
+        ("  http://127.0.0.1:8080/  ", local),
+        ("http:\\\\127.0.0.1:8080\\x", local),
+        ("http:127.0.0.1:8080/x", local),
+        ("http://localhost.:8080", Some("http://localhost:8080")),
+        ("http://LocalHost.:8080/x", Some("http://localhost:8080")),
+        ("HTTP://LOCALHOST:8080", Some("http://localhost:8080")),
+        ("http://%6Cocalhost:8080", Some("http://localhost:8080")),
+        ("http://example.com../", Some("http://example.com")),
+        ("HTTPS://API.Example:443/a?b", Some("https://api.example")),
+        ("https://api.example:0443/", Some("https://api.example")),
+        ("http://api.example:80/", Some("http://api.example")),
+        ("http://api.example:443/", Some("http://api.example:443")),
+        ("http://h:/", Some("http://h")),
+        ("http://h:0/", Some("http://h:0")),
+        ("https://api-2.example:65535", Some("https://api-2.example:65535")),
+        ("http://[::1]:8080", Some("http://[::1]:8080")),
+        ("http://[0:0:0:0:0:0:0:1]/", Some("http://[::1]")),
+        ("http://[::7f00:1]/", Some("http://[::7f00:1]")),
+        ("http://[2001:DB8:0:0:1:0:0:1]/", Some("http://[2001:db8::1:0:0:1]")),
+        ("http://Bücher.example./", Some("http://xn--bcher-kva.example")),
+        ("http://b%C3%BCcher.example/", Some("http://xn--bcher-kva.example")),
+        ("http://münchen.de", Some("http://xn--mnchen-3ya.de")),
+        ("http://1.2.3.4.5/", None),
+        ("http://256.0.0.1/", None),
+        ("http://0x100000000/", None),
+        ("http://h:65536/", None),
+        ("http://a b/", None),
+        ("http://[::1/", None),
+        ("ftp://h/", None),
+        ("not a url", None),
+    ];
+    let mut wrong = Vec::new();
+    for (spelling, want) in table {
+        let gate = origin(spelling);
+        let sql: Option<String> = sqlx::query_scalar(
+            "SELECT outbox.destination_of('webhook', NULL, jsonb_build_object('url', $1::text))",
+        )
+        .bind(spelling)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+        if gate.as_deref() != *want || sql.as_deref() != *want {
+            wrong.push(format!("{spelling:?}: gate {gate:?}, SQL {sql:?}, want {want:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+
+    // the backlog the operator views count is the one the pause holds
+    for (n, (spelling, _)) in table.iter().enumerate().filter(|(_, (_, w))| *w == local) {
+        db.enqueue(
+            &format!("spelled:{n}"),
+            "webhook",
+            json!({"url": spelling, "body": n}),
+        )
+        .await;
+    }
+    let backlogs = db.store.destination_backlogs().await.unwrap();
+    let spelled = table.iter().filter(|(_, w)| *w == local).count() as i64;
+    assert_eq!(backlogs, [(local.map(str::to_string), spelled)]);
+}
+
+/// A pause of `http://localhost:P` holds `http://localhost.:P` and
+/// `http://LocalHost.:P`: a name is matched without its trailing dot and
+/// whatever its case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_a_dns_name_with_a_trailing_dot_in_any_case() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let port = rx.addr.port();
+    let cfg = config();
+    let settings = cfg.health().unwrap();
+    let paused = outbox_relay::services::health::pause(
+        &db.store,
+        &settings,
+        &format!("http://localhost:{port}"),
+        None,
+    )
+    .await
+    .unwrap();
+    for (n, host) in ["localhost.", "LocalHost.", "LOCALHOST"].iter().enumerate() {
+        db.enqueue(
+            &format!("dotted:{n}"),
+            "webhook",
+            json!({"url": format!("http://{host}:{port}/hook"), "body": n}),
+        )
+        .await;
+    }
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    assert!(rx.requests().is_empty(), "{:?}", rx.requests().len());
+    assert_eq!(
+        db.count("key LIKE 'dotted:%' AND state = 'pending' AND attempts = 0 AND last_error LIKE '%is paused by%'")
+            .await,
+        3
+    );
+    let counted = db.store.destination_backlogs().await.unwrap();
+    assert_eq!(counted, [(Some(paused), 3)]);
+}
