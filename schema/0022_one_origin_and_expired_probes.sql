@@ -282,5 +282,64 @@ AS $$
     END;
 $$;
 
+-- A probe whose relay died (or overran) leaves the breaker half-open with
+-- nobody to settle it: once its time is up the breaker is open again,
+-- its probe due, for the next intent to take; with nothing pending for
+-- the destination, the relays then close it as idle
+-- (close_idle_breaker, a minute past the due probe). This runs with the
+-- relays' minutely forgetting of stale failures.
+CREATE FUNCTION outbox.expire_probes()
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, outbox, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    n     integer;
+BEGIN
+    WITH expired AS (
+        UPDATE outbox.destinations x
+           SET state = 'open', next_probe_at = old.probe_until,
+               probe_owner = NULL, probe_until = NULL, updated_at = v_now
+          FROM (SELECT name, probe_owner, probe_until FROM outbox.destinations
+                 WHERE state = 'half_open' AND probe_until < v_now
+                   FOR UPDATE) old
+         WHERE x.name = old.name AND x.state = 'half_open' AND x.probe_until < v_now
+        RETURNING x.name, old.probe_owner)
+    INSERT INTO outbox.destination_events (destination, event, detail)
+    SELECT name, 'probe_expired', jsonb_build_object('owner', probe_owner) FROM expired;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.forget_stale_failures(p_after interval)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, outbox, pg_temp
+AS $$
+DECLARE
+    v_cut     timestamptz := clock_timestamp() - p_after;
+    v_expired integer;
+    v_deleted integer;
+    v_cleared integer;
+BEGIN
+    v_expired := outbox.expire_probes();
+    DELETE FROM outbox.destinations
+     WHERE (state <> 'closed' OR failures > 0 OR slow_until IS NOT NULL)
+       AND state = 'closed' AND updated_at < v_cut AND tokens IS NULL
+       AND (slow_until IS NULL OR slow_until < v_cut);
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    UPDATE outbox.destinations
+       SET failures = 0, last_error = NULL, slow_until = NULL
+     WHERE (state <> 'closed' OR failures > 0 OR slow_until IS NOT NULL)
+       AND state = 'closed' AND updated_at < v_cut
+       AND (slow_until IS NULL OR slow_until < v_cut);
+    GET DIAGNOSTICS v_cleared = ROW_COUNT;
+    RETURN v_expired + v_deleted + v_cleared;
+END
+$$;
+
 REVOKE ALL ON FUNCTION outbox.url_origin(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.punycode(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.expire_probes() FROM PUBLIC;

@@ -45,8 +45,10 @@ GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
 -- the claim asks it whose turn it is within an ordering key (0005)
 GRANT EXECUTE ON FUNCTION outbox.ordering_turn(text, bigint) TO outbox_relay;
 -- relay.wait_for_standbys reads the standbys' flushed positions, and only
--- them, through this function (0017): no statistics privilege
-GRANT EXECUTE ON FUNCTION outbox.standby_flush_positions() TO outbox_relay;
+-- them, through these functions (0017; 0023 counts only promotable standbys,
+-- by application_name): no statistics privilege
+GRANT EXECUTE ON FUNCTION outbox.standby_flush_positions(),
+                          outbox.standby_flush_positions(text[]) TO outbox_relay;
 -- the sweeper promotes intents a race left waiting, from the keys noted (0012)
 GRANT EXECUTE ON FUNCTION outbox.recheck_ordering_keys(integer, bigint) TO outbox_relay;
 -- destination health (0007): the relay keeps breakers, buckets and alerts;

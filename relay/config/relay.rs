@@ -64,6 +64,14 @@ pub struct RelaySection {
     /// standby can be promoted. While too few standbys keep up, deliveries
     /// wait (no intent fails for it).
     pub wait_for_standbys: u32,
+    /// The standbys `wait_for_standbys` counts, by the `application_name`
+    /// each connects with (as in PostgreSQL's `synchronous_standby_names`,
+    /// compared case-insensitively): the servers a failover may promote.
+    /// Unset, every physical walsender counts except those named
+    /// `pg_receivewal`, `pg_basebackup` or `barman_receive_wal`: a WAL
+    /// archiver or a base backup streams WAL too, but is no server to fail
+    /// over to. Set it wherever an archiver connects under another name.
+    pub standby_names: Option<Vec<String>>,
 }
 
 impl Default for RelaySection {
@@ -83,6 +91,7 @@ impl Default for RelaySection {
             name: None,
             max_connections: None,
             wait_for_standbys: 0,
+            standby_names: None,
         }
     }
 }
@@ -119,11 +128,62 @@ impl RelaySection {
                 r.wait_for_standbys
             );
         }
+        if let Some(names) = &r.standby_names {
+            check_standby_names(names)?;
+        }
         if let Some(addr) = &r.metrics_addr {
             addr.parse::<std::net::SocketAddr>().map_err(|_| {
                 anyhow::anyhow!("relay.metrics_addr {addr:?} is not an address like 127.0.0.1:9187")
             })?;
         }
         Ok(())
+    }
+}
+
+/// `relay.standby_names`: application_names as PostgreSQL keeps them
+/// (printable ASCII, at most 63 bytes), at least one.
+fn check_standby_names(names: &[String]) -> anyhow::Result<()> {
+    if names.is_empty() {
+        bail!(
+            "relay.standby_names is empty: name the standbys a failover may promote \
+             (their application_name), or leave the setting out"
+        );
+    }
+    for name in names {
+        let printable = name.bytes().all(|b| (0x20..0x7f).contains(&b));
+        if name.trim().is_empty() || name.trim() != name || !printable || name.len() > 63 {
+            bail!(
+                "relay.standby_names: {name:?} is not an application_name PostgreSQL \
+                 reports: printable ASCII without leading or trailing spaces, 1 to 63 bytes"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standby_names_are_application_names() {
+        let with = |names: &[&str]| RelaySection {
+            standby_names: Some(names.iter().map(|n| n.to_string()).collect()),
+            ..RelaySection::default()
+        };
+        assert!(with(&["standby-a", "walreceiver"]).validate().is_ok());
+        assert!(RelaySection::default().validate().is_ok());
+        for bad in [
+            &[][..],
+            &[""],
+            &[" standby"],
+            &["standby\u{200b}"],
+            &["a\nb"],
+        ] {
+            let err = with(bad).validate().unwrap_err().to_string();
+            assert!(err.contains("relay.standby_names"), "{bad:?}: {err}");
+        }
+        let long = "s".repeat(64);
+        assert!(with(&[long.as_str()]).validate().is_err());
     }
 }

@@ -101,6 +101,9 @@ pub struct EngineConfig {
     /// Standbys that must have flushed an intent's commit before its
     /// effect (0: off).
     pub wait_for_standbys: usize,
+    /// The standbys that count, by application_name (`relay.standby_names`;
+    /// None: every walsender but an archiver's or a base backup's).
+    pub standby_names: Option<Vec<String>>,
 }
 
 impl EngineConfig {
@@ -129,6 +132,7 @@ impl EngineConfig {
             }),
             tracer: crate::observe::trace::Tracer::off(),
             wait_for_standbys: r.wait_for_standbys as usize,
+            standby_names: r.standby_names.clone(),
         }
     }
 }
@@ -194,7 +198,12 @@ impl Engine {
             cfg.owner.clone(),
             cfg.max_attempt_time,
         ));
-        let standbys = Standbys::new(cfg.wait_for_standbys, store.clone(), cfg.owner.clone());
+        let standbys = Standbys::new(
+            cfg.wait_for_standbys,
+            cfg.standby_names.clone(),
+            store.clone(),
+            cfg.owner.clone(),
+        );
         let deliverer = Arc::new(
             Deliverer::new(
                 providers,

@@ -1,6 +1,10 @@
 //! `relay.wait_for_standbys`: an intent's effect is performed only after
 //! its commit is flushed on that many streaming standbys, so that a
 //! failover to one of them cannot lose an intent whose effect happened.
+//! Only the walsenders a failover may promote count: those named in
+//! `relay.standby_names`, or, when it is unset, every physical walsender
+//! but a WAL archiver's (`pg_receivewal`, `barman_receive_wal`) or a base
+//! backup's (`pg_basebackup`), told by their application_name.
 //!
 //! The claim statement returns the server's WAL insert position and
 //! timeline with each intent: the intent's commit lies behind it (the claim
@@ -50,6 +54,9 @@ struct Reading {
 pub struct Standbys {
     /// `relay.wait_for_standbys` (0: off).
     need: usize,
+    /// `relay.standby_names` (None: every walsender but an archiver's or a
+    /// base backup's).
+    names: Option<Vec<String>>,
     store: Store,
     owner: String,
     reading: watch::Sender<Reading>,
@@ -70,9 +77,15 @@ pub struct Standbys {
 }
 
 impl Standbys {
-    pub fn new(need: usize, store: Store, owner: String) -> Arc<Standbys> {
+    pub fn new(
+        need: usize,
+        names: Option<Vec<String>>,
+        store: Store,
+        owner: String,
+    ) -> Arc<Standbys> {
         Arc::new(Standbys {
             need,
+            names,
             store,
             owner,
             reading: watch::channel(Reading {
@@ -92,7 +105,7 @@ impl Standbys {
 
     /// No waiting: `relay.wait_for_standbys = 0`.
     pub fn off(store: Store) -> Arc<Standbys> {
-        Standbys::new(0, store, String::new())
+        Standbys::new(0, None, store, String::new())
     }
 
     /// `relay.wait_for_standbys` (0: deliveries do not wait).
@@ -176,7 +189,7 @@ impl Standbys {
         self.report(Reading::default(), 0, None).await;
         if self.need == 0 {
             // a deployment with a standby to fail over to is told once
-            if let Ok(p) = self.store.standby_positions().await {
+            if let Ok(p) = self.store.standby_positions(self.names.as_deref()).await {
                 if p.streaming > 0 {
                     tracing::warn!(
                         streaming = p.streaming,
@@ -191,10 +204,23 @@ impl Standbys {
         }
         let mut hidden_said = false;
         let mut failing_said = false;
+        let mut ignored_said: Vec<String> = Vec::new();
         loop {
-            match self.store.standby_positions().await {
+            match self.store.standby_positions(self.names.as_deref()).await {
                 Ok(p) => {
                     failing_said = false;
+                    if p.ignored != ignored_said {
+                        if !p.ignored.is_empty() {
+                            tracing::info!(
+                                ignored = ?p.ignored,
+                                "walsenders streaming WAL that relay.wait_for_standbys does not \
+                                 count (application_name not in relay.standby_names, or, with it \
+                                 unset, a WAL archiver's or a base backup's): a failover cannot \
+                                 promote them"
+                            );
+                        }
+                        ignored_said = p.ignored.clone();
+                    }
                     if p.hidden > 0 && p.streaming == 0 && !hidden_said {
                         hidden_said = true;
                         tracing::error!(

@@ -8,7 +8,9 @@ use super::claims::RELAY_TTL_SECS;
 use super::Store;
 
 /// The physical standbys streaming from the database, as
-/// `outbox.standby_flush_positions()` reads them.
+/// `outbox.standby_flush_positions(names)` reads them: only the walsenders a
+/// failover may promote (`relay.standby_names`; unset, every one but a WAL
+/// archiver's or a base backup's).
 #[derive(Debug, Clone, Default, PartialEq, Eq, FromRow)]
 pub struct StandbyPositions {
     /// The server's timeline.
@@ -19,6 +21,9 @@ pub struct StandbyPositions {
     pub hidden: i32,
     /// The streaming standbys' flushed WAL positions (bytes), highest first.
     pub flushed: Vec<i64>,
+    /// The application_names of streaming walsenders not counted as
+    /// standbys (archivers, base backups, names not in the list).
+    pub ignored: Vec<String>,
 }
 
 /// A live relay whose deliveries wait for standbys.
@@ -50,10 +55,19 @@ impl StandbyWait {
 }
 
 impl Store {
-    pub async fn standby_positions(&self) -> Result<StandbyPositions, sqlx::Error> {
+    /// The standbys' positions: those whose application_name is in `names`
+    /// (compared case-insensitively), or, when None, every physical
+    /// walsender but those named pg_receivewal, pg_basebackup or
+    /// barman_receive_wal (schema 0023).
+    pub async fn standby_positions(
+        &self,
+        names: Option<&[String]>,
+    ) -> Result<StandbyPositions, sqlx::Error> {
         sqlx::query_as(
-            "SELECT timeline, streaming, hidden, flushed FROM outbox.standby_flush_positions()",
+            "SELECT timeline, streaming, hidden, flushed, ignored
+               FROM outbox.standby_flush_positions($1::text[])",
         )
+        .bind(names)
         .fetch_one(&self.pool)
         .await
     }

@@ -1,6 +1,8 @@
 //! Failover drill: a primary and an asynchronous streaming standby
 //! (pg_basebackup -R) behind HAProxy, whose health check sends connections
-//! to whichever node is primary. Three relay processes drain webhooks to a
+//! to whichever node is primary, with `pg_receivewal --synchronous`
+//! archiving the primary's WAL beside the standby (a walsender that streams
+//! and flushes at once, but no server a failover can promote). Three relay processes drain webhooks to a
 //! receiver that records each `webhook-id` while the application keeps
 //! enqueueing; mid-drain the standby stops streaming (its
 //! `primary_conninfo` cleared and reloaded), two seconds later the primary
@@ -120,6 +122,7 @@ async fn readiness(http: &reqwest::Client, ports: &[u16]) -> Vec<u16> {
 async fn drill(wait_for_standbys: u32) -> Figures {
     let primary = Cluster::start("failover-primary");
     let standby = tokio::task::block_in_place(|| primary.replica("failover-standby"));
+    let archiver = tokio::task::block_in_place(|| primary.archive_wal(None));
     let proxy = Haproxy::start(&[
         (&primary.url, primary.port()),
         (&standby.url, standby.port()),
@@ -221,8 +224,24 @@ allowed_networks = ["127.0.0.0/8"]
         })
     };
 
-    // steady state, then the standby stops streaming
+    // steady state, then the standby stops streaming; the archiver goes on
     tokio::time::sleep(Duration::from_secs(4)).await;
+    let walsenders = |primary_url: String| async move {
+        let mut c = sqlx::PgConnection::connect(&primary_url).await.unwrap();
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT application_name FROM pg_stat_replication WHERE state = 'streaming'
+              ORDER BY application_name",
+        )
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        names
+    };
+    let before = walsenders(primary.url.clone()).await;
+    assert!(
+        before.len() == 2 && before.iter().any(|n| n == "pg_receivewal"),
+        "the standby and the archiver are not both streaming: {before:?}"
+    );
     let mut on_standby = sqlx::PgConnection::connect(&standby.url).await.unwrap();
     for sql in [
         "ALTER SYSTEM SET primary_conninfo = ''",
@@ -232,17 +251,13 @@ allowed_networks = ["127.0.0.0/8"]
     }
     on_standby.close().await.ok();
     let stopped = common::wait_for(Duration::from_secs(10), || async {
-        let mut c = sqlx::PgConnection::connect(&primary.url).await.unwrap();
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_replication")
-            .fetch_one(&mut c)
-            .await
-            .unwrap();
-        n == 0
+        walsenders(primary.url.clone()).await == ["pg_receivewal"]
     })
     .await;
     assert!(
         stopped,
-        "the standby kept streaming after its primary_conninfo was cleared"
+        "the standby kept streaming after its primary_conninfo was cleared, or the archiver \
+         stopped"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let held_up_before_kill = store
@@ -417,6 +432,7 @@ allowed_networks = ["127.0.0.0/8"]
         common::terminate(relay).await;
     }
     drop(rebuilt);
+    drop(archiver);
     Figures {
         acknowledged: acked.len(),
         lost_intents: acked.iter().filter(|(k, _)| !present.contains(k)).count(),

@@ -1098,3 +1098,80 @@ async fn a_pause_holds_a_dns_name_with_a_trailing_dot_in_any_case() {
     let counted = db.store.destination_backlogs().await.unwrap();
     assert_eq!(counted, [(Some(paused), 3)]);
 }
+
+/// A probe whose relay died leaves its breaker half-open with nobody to
+/// settle it. Once its time is up the breaker is open again (its probe
+/// due, for the next intent), and with nothing pending it is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_breaker_whose_prober_died_is_open_again_or_closed() {
+    let db = TestDb::new().await;
+    let stranded = "https://stranded.example";
+    let waiting = "https://waiting.example";
+    for name in [stranded, waiting] {
+        sqlx::query(
+            "INSERT INTO outbox.destinations
+                    (name, state, failures, opened_at, cooldown, next_probe_at, probe_owner, probe_until)
+             VALUES ($1, 'half_open', 5, now() - interval '10 minutes', interval '1 minute',
+                     now() - interval '3 minutes', 'killed-relay', now() - interval '2 minutes')",
+        )
+        .bind(name)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO outbox.intents (key, kind, payload, run_after)
+         VALUES ('waiting', 'webhook', $1, now() + interval '1 hour')",
+    )
+    .bind(json!({"url": format!("{waiting}/hook"), "body": 1}))
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let settings = config().health().unwrap();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let health = tokio::spawn(outbox_relay::services::health::run(
+        db.store.clone(),
+        settings,
+        "relay-restarted".into(),
+        Duration::from_millis(20),
+        stop,
+    ));
+    let state = |name: &'static str| {
+        let pool = db.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT state FROM outbox.destinations WHERE name = $1")
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let settled = common::wait_for(Duration::from_secs(10), || async {
+        state(stranded).await == "closed" && state(waiting).await == "open"
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    health.await.unwrap();
+    assert!(
+        settled,
+        "stranded {}, waiting {}",
+        state(stranded).await,
+        state(waiting).await
+    );
+    let events: Vec<String> = sqlx::query_scalar(
+        "SELECT event FROM outbox.destination_events WHERE destination = $1 ORDER BY id",
+    )
+    .bind(stranded)
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(events, ["probe_expired", "closed"]);
+    // the open one's probe is due: the next intent takes it
+    let taken: bool =
+        sqlx::query_scalar("SELECT outbox.take_probe($1, 'relay-restarted', interval '5 seconds')")
+            .bind(waiting)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert!(taken);
+}

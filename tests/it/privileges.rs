@@ -115,7 +115,7 @@ async fn the_application_role_can_only_enqueue_and_the_operator_role_only_read_a
     let relay = Store::connect(&url_as(&db, "t_outbox_relay"), 2)
         .await
         .unwrap();
-    let positions = relay.standby_positions().await.unwrap();
+    let positions = relay.standby_positions(None).await.unwrap();
     assert_eq!(
         (positions.hidden, positions.flushed.len() as i32),
         (0, positions.streaming)

@@ -12,6 +12,8 @@
 #                               as when its machine dies
 #   pg-cluster.sh promote DIR   pg_ctl promote: the standby becomes a primary
 #   pg-cluster.sh stop DIR      stop it and remove its files
+#   pg-cluster.sh tool NAME     print the path of a PostgreSQL client program
+#                               (pg_receivewal, for one) beside the server's
 #
 # Uses deploy/lib/scratch-pg.sh: the local server binaries, installed with
 # apt-get when missing and run as root; as root the cluster runs as the
@@ -24,7 +26,7 @@ LOG_PREFIX=pg-cluster
 . "$REPO_ROOT/deploy/lib/scratch-pg.sh"
 
 usage() {
-	echo "usage: $0 start NAME | replica DIR NAME | restart DIR | kill DIR | promote DIR | stop DIR" >&2
+	echo "usage: $0 start NAME | replica DIR NAME | restart DIR | kill DIR | promote DIR | stop DIR | tool NAME" >&2
 	exit 2
 }
 
@@ -64,6 +66,9 @@ fi
 
 [ $# -eq 2 ] || usage
 case $1 in
+tool)
+	find_pg_tool "$2" || die "$2 not found"
+	;;
 start)
 	# a start that fails half way leaves nothing running
 	trap scratch_pg_stop EXIT

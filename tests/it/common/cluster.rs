@@ -102,3 +102,52 @@ impl Cluster {
         p.exists().then_some(p)
     }
 }
+
+/// `pg_receivewal --synchronous` archiving a cluster's WAL: a walsender in
+/// state streaming that flushes at once, but no server a failover can
+/// promote. Stopped on drop.
+pub struct WalArchiver {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl Cluster {
+    /// Start `pg_receivewal --synchronous` against this cluster, under its
+    /// default application_name (`pg_receivewal`), or `name`.
+    pub fn archive_wal(&self, name: Option<&str>) -> WalArchiver {
+        let out = StdCommand::new(Cluster::script())
+            .args(["tool", "pg_receivewal"])
+            .output()
+            .expect("run tests/peers/pg-cluster.sh tool");
+        assert!(out.status.success(), "pg_receivewal not found");
+        let program = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "receivewal-{}-{:04x}",
+            std::process::id(),
+            fastrand::u16(..)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut url = url::Url::parse(&self.url).expect("the cluster's URL");
+        if let Some(name) = name {
+            url.query_pairs_mut().append_pair("application_name", name);
+        }
+        let child = StdCommand::new(program)
+            .args(["--synchronous", "--no-loop", "--no-password", "-d"])
+            .arg(url.as_str())
+            .arg("-D")
+            .arg(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start pg_receivewal");
+        WalArchiver { child, dir }
+    }
+}
+
+impl Drop for WalArchiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
