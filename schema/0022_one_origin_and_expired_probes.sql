@@ -340,6 +340,42 @@ BEGIN
 END
 $$;
 
+-- Take up to p_want tokens of p_name's bucket, as in 0007; the take
+-- touches the row, so that a bucket in use is never pruned as idle.
+CREATE OR REPLACE FUNCTION outbox.take_tokens(
+    p_name  text,
+    p_rate  double precision,
+    p_burst double precision,
+    p_want  integer)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, outbox, pg_temp
+AS $$
+DECLARE
+    v_now     timestamptz;
+    v_tokens  double precision;
+    v_granted integer;
+BEGIN
+    INSERT INTO outbox.destinations AS d (name, tokens, refilled_at)
+    VALUES (p_name, p_burst, clock_timestamp())
+    ON CONFLICT (name) DO NOTHING;
+    PERFORM 1 FROM outbox.destinations WHERE name = p_name FOR UPDATE;
+    -- read the clock under the row lock: each holder's is later than the
+    -- last refill, so no interval is credited twice
+    v_now := clock_timestamp();
+    SELECT least(p_burst, coalesce(d.tokens, p_burst)
+                 + p_rate * greatest(0, extract(epoch FROM v_now - coalesce(d.refilled_at, v_now))))
+      INTO v_tokens
+      FROM outbox.destinations d
+     WHERE d.name = p_name;
+    v_granted := greatest(0, least(p_want, floor(v_tokens)::integer));
+    UPDATE outbox.destinations
+       SET tokens = v_tokens - v_granted, refilled_at = v_now, updated_at = v_now
+     WHERE name = p_name;
+    RETURN v_granted;
+END
+$$;
+
 REVOKE ALL ON FUNCTION outbox.url_origin(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.punycode(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.expire_probes() FROM PUBLIC;

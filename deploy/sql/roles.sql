@@ -68,7 +68,9 @@ GRANT EXECUTE ON FUNCTION
     outbox.destination_of(text, text, jsonb),
     -- (0015) failures past their window; alert summaries
     outbox.forget_stale_failures(interval),
-    outbox.raise_alert_summaries(text, text)
+    outbox.raise_alert_summaries(text, text),
+    -- (0022) a half-open breaker whose probe's time is up is open again
+    outbox.expire_probes()
     TO outbox_relay;
 GRANT EXECUTE ON FUNCTION
     outbox.pause_destination(text, text),

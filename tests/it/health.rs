@@ -1175,3 +1175,34 @@ async fn a_half_open_breaker_whose_prober_died_is_open_again_or_closed() {
             .unwrap();
     assert!(taken);
 }
+
+/// A rate limit's bucket in use is touched at every take, so that the
+/// pruning of idle destinations never drops it (and its tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_in_use_is_touched_by_every_take_and_never_pruned() {
+    let db = TestDb::new().await;
+    let name = "https://limited.example";
+    db.store.take_tokens(name, 1.0, 5.0, 5).await.unwrap();
+    sqlx::query("UPDATE outbox.destinations SET updated_at = now() - interval '40 days'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(db.store.take_tokens(name, 1.0, 5.0, 5).await.unwrap(), 0);
+    let age: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - updated_at)::float8 FROM outbox.destinations WHERE name = $1",
+    )
+    .bind(name)
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert!(age < 60.0, "updated {age}s ago");
+    db.store
+        .prune_destinations(Duration::from_secs(30 * 24 * 3600))
+        .await
+        .unwrap();
+    assert_eq!(
+        rows(&db, "outbox.destinations WHERE tokens IS NOT NULL").await,
+        1,
+        "the bucket in use is kept, its tokens spent"
+    );
+}
