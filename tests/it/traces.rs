@@ -623,3 +623,61 @@ async fn an_unreachable_webhooks_secrets_reach_no_span_log_error_or_listing() {
     assert!(!logs.contains("SECRET"), "{logs}");
 }
 
+/// A webhook provider that panics on every delivery.
+struct Panics;
+
+#[async_trait::async_trait]
+impl outbox_providers::Provider for Panics {
+    fn kind(&self) -> &'static str {
+        "webhook"
+    }
+    async fn deliver(&self, d: &outbox_providers::Delivery<'_>) -> outbox_providers::Outcome {
+        panic!("cannot handle {}", d.key)
+    }
+    fn on_ambiguous(&self) -> outbox_providers::AmbiguityPolicy {
+        outbox_providers::AmbiguityPolicy::Redeliver
+    }
+}
+
+/// A provider that panics leaves a span with an outcome all the same: an
+/// error, `ambiguous` as the intent is parked, saying the provider panicked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_panic_ends_its_span_as_an_error_that_says_so() {
+    let db = TestDb::new().await;
+    let collector = Collector::start().await;
+    enqueue_traced(
+        &db,
+        None,
+        &[("boom", json!({"url": "http://127.0.0.1:9/", "body": 1}))],
+    )
+    .await;
+    let tracer = Tracer::start(&export(&collector, Protocol::HttpProtobuf, 64)).unwrap();
+    let mut cfg = EngineConfig::from_config(&config());
+    cfg.tracer = tracer.clone();
+    let engine = Engine::new(
+        db.store.clone(),
+        outbox_providers::ProviderSet::new().with(std::sync::Arc::new(Panics)),
+        cfg,
+    );
+    tokio::time::timeout(Duration::from_secs(30), engine.run_once())
+        .await
+        .expect("run_once ends although the provider panicked")
+        .unwrap();
+    tracer.shutdown().await;
+    assert_eq!(db.state("boom").await, "ambiguous");
+    let spans = collector
+        .wait_for(Duration::from_secs(10), |s| !s.is_empty())
+        .await;
+    let span = by_key(&spans, "boom");
+    assert_eq!(span.len(), 1, "{spans:#?}");
+    let span = span[0];
+    assert_eq!(
+        (span.status_code, span.attr("outbox.outcome"), span.attr("error.type")),
+        (2, Some("ambiguous"), Some("panic")),
+        "{span:#?}"
+    );
+    assert!(
+        span.status_message.contains("the webhook provider panicked"),
+        "{span:#?}"
+    );
+}

@@ -30,6 +30,8 @@ pub struct Attempt {
     tracestate: Option<String>,
     trace_id: Option<String>,
     span_id: Option<String>,
+    /// The intent's kind, for the status of a span its attempt never ended.
+    kind: String,
 }
 
 impl Tracer {
@@ -103,6 +105,7 @@ impl Tracer {
             span_id: Some(traceparent[36..52].to_string()),
             traceparent: Some(traceparent),
             tracestate,
+            kind: who.kind.to_string(),
         }
     }
 }
@@ -116,6 +119,7 @@ fn forwarded(who: &Identity<'_>) -> Attempt {
         tracestate: who.context.tracestate.map(str::to_string),
         trace_id: ids.map(|(t, _)| t.to_string()),
         span_id: ids.map(|(_, s)| s.to_string()),
+        kind: String::new(),
     }
 }
 
@@ -150,8 +154,10 @@ impl Attempt {
 
     /// End the span with what the attempt came to. `http_status`: the
     /// outcome's status is an HTTP status (webhooks, charges).
-    pub fn end(self, outcome: &Outcome, http_status: bool) {
-        let Some(mut span) = self.span else { return };
+    pub fn end(mut self, outcome: &Outcome, http_status: bool) {
+        let Some(mut span) = self.span.take() else {
+            return;
+        };
         span.set_attribute(KeyValue::new("outbox.outcome", outcome.class()));
         if let Outcome::Delivered {
             replayed,
@@ -182,13 +188,47 @@ impl Attempt {
 
     /// End a reconcile's span: `result` is what it settled
     /// (`delivered`, `redeliver`, ...), `failed` whether that is a failure.
-    pub fn end_reconcile(self, result: &'static str, failure: Option<&str>) {
+    pub fn end_reconcile(mut self, result: &'static str, failure: Option<&str>) {
         let failure = failure.filter(|_| result != "deferred");
-        let Some(mut span) = self.span else { return };
+        let Some(mut span) = self.span.take() else {
+            return;
+        };
         span.set_attribute(KeyValue::new("outbox.reconcile.result", result));
         if let Some(reason) = failure {
             span.set_status(Status::error(reason.to_string()));
         }
+        span.end();
+    }
+}
+
+/// A span its attempt never ended: the provider panicked (the relay parks
+/// the intent as ambiguous), or the attempt was stopped midway. Either way
+/// whether the effect happened is unknown, and the span says so.
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        let Some(mut span) = self.span.take() else {
+            return;
+        };
+        let (error, why) = if std::thread::panicking() {
+            (
+                "panic",
+                format!(
+                    "the {} provider panicked; whether the effect happened is unknown",
+                    self.kind
+                ),
+            )
+        } else {
+            (
+                "abandoned",
+                format!(
+                    "the {} attempt was stopped before it had an outcome; whether the effect happened is unknown",
+                    self.kind
+                ),
+            )
+        };
+        span.set_attribute(KeyValue::new("outbox.outcome", "ambiguous"));
+        span.set_attribute(KeyValue::new("error.type", error));
+        span.set_status(Status::error(why));
         span.end();
     }
 }
