@@ -346,6 +346,21 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
         };
         println!("waiting: {} pending {} intent(s): {why}", u.pending, u.kind);
     }
+    if let Some(longest) = s
+        .standby_waits
+        .iter()
+        .map(|w| w.behind_seconds)
+        .reduce(f64::max)
+    {
+        // while held up a relay claims nothing: every due intent waits too
+        let due: i64 = s.due.iter().map(|d| d.due).sum();
+        let claimed: i64 = s.standby_waits.iter().map(|w| i64::from(w.waiting)).sum();
+        println!(
+            "held back: {} intent(s) wait for the standbys (relay.wait_for_standbys): \
+             {due} due and not claimed, {claimed} claimed; held up for {longest:.0}s",
+            due + claimed
+        );
+    }
     for w in &s.standby_waits {
         println!("waiting: {}", w.describe());
     }

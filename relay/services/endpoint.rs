@@ -87,7 +87,10 @@ async fn ready(State(s): State<Served>) -> (StatusCode, String) {
     }
     let check = tokio::time::timeout(Duration::from_secs(2), s.store.migrations_current()).await;
     match check {
-        Ok(Ok(true)) => (StatusCode::OK, "ready\n".into()),
+        Ok(Ok(true)) => (
+            StatusCode::OK,
+            format!("ready\n{}", standby_hold(&s.store).await),
+        ),
         Ok(Ok(false)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "schema not current: run `outbox-relay migrate`\n".into(),
@@ -101,4 +104,28 @@ async fn ready(State(s): State<Served>) -> (StatusCode, String) {
             "database did not answer within 2s\n".into(),
         ),
     }
+}
+
+/// The relays whose deliveries are held back for the standbys
+/// (`relay.wait_for_standbys`), one line each, for `/readyz`: still ready
+/// (another relay would wait for the same standbys), but an operator
+/// reading it sees why nothing goes out. Empty when none is, or when the
+/// database does not say within a second.
+async fn standby_hold(store: &Store) -> String {
+    let waits = tokio::time::timeout(Duration::from_secs(1), store.standby_waits()).await;
+    let Ok(Ok(waits)) = waits else {
+        return String::new();
+    };
+    waits
+        .iter()
+        .map(|w| {
+            format!(
+                "held up: relay {} has held deliveries back for {:.0}s: their commits must reach {} standby(s), {} streaming (relay.wait_for_standbys)\n",
+                w.owner,
+                w.behind_seconds,
+                w.needed,
+                w.streaming.map_or_else(|| "an unknown number".to_string(), |n| n.to_string())
+            )
+        })
+        .collect()
 }

@@ -1206,3 +1206,80 @@ async fn a_bucket_in_use_is_touched_by_every_take_and_never_pruned() {
         "the bucket in use is kept, its tokens spent"
     );
 }
+
+/// Deliveries held back for the standbys are plain to see: `stats` counts
+/// the intents held back (a held-up relay claims nothing, so they are due
+/// and unclaimed) and `/readyz`, still 200, says which relay holds them
+/// and for how long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_hold_is_counted_by_stats_and_told_by_readyz() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO outbox.relays (owner, version, kinds, known_kinds, standbys_needed,
+                                    standbys_streaming, standby_waits, standbys_behind_since)
+         VALUES ('held-relay', 'test', '{webhook}', '{webhook}', 1, 0, 0,
+                 now() - interval '75 seconds')",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    for n in 0..5 {
+        db.enqueue(
+            &format!("held:{n}"),
+            "webhook",
+            json!({"url": "http://127.0.0.1:9/", "body": n}),
+        )
+        .await;
+    }
+    let out = cli(&db, &["stats"]).await;
+    let stats = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stats}");
+    assert!(
+        stats.contains(
+            "held back: 5 intent(s) wait for the standbys (relay.wait_for_standbys): \
+             5 due and not claimed, 0 claimed; held up for 7"
+        ),
+        "{stats}"
+    );
+
+    let health = std::sync::Arc::new(outbox_relay::observe::readiness::Health::default());
+    health
+        .registered
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let access = outbox_relay::services::lookup::Access {
+        enabled: false,
+        token: None,
+    };
+    let (addr, server) = outbox_relay::services::endpoint::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        db.store.clone(),
+        health,
+        access,
+    )
+    .await
+    .unwrap();
+    let server = tokio::spawn(server);
+    let ready = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let body = ready.text().await.unwrap();
+    assert!(body.starts_with("ready\n"), "{body}");
+    assert!(
+        body.contains(
+            "held up: relay held-relay has held deliveries back for 7"
+        ) && body.contains("must reach 1 standby(s), 0 streaming (relay.wait_for_standbys)"),
+        "{body}"
+    );
+    // once the standbys catch up, readyz says only that it is ready
+    sqlx::query("UPDATE outbox.relays SET standbys_behind_since = NULL")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let body = reqwest::get(format!("http://{addr}/readyz"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body, "ready\n");
+    server.abort();
+}
