@@ -241,6 +241,16 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
                 ] {
                     println!("{name:<15} {value}");
                 }
+                match entry.effect() {
+                    Some(at) if entry.happened_anyway() => println!(
+                        "{:<15} happened at {}, although the intent ended {}: a provider answered success to one of its attempts",
+                        "effect",
+                        time(at),
+                        entry.state
+                    ),
+                    Some(at) => println!("{:<15} happened at {}", "effect", time(at)),
+                    None => println!("{:<15} none known", "effect"),
+                }
                 println!("\n(purged: answered from the ledger; the payload and attempts are gone)");
             }
             return Ok(());
@@ -286,12 +296,22 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
         println!("{name:<15} {value}");
     }
     if let Some(at) = intent.effect_at.filter(|_| intent.happened_anyway()) {
+        let why = if intent.effect_accepted == Some(true) {
+            format!(
+                "it was delivered (the accepted delivered attempt below), then an operator retried it and it became {}",
+                intent.state
+            )
+        } else {
+            format!(
+                "a provider answered success to a request in flight when it became {} (the delivered attempt below, not accepted)",
+                intent.state
+            )
+        };
         println!(
-            "{:<15} happened at {}, although the intent is {}: a provider answered success to a request in flight when it became {} (the attempt below, not accepted)",
+            "{:<15} happened at {}, although the intent is {}: {why}",
             "effect",
             time(at),
             intent.state,
-            intent.state
         );
     }
     println!();

@@ -601,19 +601,39 @@ pub fn answer(known: &Known) -> Answer {
             None,
         ),
     };
+    // the effect happened although the intent is not delivered: when, and why
     let anyway = match known {
-        Known::Live(i) if i.happened_anyway() => i.effect_at,
+        Known::Live(i) if i.happened_anyway() => i.effect_at.map(|at| {
+            let why = if i.effect_accepted == Some(true) {
+                format!("it was delivered, then an operator retried it and it became {state}")
+            } else {
+                format!(
+                    "the provider answered success to a request that was in flight when it \
+                     became {state}"
+                )
+            };
+            (at, why)
+        }),
+        Known::Ledger(e) if e.happened_anyway() => e.effect_at.map(|at| {
+            (
+                at,
+                "a provider answered success to one of its attempts before it was purged"
+                    .to_string(),
+            )
+        }),
         _ => None,
     };
     let (verdict, class) = match state {
-        _ if anyway.is_some() => (
-            format!(
-                "Yes: the effect happened ({}), although the intent is {state}: \
-                 the provider answered success to a request that was in flight when it became {state}.",
-                anyway.map(view::when).unwrap_or_default()
-            ),
-            "yes",
-        ),
+        _ if anyway.is_some() => {
+            let (at, why) = anyway.unwrap_or_default();
+            (
+                format!(
+                    "Yes: the effect happened ({}), although the intent is {state}: {why}.",
+                    view::when(at)
+                ),
+                "yes",
+            )
+        }
         IntentState::Delivered => ("Yes: the effect happened.".into(), "yes"),
         IntentState::Rejected => (
             "No: the provider refused it, and it will not be tried again.".into(),

@@ -103,10 +103,12 @@ async fn answer(
             "effect_happened": i.state == crate::state::IntentState::Delivered || i.effect_at.is_some(),
             "effect_at": i.effect_at.or(i.delivered_at),
         }),
+        // the ledger remembers whether the effect happened, and when
         Ok(Known::Ledger(e)) => json!({
             "source": "ledger", "key": e.key, "id": e.intent_id, "kind": e.kind, "state": e.state,
             "provider_ref": e.provider_ref, "last_error": e.last_error, "created_at": e.created_at,
             "completed_at": e.completed_at, "purged_at": e.purged_at,
+            "effect_happened": e.effect().is_some(), "effect_at": e.effect(),
         }),
         Err(StoreError::NotFound(_)) => {
             return (

@@ -598,7 +598,51 @@ impl Store {
                 });
             }
         }
+        if !written.gone.is_empty() {
+            self.note_effects_of_purged(batch, &written.gone).await?;
+        }
         Ok(written)
+    }
+
+    /// A success reported for an intent purged while its attempt was in
+    /// flight (cancelled, then purged) has no row to be recorded on: the
+    /// ledger notes that its effect happened, and when, and the provider's
+    /// reference when it kept none. Idempotent, like the completion.
+    async fn note_effects_of_purged(
+        &self,
+        batch: &[Completion],
+        gone: &[i64],
+    ) -> Result<(), sqlx::Error> {
+        let happened: Vec<&Completion> = batch
+            .iter()
+            .filter(|c| gone.contains(&c.id) && c.outcome == AttemptOutcome::Delivered)
+            .collect();
+        if happened.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "UPDATE outbox.ledger l
+                SET effect_at = greatest(l.effect_at, v.finished_at),
+                    provider_ref = coalesce(l.provider_ref, v.provider_ref)
+               FROM unnest($1::bigint[], $2::timestamptz[], $3::text[])
+                    AS v(id, finished_at, provider_ref)
+              WHERE l.intent_id = v.id",
+        )
+        .bind(happened.iter().map(|c| c.id).collect::<Vec<_>>())
+        .bind(happened.iter().map(|c| c.finished_at).collect::<Vec<_>>())
+        .bind(
+            happened
+                .iter()
+                .map(|c| {
+                    c.provider_ref
+                        .as_deref()
+                        .map(|r| storable::text(r, storable::MAX_REF_CHARS))
+                })
+                .collect::<Vec<_>>(),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// Of these completions, the ones an earlier run of the same statement

@@ -43,6 +43,11 @@ pub struct Intent {
     /// even when the intent is not delivered (cancelled, or retried as a
     /// new effect, while that request was in flight).
     pub effect_at: Option<DateTime<Utc>>,
+    /// Whether the attempt of `effect_at` was accepted: true when the
+    /// intent was delivered by it and an operator then retried it (`retry
+    /// --force`), false when its success came after the intent was
+    /// cancelled or reclaimed (the completion was refused).
+    pub effect_accepted: Option<bool>,
     /// The W3C trace context the application enqueued it with.
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
@@ -135,6 +140,23 @@ pub struct LedgerEntry {
     pub created_at: DateTime<Utc>,
     pub completed_at: DateTime<Utc>,
     pub purged_at: DateTime<Utc>,
+    /// When a provider last answered success to an attempt of it (None: no
+    /// effect is known to have happened; a delivered intent purged by an
+    /// older relay has none recorded, and happened at `completed_at`).
+    pub effect_at: Option<DateTime<Utc>>,
+}
+
+impl LedgerEntry {
+    /// Whether its effect happened, and when.
+    pub fn effect(&self) -> Option<DateTime<Utc>> {
+        self.effect_at
+            .or((self.state == IntentState::Delivered).then_some(self.completed_at))
+    }
+
+    /// The effect happened although the intent did not end delivered.
+    pub fn happened_anyway(&self) -> bool {
+        self.state != IntentState::Delivered && self.effect_at.is_some()
+    }
 }
 
 /// What is known about a key: the live intent, or the ledger's record.
@@ -215,7 +237,14 @@ const INTENT_COLUMNS: &str =
                    WHERE d.intent_id = intents.id)::int AS duplicates, \
     source, created_at, updated_at, delivered_at, traceparent, tracestate, \
     (SELECT max(coalesce(a.finished_at, a.started_at)) FROM outbox.attempt_history a \
-      WHERE a.intent_id = intents.id AND a.outcome = 'delivered') AS effect_at";
+      WHERE a.intent_id = intents.id AND a.outcome = 'delivered') AS effect_at, \
+    (SELECT a.accepted FROM outbox.attempt_history a \
+      WHERE a.intent_id = intents.id AND a.outcome = 'delivered' \
+      ORDER BY coalesce(a.finished_at, a.started_at) DESC LIMIT 1) AS effect_accepted";
+
+/// The ledger's columns, as [`LedgerEntry`] reads them.
+const LEDGER_COLUMNS: &str = "key, intent_id, kind, destination, state, provider_ref, last_error, \
+    created_at, completed_at, purged_at, effect_at";
 
 use IntentState::{Dead, Delivered, Rejected};
 
@@ -274,12 +303,10 @@ impl Store {
         match self.find(reference).await {
             Ok(i) => Ok(Known::Live(Box::new(i))),
             Err(StoreError::NotFound(_)) => {
-                let entry: Option<LedgerEntry> = sqlx::query_as(
-                    "SELECT key, intent_id, kind, destination, state, provider_ref, last_error,
-                            created_at, completed_at, purged_at
-                       FROM outbox.ledger WHERE key = $1
-                        OR intent_id = $2 ORDER BY (key = $1) DESC LIMIT 1",
-                )
+                let entry: Option<LedgerEntry> = sqlx::query_as(&format!(
+                    "SELECT {LEDGER_COLUMNS} FROM outbox.ledger WHERE key = $1
+                        OR intent_id = $2 ORDER BY (key = $1) DESC LIMIT 1"
+                ))
                 .bind(reference)
                 .bind(reference.parse::<i64>().ok())
                 .fetch_optional(&self.pool)
@@ -304,11 +331,9 @@ impl Store {
         if let Some(intent) = live {
             return Ok(Known::Live(Box::new(intent)));
         }
-        let entry: Option<LedgerEntry> = sqlx::query_as(
-            "SELECT key, intent_id, kind, destination, state, provider_ref, last_error,
-                    created_at, completed_at, purged_at
-               FROM outbox.ledger WHERE key = $1",
-        )
+        let entry: Option<LedgerEntry> = sqlx::query_as(&format!(
+            "SELECT {LEDGER_COLUMNS} FROM outbox.ledger WHERE key = $1"
+        ))
         .bind(key)
         .fetch_optional(&self.pool)
         .await?;
@@ -616,7 +641,10 @@ impl Store {
         let mut total = 0u64;
         loop {
             // each batch is one short statement: the rows leave the live
-            // table and their keys enter the ledger atomically
+            // table and their keys enter the ledger atomically, with when
+            // a provider last answered success (the attempts, read in the
+            // statement's snapshot, go with the rows; a delivery resolved
+            // by hand has none, and happened at delivered_at)
             let n: i64 = sqlx::query_scalar(
                 "WITH gone AS (
                      DELETE FROM outbox.intents WHERE id IN (
@@ -626,9 +654,14 @@ impl Store {
                      RETURNING *),
                  kept AS (
                      INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
-                                                provider_ref, last_error, created_at, completed_at)
+                                                provider_ref, last_error, created_at, completed_at,
+                                                effect_at)
                      SELECT key, id, kind, destination, outbox.fingerprint(payload), state,
-                            provider_ref, last_error, created_at, coalesce(delivered_at, updated_at)
+                            provider_ref, last_error, created_at, coalesce(delivered_at, updated_at),
+                            coalesce((SELECT max(coalesce(a.finished_at, a.started_at))
+                                        FROM outbox.attempt_history a
+                                       WHERE a.intent_id = gone.id AND a.outcome = 'delivered'),
+                                     CASE WHEN state = 'delivered' THEN delivered_at END)
                        FROM gone
                      ON CONFLICT (key) DO NOTHING)
                  SELECT count(*) FROM gone",

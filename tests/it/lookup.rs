@@ -271,3 +271,148 @@ async fn an_intent_cancelled_while_its_request_succeeded_is_said_to_have_happene
     let page = s.get(&format!("/intents/{id}")).await;
     assert!(page.body.contains("id=\"effect-anyway\""), "{}", page.body);
 }
+
+/// `GET /v1/intents/{key}` served in-process: its status and body.
+async fn ask(db: &TestDb, key: &str) -> (u16, serde_json::Value) {
+    use outbox_relay::services::lookup::{route, Access};
+    let app: axum::Router = axum::Router::new().route(
+        "/v1/intents/{key}",
+        route(
+            db.store.clone(),
+            Access {
+                enabled: true,
+                token: None,
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let answer = get(port, &format!("/v1/intents/{key}"), None).await;
+    server.abort();
+    answer
+}
+
+/// What `show`, the console's lookup and its API say of `key`.
+async fn said_of(db: &TestDb, key: &str) -> (String, String, String) {
+    let out = common::cli(db, &["show", key]).await;
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    let console = crate::common::console::ConsoleServer::start(db, &[]).await;
+    let mut s = crate::common::console::Session::new(&console);
+    let page = s.get(&format!("/lookup?key={key}")).await.body;
+    let api = s.get(&format!("/api/v1/lookup?key={key}")).await.body;
+    (shown, page, api)
+}
+
+/// "Did it happen?" after purge: an effect that happened although its
+/// intent ended cancelled is remembered by the ledger, whether it was
+/// delivered and then retried by an operator, or its success came after
+/// the intent was cancelled and purged (the completion finds no row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_happened_effect_is_remembered_after_purge() {
+    use crate::common::{config, engine, run_until, Receiver, Reply};
+    use outbox_relay::store::operator::RetryOptions;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let db = TestDb::new().await;
+    // delivered, retried with --force, cancelled before it went again
+    let ok = Receiver::ok().await;
+    db.enqueue(
+        "forced:1",
+        "webhook",
+        json!({"url": ok.url("/"), "body": {}}),
+    )
+    .await;
+    run_until(
+        engine(db.store.clone(), &config()),
+        Duration::from_secs(20),
+        || async { db.count("key = 'forced:1' AND state = 'delivered'").await == 1 },
+    )
+    .await;
+    sqlx::query("UPDATE outbox.intents SET provider_ref = 'ref-forced-1' WHERE key = 'forced:1'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let how = RetryOptions {
+        force: true,
+        new_effect: false,
+    };
+    db.store.retry("forced:1", how).await.unwrap();
+    db.store.cancel("forced:1").await.unwrap();
+    // live: the delivered attempt was accepted, and the words say so
+    let (shown, page, _) = said_of(&db, "forced:1").await;
+    assert!(
+        shown.contains("happened at") && shown.contains("then an operator retried it"),
+        "{shown}"
+    );
+    assert!(!shown.contains("not accepted"), "{shown}");
+    assert!(
+        page.contains("Yes: the effect happened") && page.contains("then an operator retried it"),
+        "{page}"
+    );
+
+    // cancelled while its request was in flight, purged before the answer
+    let rx = Receiver::start(|_, _| Reply::status(200).after(Duration::from_millis(1500))).await;
+    db.enqueue(
+        "purged:1",
+        "webhook",
+        json!({"url": rx.url("/"), "body": {}}),
+    )
+    .await;
+    let purged = Arc::new(AtomicBool::new(false));
+    run_until(
+        engine(db.store.clone(), &config()),
+        Duration::from_secs(20),
+        || {
+            let (db, rx, purged) = (&db, &rx, purged.clone());
+            async move {
+                if !purged.load(Ordering::SeqCst) && !rx.requests().is_empty() {
+                    db.store.cancel("purged:1").await.unwrap();
+                    db.store
+                        .purge(Duration::ZERO, false, false, 100)
+                        .await
+                        .unwrap();
+                    purged.store(true, Ordering::SeqCst);
+                }
+                let noted: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM outbox.ledger WHERE key = 'purged:1' AND effect_at IS NOT NULL",
+                )
+                .fetch_one(db.pool())
+                .await
+                .unwrap();
+                noted == 1
+            }
+        },
+    )
+    .await;
+    assert_eq!(db.count("true").await, 0, "both intents are purged");
+
+    for key in ["forced:1", "purged:1"] {
+        let (status, body) = ask(&db, key).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            (
+                body["source"].as_str(),
+                body["state"].as_str(),
+                &body["effect_happened"]
+            ),
+            (Some("ledger"), Some("cancelled"), &json!(true)),
+            "{key}: {body}"
+        );
+        assert!(body["effect_at"].is_string(), "{key}: {body}");
+        let (shown, page, api) = said_of(&db, key).await;
+        assert!(
+            shown.contains("happened at") && shown.contains("ended cancelled"),
+            "{key}: {shown}"
+        );
+        for text in [&page, &api] {
+            assert!(
+                text.contains("Yes: the effect happened") && !text.contains("No: an operator"),
+                "{key}: {text}"
+            );
+        }
+    }
+    let (_, body) = ask(&db, "forced:1").await;
+    assert_eq!(body["provider_ref"], "ref-forced-1", "{body}");
+}
