@@ -389,3 +389,75 @@ async fn the_applications_trace_context_rides_along_in_place_of_the_payloads() {
     assert_eq!(header(&records[0], "tracestate"), Some("vendor=1"));
     assert_eq!(header(&records[0], "source"), Some("shop"));
 }
+
+/// Keys whose partition in a topic of `before` partitions is another than
+/// in one of `after`.
+fn keys_that_move(before: i32, after: i32, n: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("acct-{i}"))
+        .filter(|k| {
+            partition::for_key(k.as_bytes(), before) != partition::for_key(k.as_bytes(), after)
+        })
+        .take(n)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_that_gains_partitions_keeps_one_record_per_effect() {
+    let db = TestDb::new().await;
+    let (broker, proxy) = proxied().await;
+    broker.create_topic("grows", 6).await;
+    let keys = keys_that_move(3, 6, 3);
+    for (i, key) in keys.iter().enumerate() {
+        enqueue(
+            &db,
+            &format!("grow:{i}"),
+            json!({"topic": "grows", "key": key, "body": i}),
+            None,
+        )
+        .await;
+    }
+    let mut cfg = kafka_config(broker.brokers());
+    // one attempt per run: a retry waits for the test to make it due
+    cfg.retry.schedule = vec![Dur(Duration::from_secs(3600))];
+    // the producer sees 3 partitions; once its records are on their way the
+    // topic has 6, and the delivery reports are lost
+    proxy.show_partitions_until_produce(3);
+    proxy.set(Mode::SwallowProduceResponses);
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    proxy.set(Mode::Pass);
+    // whatever the first attempts concluded, later ones settle the rest
+    for _ in 0..3 {
+        sqlx::query("UPDATE outbox.intents SET run_after = now() WHERE state = 'pending'")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    }
+    let records = broker.records("grows", 6).await;
+    for (i, key) in keys.iter().enumerate() {
+        let intent = format!("grow:{i}");
+        let ours = effect_key(&intent, 0);
+        let mine: Vec<&Record> = records
+            .iter()
+            .filter(|r| header(r, EFFECT_HEADER) == Some(ours.as_str()))
+            .collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "{intent}: one record per effect key: {mine:?}"
+        );
+        let i = db.store.find(&intent).await.unwrap();
+        assert_eq!(i.state, "delivered", "{intent}: {:?}", i.last_error);
+        assert_eq!(
+            mine[0].partition,
+            partition::for_key(key.as_bytes(), 3),
+            "{intent}: where the producer's 3 partitions put it"
+        );
+        assert_eq!(
+            i.provider_ref.as_deref(),
+            Some(format!("grows:{}:{}", mine[0].partition, mine[0].offset).as_str()),
+            "{intent}"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! Which partition a keyed record goes to: Kafka's default partitioner
 //! (the Java client's, and librdkafka's `murmur2_random` that the relay's
 //! producer uses), `(murmur2(key) & 0x7fffffff) % partitions`. Reconcile
-//! uses it to search the one partition a keyed record can be in.
+//! uses it to search the partitions a keyed record can be in.
 
 /// Kafka's 32-bit murmur2 (seed `0x9747b28c`), as `Utils.murmur2` computes
 /// it: little-endian 4-byte blocks, the tail folded in from its highest
@@ -38,6 +38,18 @@ pub fn for_key(key: &[u8], partitions: i32) -> i32 {
     (murmur2(key) & 0x7fff_ffff) % partitions.max(1)
 }
 
+/// Every partition a record with `key` may be in, in a topic that has
+/// `partitions` partitions now: the one each earlier count would have
+/// chosen. A topic's partitions are only ever added, so a record written
+/// when the topic had fewer (the producer's count at the time, which the
+/// search cannot know) is where one of the counts from 1 up put it.
+pub fn candidates(key: &[u8], partitions: i32) -> Vec<i32> {
+    let mut all: Vec<i32> = (1..=partitions.max(1)).map(|n| for_key(key, n)).collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +80,18 @@ mod tests {
                 assert!((0..n).contains(&p), "{key} {n} {p}");
             }
         }
+    }
+
+    #[test]
+    fn the_candidates_cover_every_earlier_count() {
+        for key in ["acct-2", "a", "order-17"] {
+            let now = candidates(key.as_bytes(), 6);
+            for n in 1..=6 {
+                assert!(now.contains(&for_key(key.as_bytes(), n)), "{key} {n}");
+            }
+            assert!(now.windows(2).all(|w| w[0] < w[1]), "{now:?}");
+            assert!(now.iter().all(|p| (0..6).contains(p)), "{now:?}");
+        }
+        assert_eq!(candidates(b"a", 1), [0]);
     }
 }

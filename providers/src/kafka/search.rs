@@ -7,8 +7,13 @@
 //! record for [`IDLE`] since. It never trusts the high watermark to say
 //! where the partition ends (Tansu reports one too low: the read goes on
 //! past it), and a start offset the broker answers too early (Tansu answers
-//! 0 for a time past the last record) costs only reading more. A keyed record has one partition it can be in; a record
-//! with neither key nor partition may be in any, so all are read.
+//! 0 for a time past the last record) costs only reading more.
+//!
+//! A record with a partition in its payload is in that one. A keyed record
+//! is where the producer's partition count put it: the topic may have
+//! gained partitions since, so every partition an earlier count would have
+//! chosen is read ([`super::partition::candidates`]). A record with neither
+//! key nor partition may be in any, so all are read.
 
 use std::time::{Duration, Instant};
 
@@ -107,7 +112,7 @@ fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Searc
         .ok_or_else(|| format!("the cluster reports no partitions for topic {:?}", w.topic))?;
     let partitions: Vec<i32> = match (w.partition, w.key) {
         (Some(p), _) => vec![p],
-        (None, Some(key)) => vec![super::partition::for_key(key, count)],
+        (None, Some(key)) => super::partition::candidates(key, count),
         (None, None) => (0..count).collect(),
     };
     let mut at_time = TopicPartitionList::new();
