@@ -214,7 +214,8 @@ pub async fn list(store: &Store, a: ListArgs) -> Outcome {
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
-    /// An intent id or key.
+    /// An intent id or key; `id:N` or `key:K` says which (a number that is
+    /// one intent's id and another's key is refused).
     reference: String,
     /// Print JSON instead of text.
     #[arg(long)]

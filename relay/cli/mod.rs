@@ -6,7 +6,7 @@
 //! |------|---------|
 //! | 0 | success |
 //! | 1 | unexpected error |
-//! | 2 | bad usage or invalid input (arguments, JSON payload, configuration) |
+//! | 2 | bad usage or invalid input (arguments, JSON payload, configuration, a reference naming two intents) |
 //! | 3 | not found (no intent has that id or key) |
 //! | 4 | conflict: OB409 on enqueue, or the intent's state does not allow the operation |
 //! | 5 | the database is unreachable |
@@ -197,6 +197,7 @@ impl Failure {
     fn from_store(err: &StoreError) -> Self {
         let code = match err {
             StoreError::NotFound(_) => 3,
+            StoreError::Ambiguous { .. } => 2,
             StoreError::InvalidState { .. } => 4,
             StoreError::Enqueue(EnqueueError::Conflict { .. }) => 4,
             StoreError::Enqueue(EnqueueError::Invalid { .. })

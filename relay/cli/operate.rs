@@ -222,7 +222,8 @@ pub async fn cancel(store: &Store, a: CancelArgs) -> Outcome {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("how").required(true).args(["delivered", "redeliver", "reject"])))]
 pub struct ResolveArgs {
-    /// An intent id or key.
+    /// An intent id or key; `id:N` or `key:K` says which (a number that is
+    /// one intent's id and another's key is refused).
     reference: String,
     /// The effect did happen (you checked at the provider).
     #[arg(long)]

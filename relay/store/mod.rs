@@ -37,6 +37,17 @@ pub enum StoreError {
     /// No intent has this id or key.
     #[error("no intent has id or key {0:?}")]
     NotFound(String),
+    /// The reference names more than one intent: a number that is one
+    /// intent's id and another's key (live or in the ledger).
+    #[error(
+        "{reference:?} names {} intents: {}; say which with id:N or key:K",
+        candidates.len(),
+        candidates.join(", and ")
+    )]
+    Ambiguous {
+        reference: String,
+        candidates: Vec<String>,
+    },
     /// The operation does not apply to the intent's current state.
     #[error("intent {id} is {state}: {why}")]
     InvalidState {

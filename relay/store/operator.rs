@@ -271,21 +271,89 @@ fn retry_refusal(intent: &Intent, how: RetryOptions) -> Option<StoreError> {
     })
 }
 
+/// The intent a reference names: a live one by id, or a purged one by its
+/// key in the ledger.
+#[derive(Debug, Clone, PartialEq)]
+enum Named {
+    Live(i64),
+    Ledger(String),
+}
+
+/// What a reference may mean: `id:N` an id, `key:K` a key, a bare number
+/// an id or a key, anything else a key. The whole reference is always a
+/// key too (a key may itself begin with `id:` or `key:`).
+fn readings(reference: &str) -> (Vec<String>, Vec<i64>) {
+    let mut keys = vec![reference.to_string()];
+    let mut ids = Vec::new();
+    if let Some(key) = reference.strip_prefix("key:") {
+        keys.push(key.to_string());
+    } else if let Some(id) = reference.strip_prefix("id:") {
+        ids.extend(id.parse::<i64>().ok());
+    } else {
+        ids.extend(reference.parse::<i64>().ok());
+    }
+    (keys, ids)
+}
+
 impl Store {
-    /// Find an intent by key, or by id when the reference is a number and no
-    /// intent has it as its key.
+    /// Which intent `reference` names, live or in the ledger. A reference
+    /// that names two (a number that is one intent's id and another's key)
+    /// is refused with both; `id:N` and `key:K` say which.
+    async fn named(&self, reference: &str) -> Result<Named, StoreError> {
+        let (keys, ids) = readings(reference);
+        let rows: Vec<(bool, i64, String)> = sqlx::query_as(
+            "SELECT true, id, key FROM outbox.intents WHERE key = ANY($1) OR id = ANY($2)
+             UNION ALL
+             SELECT false, intent_id, key FROM outbox.ledger
+              WHERE key = ANY($1) OR intent_id = ANY($2)
+             ORDER BY 2",
+        )
+        .bind(&keys)
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut found: Vec<(bool, i64, String)> = Vec::new();
+        for row in rows {
+            if !found.iter().any(|f| f.1 == row.1) {
+                found.push(row);
+            }
+        }
+        match found.len() {
+            0 => Err(StoreError::NotFound(reference.to_string())),
+            1 => {
+                let (live, id, key) = found.remove(0);
+                Ok(if live {
+                    Named::Live(id)
+                } else {
+                    Named::Ledger(key)
+                })
+            }
+            _ => Err(StoreError::Ambiguous {
+                reference: reference.to_string(),
+                candidates: found
+                    .iter()
+                    .map(|(live, id, key)| {
+                        if *live {
+                            format!("intent {id} with key {key:?} (id:{id})")
+                        } else {
+                            format!("purged intent {id} with key {key:?} (key:{key})")
+                        }
+                    })
+                    .collect(),
+            }),
+        }
+    }
+
+    /// Find a live intent by id or key (`id:N`, `key:K`, or either; a
+    /// reference that names two intents, live or purged, is refused).
     pub async fn find(&self, reference: &str) -> Result<Intent, StoreError> {
-        let id = reference.parse::<i64>().ok();
-        let sql = format!(
-            "SELECT {INTENT_COLUMNS} FROM outbox.intents
-              WHERE key = $1 OR id = $2 ORDER BY (key = $1) DESC LIMIT 1"
-        );
-        sqlx::query_as::<_, Intent>(&sql)
-            .bind(reference)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(reference.to_string()))
+        match self.named(reference).await? {
+            Named::Live(id) => self.find_id(id).await.map_err(|e| match e {
+                StoreError::NotFound(_) => StoreError::NotFound(reference.to_string()),
+                e => e,
+            }),
+            Named::Ledger(_) => Err(StoreError::NotFound(reference.to_string())),
+        }
     }
 
     /// The intent with this id (never a key: an intent's key may be another's id).
@@ -298,25 +366,17 @@ impl Store {
             .ok_or_else(|| StoreError::NotFound(id.to_string()))
     }
 
-    /// The live intent with this key or id, else the ledger's record of it.
+    /// The live intent with this key or id, else the ledger's record of it
+    /// (a reference that names two is refused, as by [`Store::find`]).
     pub async fn lookup(&self, reference: &str) -> Result<Known, StoreError> {
-        match self.find(reference).await {
-            Ok(i) => Ok(Known::Live(Box::new(i))),
-            Err(StoreError::NotFound(_)) => {
-                let entry: Option<LedgerEntry> = sqlx::query_as(&format!(
-                    "SELECT {LEDGER_COLUMNS} FROM outbox.ledger WHERE key = $1
-                        OR intent_id = $2 ORDER BY (key = $1) DESC LIMIT 1"
-                ))
-                .bind(reference)
-                .bind(reference.parse::<i64>().ok())
-                .fetch_optional(&self.pool)
-                .await?;
-                entry
-                    .map(Known::Ledger)
-                    .ok_or_else(|| StoreError::NotFound(reference.to_string()))
-            }
-            Err(e) => Err(e),
-        }
+        let found = match self.named(reference).await? {
+            Named::Live(id) => self.find_id(id).await.map(|i| Known::Live(Box::new(i))),
+            Named::Ledger(key) => self.lookup_key(&key).await,
+        };
+        found.map_err(|e| match e {
+            StoreError::NotFound(_) => StoreError::NotFound(reference.to_string()),
+            e => e,
+        })
     }
 
     /// The live intent whose key is exactly `key`, else the ledger's record

@@ -842,3 +842,106 @@ async fn errors_name_the_problem_and_exit_codes_mean_something() {
         unmigrated.stderr
     );
 }
+
+/// A number that is one intent's id and another's key (live, or purged
+/// into the ledger) names neither: `show`, `cancel` and `retry` refuse it
+/// with both candidates, and `id:N` and `key:K` say which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_number_that_is_an_id_and_a_key_is_refused_until_id_or_key_says_which() {
+    let db = TestDb::new().await;
+    let later = db
+        .enqueue(
+            "order-later",
+            "webhook",
+            json!({"url": "http://127.0.0.1:9/"}),
+        )
+        .await;
+    let number = later.to_string();
+    // an intent whose key is that number, delivered and purged
+    let purged = db
+        .enqueue(&number, "webhook", json!({"url": "http://127.0.0.1:9/"}))
+        .await;
+    sqlx::query(
+        "UPDATE outbox.intents SET state = 'delivered', delivered_at = now(),
+                provider_ref = 'ref-of-the-number' WHERE id = $1",
+    )
+    .bind(purged)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    db.store
+        .purge(std::time::Duration::ZERO, false, false, 100)
+        .await
+        .unwrap();
+    assert_eq!(db.count("true").await, 1);
+
+    for verb in [
+        vec!["show", number.as_str()],
+        vec!["cancel", number.as_str()],
+        vec!["retry", number.as_str()],
+        vec!["resolve", number.as_str(), "--redeliver"],
+    ] {
+        let out = cli(&db, &verb).await;
+        assert_eq!(out.code, 2, "{verb:?}: {}{}", out.stdout, out.stderr);
+        for candidate in [
+            format!("intent {later} with key \"order-later\" (id:{later})"),
+            format!("purged intent {purged} with key \"{number}\" (key:{number})"),
+        ] {
+            assert!(out.stderr.contains(&candidate), "{verb:?}: {}", out.stderr);
+        }
+    }
+    assert_eq!(
+        db.count("key = 'order-later' AND state = 'pending'").await,
+        1,
+        "a refused reference changed an intent"
+    );
+
+    let by_key = ok(&db, &["show", &format!("key:{number}"), "--json"])
+        .await
+        .json();
+    assert_eq!(
+        (
+            by_key["source"].as_str(),
+            by_key["provider_ref"].as_str(),
+            by_key["intent_id"].as_i64()
+        ),
+        (Some("ledger"), Some("ref-of-the-number"), Some(purged)),
+        "{by_key}"
+    );
+    let by_id = ok(&db, &["show", &format!("id:{later}"), "--json"])
+        .await
+        .json();
+    assert_eq!(by_id["intent"]["key"], "order-later", "{by_id}");
+    ok(&db, &["cancel", &format!("id:{later}")]).await;
+    assert_eq!(
+        db.count("key = 'order-later' AND state = 'cancelled'")
+            .await,
+        1
+    );
+    // a purged intent cannot be cancelled, by whatever name
+    let out = cli(&db, &["cancel", &format!("key:{number}")]).await;
+    assert_eq!(out.code, 3, "{}{}", out.stdout, out.stderr);
+
+    // two live intents: one's id is the other's key
+    let first = db
+        .enqueue("first", "webhook", json!({"url": "http://127.0.0.1:9/"}))
+        .await;
+    db.enqueue(
+        &first.to_string(),
+        "webhook",
+        json!({"url": "http://127.0.0.1:9/"}),
+    )
+    .await;
+    let out = cli(&db, &["show", &first.to_string()]).await;
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    let shown = ok(&db, &["show", &format!("key:{first}"), "--json"])
+        .await
+        .json();
+    assert_eq!(shown["intent"]["key"], first.to_string().as_str());
+    // a number no key shares is an id, as before
+    let only = db
+        .enqueue("only", "webhook", json!({"url": "http://127.0.0.1:9/"}))
+        .await;
+    let shown = ok(&db, &["show", &only.to_string(), "--json"]).await.json();
+    assert_eq!(shown["intent"]["key"], "only");
+}
