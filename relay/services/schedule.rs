@@ -3,7 +3,8 @@
 //!
 //! Any number of relays evaluate the same schedules with no leader: the key
 //! makes a tick one intent, and relays take turns on the schedule's row, so a
-//! tick is normally enqueued once rather than once per relay. After downtime
+//! tick is normally enqueued once rather than once per relay; a relay that
+//! finds the row taken tries again for up to half a second. After downtime
 //! at most `catch_up` missed ticks (the most recent) are enqueued; a new
 //! schedule starts from now.
 //!
@@ -11,8 +12,8 @@
 //! cron or payload). Each records its configuration's fingerprint beside
 //! the watermark; the configuration that appeared most recently among those
 //! still evaluated wins and alone moves the watermark, so none of its ticks
-//! is skipped; relays with another configuration stand aside, enqueue
-//! nothing for it, and say so (a warning naming both configurations, the
+//! is skipped; relays with another configuration stand aside without
+//! locking the schedule's row, enqueue nothing for it, and say so (a warning naming both configurations, the
 //! gauges `outbox_schedule_configurations` and
 //! `outbox_schedule_standing_aside`).
 
@@ -97,6 +98,11 @@ impl Schedule {
     }
 }
 
+/// How long a relay keeps trying a schedule whose row another relay holds
+/// (within the second between evaluations), and how often.
+const BUSY_RETRY_FOR: Duration = Duration::from_millis(500);
+const BUSY_RETRY_EVERY: Duration = Duration::from_millis(20);
+
 /// One relay's schedules, evaluated together, and what it last said about
 /// relays that disagree with it.
 pub struct Scheduler {
@@ -132,16 +138,25 @@ impl Scheduler {
                 relay: &self.relay,
                 now,
             };
-            let turn = self
-                .store
-                .fire_schedule(at, |watermark| {
-                    let (ticks, new_watermark) = s.due(watermark, now);
-                    (
-                        ticks.into_iter().map(|t| s.intent(t)).collect(),
-                        new_watermark,
-                    )
-                })
-                .await;
+            // another relay of the winning configuration holds the row for
+            // a moment: try again, so that no tick waits for the next second
+            let started = std::time::Instant::now();
+            let turn = loop {
+                let turn = self
+                    .store
+                    .fire_schedule(at, |watermark| {
+                        let (ticks, new_watermark) = s.due(watermark, now);
+                        (
+                            ticks.into_iter().map(|t| s.intent(t)).collect(),
+                            new_watermark,
+                        )
+                    })
+                    .await;
+                if !matches!(turn, Ok(Turn::Busy)) || started.elapsed() >= BUSY_RETRY_FOR {
+                    break turn;
+                }
+                tokio::time::sleep(BUSY_RETRY_EVERY).await;
+            };
             match &turn {
                 Ok(Turn::Fired { enqueued: n, live }) => {
                     if *n > 0 {
@@ -153,7 +168,10 @@ impl Scheduler {
                 Ok(Turn::StoodAside { live }) => {
                     report(&mut self.reported, s, &fingerprint, live);
                 }
-                Ok(Turn::Busy) => {}
+                Ok(Turn::Busy) => tracing::debug!(
+                    schedule = %s.name,
+                    "another relay held the schedule throughout; its next evaluation catches up"
+                ),
                 Err(err) => {
                     tracing::warn!(schedule = %s.name, error = %err, "schedule could not fire; will try again")
                 }

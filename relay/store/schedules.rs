@@ -26,7 +26,8 @@ pub struct ScheduleConfig {
 /// What one evaluation of a schedule did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Turn {
-    /// Another relay was evaluating the schedule: nothing done.
+    /// Another relay was evaluating the schedule: nothing done (the
+    /// scheduler tries again within the second).
     Busy,
     /// This relay's configuration wins: it enqueued `enqueued` ticks.
     /// `live` holds every configuration relays run, the winner first.
@@ -55,10 +56,12 @@ fn seconds(d: std::time::Duration) -> f64 {
 
 impl Store {
     /// Evaluate a schedule once, in one short transaction (no network
-    /// call): record that this relay runs its configuration; if no other
-    /// relay is evaluating the schedule right now (its row is locked, then
-    /// skipped) and this configuration wins — the one that appeared most
-    /// recently among the live ones — let `due` turn the last tick enqueued
+    /// call): record that this relay runs its configuration; if this
+    /// configuration wins — the one that appeared most recently among the
+    /// live ones; a relay whose configuration loses stands aside without
+    /// locking anything — and no other relay is evaluating the schedule
+    /// right now (its row is locked, then skipped: [`Turn::Busy`], for the
+    /// caller to try again shortly), let `due` turn the last tick enqueued
     /// (None for a schedule never seen) into the intents to enqueue and the
     /// new watermark, enqueue them and move the watermark.
     pub async fn fire_schedule(
@@ -88,6 +91,16 @@ impl Store {
         .bind(seconds(LIVE_FOR))
         .execute(&mut *tx)
         .await?;
+        // a relay whose configuration loses stands aside without taking
+        // the row: the winner must not find it busy
+        let live = live_configs(&mut tx, at.name, at.now).await?;
+        if live
+            .first()
+            .is_some_and(|w| w.fingerprint != at.fingerprint)
+        {
+            tx.commit().await?;
+            return Ok(Turn::StoodAside { live });
+        }
         let row: Option<(DateTime<Utc>,)> = sqlx::query_as(
             "SELECT last_tick FROM outbox.schedules WHERE name = $1 FOR UPDATE SKIP LOCKED",
         )
@@ -110,14 +123,6 @@ impl Store {
                 None
             }
         };
-        let live = live_configs(&mut tx, at.name, at.now).await?;
-        if live
-            .first()
-            .is_some_and(|w| w.fingerprint != at.fingerprint)
-        {
-            tx.commit().await?;
-            return Ok(Turn::StoodAside { live });
-        }
         let (intents, new_watermark) = due(watermark);
         for intent in &intents {
             enqueue(&mut *tx, intent).await?;

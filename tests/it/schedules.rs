@@ -129,3 +129,59 @@ async fn relays_with_two_crons_under_one_name_enqueue_every_tick_of_the_newest_a
         "the old configuration wins again, catching up its most recent missed tick"
     );
 }
+
+/// The relay that stands aside does not lock the schedule's row, and a
+/// turn that finds the row held is tried again: the winning
+/// configuration's ticks are not dropped while another relay holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standing_aside_takes_no_lock_and_a_busy_turn_is_tried_again() {
+    let db = TestDb::new().await;
+    let mut a = Scheduler::new(
+        db.store.clone(),
+        "relay-a",
+        vec![digest("*/4 * * * * *", "old")],
+    );
+    let mut b = Scheduler::new(
+        db.another_store().await,
+        "relay-b",
+        vec![digest("*/6 * * * * *", "new")],
+    );
+    a.tick(at(10)).await;
+    b.tick(at(11)).await;
+    assert!(stood_aside_for(&a.tick(at(11)).await.1[0]).is_some());
+
+    // the row is held, as by a relay evaluating the schedule
+    let mut holder = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox.schedules WHERE name = 'digest' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    // A learns that it stands aside without reaching for the row
+    let turn = a.tick(at(12)).await.1.remove(0);
+    assert!(
+        stood_aside_for(&turn).is_some(),
+        "the relay standing aside tried to take the row: {turn:?}"
+    );
+    // B's turn at :12, while the row is held for 200 ms more
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        holder.commit().await.unwrap();
+    });
+    let turn = b.tick(at(12)).await.1.remove(0);
+    release.await.unwrap();
+    assert!(
+        matches!(turn, Some(Turn::Fired { enqueued: 1, .. })),
+        "the winner's turn was dropped while the row was held: {turn:?}"
+    );
+    assert_eq!(enqueued(&db).await, [(12, "new".to_string())]);
+    // A standing aside beside B, second by second: every tick of B
+    for s in 13..=24 {
+        a.tick(at(s)).await;
+        b.tick(at(s)).await;
+    }
+    assert_eq!(
+        enqueued(&db).await,
+        [12, 18, 24].map(|s| (s, "new".to_string())),
+        "every */6 tick, and no */4 one"
+    );
+}
