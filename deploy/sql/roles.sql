@@ -87,7 +87,9 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION outbox.error_class(text) TO outbox_relay, outbox_operator, outbox_console;
 GRANT SELECT ON ALL TABLES IN SCHEMA outbox TO outbox_console;
 GRANT UPDATE (state, run_after, attempts_base, owner, lease_expires_at, fence, key_generation,
-              updated_at, last_error, delivered_at, provider_ref, waiting)
+              updated_at, last_error, delivered_at, provider_ref, waiting,
+              -- (0023) an operator's change clears the recovery mark
+              recover_owner, recover_at)
     ON outbox.intents TO outbox_console;
 GRANT INSERT ON outbox.operator_actions TO outbox_console;
 

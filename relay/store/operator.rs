@@ -528,6 +528,9 @@ impl Store {
                  UPDATE outbox.intents i
                     SET state = 'pending', run_after = now(), attempts_base = attempts,
                         owner = NULL, lease_expires_at = NULL, fence = fence + 1,
+                        -- a retry starts afresh: no lost attempt of a dead
+                        -- relay is reconciled first any more
+                        recover_owner = NULL, recover_at = NULL,
                         key_generation = key_generation + CASE WHEN $2 THEN 1 ELSE 0 END,
                         updated_at = now()
                    FROM old WHERE i.id = old.id
@@ -640,6 +643,7 @@ impl Store {
                   WHERE id = ANY($1) AND state = ANY($2) ORDER BY id FOR UPDATE),
              t AS (
                  UPDATE outbox.intents i SET {set}, owner = NULL, lease_expires_at = NULL,
+                        recover_owner = NULL, recover_at = NULL,
                         fence = fence + 1, updated_at = now()
                    FROM old WHERE i.id = old.id
                  RETURNING i.id, old.state AS was, $5::text AS arg),

@@ -3,7 +3,8 @@
 //! recovery: the intent carries the lost attempt's owner and time
 //! (`recover_owner`, `recover_at`, schema 0015) until a claim of it gets
 //! past the gate, so that the attempt whose outcome was lost is still
-//! reconciled first, whenever that is.
+//! reconciled first, whenever that is. An operator's change (retry, cancel,
+//! resolve) clears it: a retried intent is claimed afresh.
 
 use chrono::{DateTime, Utc};
 

@@ -386,3 +386,62 @@ async fn a_dead_relays_leases_are_recovered_during_a_backlog_not_after_it() {
         started.elapsed()
     );
 }
+
+/// A recovered claim deferred at the gate keeps its recovery mark (the
+/// lost attempt is reconciled first whenever it is claimed again); an
+/// operator's retry or cancel starts afresh and clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_retry_clears_the_recovery_mark() {
+    use outbox_relay::store::operator::RetryOptions;
+    let db = TestDb::new().await;
+    for key in ["marked-retry", "marked-new-effect", "marked-cancel"] {
+        db.enqueue(key, "webhook", json!({"url": "http://127.0.0.1:9/"}))
+            .await;
+    }
+    let claimed = db.store.claim("relay-b", 10, 60_000, &[]).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    for c in &claimed {
+        // relay-a's attempt was lost; relay-b's recovery is deferred
+        assert!(db
+            .store
+            .keep_recovery(c.id, c.fence, "relay-a", Some(chrono::Utc::now()))
+            .await
+            .unwrap());
+    }
+    sqlx::query("UPDATE outbox.intents SET state = 'dead', owner = NULL, lease_expires_at = NULL")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    db.store
+        .retry("marked-retry", RetryOptions::default())
+        .await
+        .unwrap();
+    db.store
+        .retry(
+            "marked-new-effect",
+            RetryOptions {
+                new_effect: true,
+                force: false,
+            },
+        )
+        .await
+        .unwrap();
+    db.store.cancel("marked-cancel").await.unwrap();
+    let marked: Vec<String> = sqlx::query_scalar(
+        "SELECT key FROM outbox.intents WHERE recover_owner IS NOT NULL OR recover_at IS NOT NULL",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    assert!(marked.is_empty(), "still marked for recovery: {marked:?}");
+    let again = db.store.claim("relay-c", 10, 60_000, &[]).await.unwrap();
+    assert_eq!(again.len(), 2);
+    for c in &again {
+        assert_eq!(
+            (c.recovered_from.as_deref(), c.previous_attempt_at),
+            (None, None),
+            "{}: a retried intent was claimed as a recovery",
+            c.key
+        );
+    }
+}
