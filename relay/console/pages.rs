@@ -488,6 +488,9 @@ pub struct ScheduleRow {
     pub kind: String,
     pub last: String,
     pub next: String,
+    /// Relays disagree about the schedule: which configuration wins, and
+    /// which stand aside.
+    pub disagreement: Option<String>,
 }
 
 #[derive(Template)]
@@ -497,21 +500,61 @@ struct SchedulesPage {
     rows: Vec<ScheduleRow>,
 }
 
-/// The configured schedules with their last and next ticks.
+/// The configured schedules with their last and next ticks, and the
+/// configurations relays run for each: more than one, or one other than
+/// this console's, is a disagreement (the first wins).
 pub async fn schedule_rows(app: &App) -> Result<Vec<serde_json::Value>, Refusal> {
     let schedules = &app.schedules;
     let marks = app.store.schedule_watermarks().await?;
     let now = Utc::now();
-    Ok(schedules
-        .iter()
-        .map(|s| {
-            let last = marks.iter().find(|(n, _)| *n == s.name).map(|(_, t)| *t);
-            serde_json::json!({
-                "name": s.name, "cron": s.expression, "kind": s.kind,
-                "destination": s.destination, "last_tick": last, "next": s.upcoming(now, 3),
+    let mut rows = Vec::with_capacity(schedules.len());
+    for s in schedules {
+        let last = marks.iter().find(|(n, _)| *n == s.name).map(|(_, t)| *t);
+        let live = app.store.schedule_configs(&s.name, now).await?;
+        let mine = s.fingerprint();
+        let disagree = live.len() > 1 || live.iter().any(|c| c.fingerprint != mine);
+        let configurations: Vec<serde_json::Value> = live
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                serde_json::json!({
+                    "definition": c.definition, "fingerprint": c.fingerprint,
+                    "seen_by": c.seen_by, "first_seen": c.first_seen, "wins": i == 0,
+                })
             })
-        })
-        .collect())
+            .collect();
+        rows.push(serde_json::json!({
+            "name": s.name, "cron": s.expression, "kind": s.kind,
+            "destination": s.destination, "last_tick": last, "next": s.upcoming(now, 3),
+            "relays_disagree": disagree, "configurations": configurations,
+        }));
+    }
+    Ok(rows)
+}
+
+/// One line on a disagreement about a schedule, from its row.
+fn disagreement(row: &serde_json::Value) -> Option<String> {
+    if row["relays_disagree"] != serde_json::Value::Bool(true) {
+        return None;
+    }
+    let configs = row["configurations"].as_array()?;
+    let describe = |c: &serde_json::Value| {
+        format!(
+            "{} (relay {})",
+            c["definition"].as_str().unwrap_or(""),
+            c["seen_by"].as_str().unwrap_or("?")
+        )
+    };
+    let winner = configs.first().map(describe)?;
+    let aside: Vec<String> = configs.iter().skip(1).map(describe).collect();
+    Some(if aside.is_empty() {
+        format!("Relays run another configuration than this console's: {winner}.")
+    } else {
+        format!(
+            "Relays disagree: {winner} wins and alone enqueues ticks; standing aside: {}.",
+            aside.join("; ")
+        )
+    })
 }
 
 pub async fn schedules(
@@ -544,6 +587,7 @@ pub async fn schedules(
                     .as_array()
                     .map(|a| a.iter().map(time).collect::<Vec<_>>().join(", "))
                     .unwrap_or_default(),
+                disagreement: disagreement(r),
             })
             .collect(),
     })

@@ -185,3 +185,63 @@ async fn standing_aside_takes_no_lock_and_a_busy_turn_is_tried_again() {
         "every */6 tick, and no */4 one"
     );
 }
+
+/// The console's schedules page says when relays disagree about a
+/// schedule: which configuration wins and which stand aside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_a_disagreement_about_a_schedule() {
+    use crate::common::console::{ConsoleServer, Session};
+    let db = TestDb::new().await;
+    let mut a = Scheduler::new(
+        db.store.clone(),
+        "relay-a",
+        vec![digest("*/4 * * * * *", "old")],
+    );
+    let mut b = Scheduler::new(
+        db.another_store().await,
+        "relay-b",
+        vec![digest("*/6 * * * * *", "new")],
+    );
+    let entry = |cron: &str, version: &str| ScheduleEntry {
+        name: "digest".into(),
+        cron: cron.into(),
+        kind: "webhook".into(),
+        destination: None,
+        payload: json!({"url": "http://127.0.0.1:9/digest", "body": {"version": version}}),
+        catch_up: 1,
+    };
+    // the console reads a configuration file with the old schedule
+    let console = ConsoleServer::start_with(&db, &[], |c| {
+        c.schedules = vec![entry("*/4 * * * * *", "old")];
+    })
+    .await;
+    let mut s = Session::new(&console);
+    // relays agree: nothing said
+    let now = Utc::now();
+    a.tick(now).await;
+    let page = s.get("/schedules").await;
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("disagreement-digest"), "{}", page.body);
+
+    b.tick(now + chrono::Duration::seconds(1)).await;
+    let page = s.get("/schedules").await;
+    assert!(
+        page.body.contains("id=\"disagreement-digest\""),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body.contains("Relays disagree")
+            && page.body.contains("*/6 * * * * *")
+            && page.body.contains("relay relay-b")
+            && page.body.contains("standing aside")
+            && page.body.contains("relay relay-a"),
+        "{}",
+        page.body
+    );
+    let api = s.get("/api/v1/schedules").await;
+    let rows: Value = serde_json::from_str(&api.body).unwrap();
+    assert_eq!(rows[0]["relays_disagree"], true, "{rows}");
+    assert_eq!(rows[0]["configurations"][0]["seen_by"], "relay-b", "{rows}");
+    assert_eq!(rows[0]["configurations"][0]["wins"], true, "{rows}");
+}
