@@ -31,6 +31,7 @@ mod enqueue_many_equivalence;
 mod failover;
 mod first_steps;
 mod getting_started;
+mod guides;
 mod hardening;
 mod health;
 mod kafka;

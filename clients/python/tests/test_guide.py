@@ -20,8 +20,8 @@ def test_the_guides_example_runs_and_is_delivered(
     example: str = blocks[0]
     assert len(example.strip().splitlines()) <= 10
     n = str(unique.order_id)
-    code = example.replace("42", n).replace(
-        "https://hooks.example.com/orders", receiver.url(unique.path())
+    code = example.replace("45", n).replace(
+        "http://127.0.0.1:48080/orders", receiver.url(unique.path())
     )
     exec(compile(code, str(GUIDE), "exec"), {})
     printed = capsys.readouterr().out.split()
@@ -33,4 +33,4 @@ def test_the_guides_example_runs_and_is_delivered(
 
     relay.run_once()
     [got] = receiver.at(unique.path())
-    assert got.json() == {"order": unique.order_id, "total": 1999}
+    assert got.json() == {"order": unique.order_id, "total": 2500}

@@ -24,17 +24,17 @@ test("the guide's ten-line example runs as written", async () => {
   await look(
     `CREATE SCHEMA ${schema}; CREATE TABLE ${schema}.orders (id bigint PRIMARY KEY, total bigint NOT NULL)`,
   );
-  const before = await stored("order:42:confirmation");
+  const before = await stored("order:46:confirmation");
   const { stdout } = await promisify(execFile)(process.execPath, [file], {
     env: { ...process.env, DATABASE_URL, PGOPTIONS: `-c search_path=${schema}` },
     timeout: 20_000,
   });
 
-  const intent = await stored("order:42:confirmation");
+  const intent = await stored("order:46:confirmation");
   assert.equal(stdout.trim(), `${intent?.id}n ${before !== undefined}`);
   assert.deepEqual(intent?.payload, {
-    url: "https://hooks.example.com/orders",
-    body: { order: 42, total: 1999 },
+    url: "http://127.0.0.1:48080/orders",
+    body: { order: 46, total: 3100 },
   });
-  assert.deepEqual(await look(`SELECT id::int, total::int FROM ${schema}.orders`), [{ id: 42, total: 1999 }]);
+  assert.deepEqual(await look(`SELECT id::int, total::int FROM ${schema}.orders`), [{ id: 46, total: 3100 }]);
 });
