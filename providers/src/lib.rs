@@ -87,7 +87,8 @@ pub struct Delivery<'a> {
     /// only a backstop after it, so the two never race.
     pub deadline: Option<std::time::Instant>,
     /// The trace context to send with the effect (webhook headers, broker
-    /// message headers), replacing any the payload's own headers name.
+    /// message headers, an email's headers, the payment API request's
+    /// headers), replacing any the payload's own headers name.
     pub trace: Option<TraceHeaders<'a>>,
 }
 

@@ -350,3 +350,55 @@ async fn bad_charge_payloads_are_rejected_before_any_call() {
     assert_eq!(db.count("state = 'rejected'").await, 4);
     assert!(stripe.fake.requests().is_empty());
 }
+
+/// The intent's trace context goes to the payment API as the request's
+/// `traceparent` and `tracestate` headers (with no span export, unchanged),
+/// and never into the PaymentIntent's parameters: an operator's retry
+/// under the same Idempotency-Key is a replay, not an idempotency error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_context_goes_as_headers_of_the_payment_apis_request() {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let db = TestDb::new().await;
+    let stripe = FakeStripe::start().await;
+    sqlx::query(
+        "SELECT outbox.enqueue('order:43:charge', 'charge', $1, p_traceparent => $2,
+                               p_tracestate => 'shop=checkout')",
+    )
+    .bind(charge("pm_card_visa"))
+    .bind(TP)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    engine(db.store.clone(), &charge_config(&stripe))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(db.state("order:43:charge").await, "delivered");
+    assert_eq!(
+        stripe.fake.trace_headers(),
+        [(
+            "/v1/payment_intents".to_string(),
+            Some(TP.to_string()),
+            Some("shop=checkout".to_string())
+        )]
+    );
+    let pi = &stripe.fake.payments()[0];
+    assert!(!pi.to_string().contains(&TP[3..35]), "{pi}");
+
+    let force = RetryOptions {
+        force: true,
+        ..RetryOptions::default()
+    };
+    db.store.retry("order:43:charge", force).await.unwrap();
+    engine(db.store.clone(), &charge_config(&stripe))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(db.state("order:43:charge").await, "delivered");
+    let key = idempotency_key("order:43:charge", 0);
+    assert_eq!(
+        stripe.fake.requests(),
+        [(key.clone(), false, 200), (key, true, 200)]
+    );
+    assert_eq!(stripe.fake.payments().len(), 1);
+}

@@ -248,7 +248,7 @@ async fn a_connection_the_server_ends_is_sqlxs_own_error() {
             false
         });
         let err = if many {
-            enqueue_many(&mut *tx, std::slice::from_ref(&intent))
+            enqueue_many(&mut tx, std::slice::from_ref(&intent))
                 .await
                 .unwrap_err()
         } else {

@@ -268,3 +268,51 @@ async fn invalid_addresses_and_injection_attempts_never_reach_the_server() {
     assert_eq!(msgs[0]["rcpt_tos"], json!(["dave@example.com"]));
     assert!(!msgs[0]["data"].as_str().unwrap().contains("\nBcc:"));
 }
+
+/// The intent's trace context goes with the message as its `traceparent`
+/// and `tracestate` headers (with no span export, unchanged); the
+/// Message-ID stays the one derived from the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_context_goes_as_headers_of_the_message() {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let db = TestDb::new().await;
+    let peer = SmtpPeer::start().await;
+    sqlx::query(
+        "SELECT outbox.enqueue('order:8:confirmation', 'email', $1, p_traceparent => $2,
+                               p_tracestate => 'shop=checkout')",
+    )
+    .bind(mail("alice@example.com", "Order 8 confirmed"))
+    .bind(TP)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    db.enqueue(
+        "order:9:confirmation",
+        "email",
+        mail("bob@example.com", "Order 9 confirmed"),
+    )
+    .await;
+    engine(db.store.clone(), &email_config(&peer))
+        .run_once()
+        .await
+        .unwrap();
+    let msgs = peer.messages();
+    assert_eq!(msgs.len(), 2);
+    let data = |to: &str| {
+        msgs.iter()
+            .find(|m| m["rcpt_tos"][0] == to)
+            .and_then(|m| m["data"].as_str())
+            .unwrap()
+            .to_string()
+    };
+    let traced = data("alice@example.com");
+    assert!(traced.contains(&format!("traceparent: {TP}")), "{traced}");
+    assert!(traced.contains("tracestate: shop=checkout"), "{traced}");
+    let id = &outbox_providers::keys::effect_key("order:8:confirmation", "email", 0)[..32];
+    assert!(traced.contains(&format!("Message-ID: <{id}@example.com>")));
+    let plain = data("bob@example.com");
+    assert!(
+        !plain.contains("traceparent") && !plain.contains("tracestate"),
+        "{plain}"
+    );
+}

@@ -94,6 +94,7 @@ impl Provider for ChargeProvider {
                 request::idempotency_key(d.key, d.key_generation),
             )
             .header("Content-Type", "application/x-www-form-urlencoded")
+            .headers(trace_headers(d.trace))
             .body(body)
             .send()
             .await;
@@ -116,6 +117,7 @@ impl Provider for ChargeProvider {
             .get(url)
             .timeout(d.time_left(self.config.reconcile_timeout))
             .bearer_auth(self.config.api_key.expose())
+            .headers(trace_headers(d.trace))
             .send()
             .await
         {
@@ -173,6 +175,30 @@ impl Provider for ChargeProvider {
         };
         crate::span::server_of(shape, &self.config.api_base)
     }
+}
+
+/// The attempt's `traceparent` and `tracestate` as HTTP headers of the
+/// payment API's requests (each only when it is a valid header value). Not
+/// in the PaymentIntent's metadata: a retry under the same Idempotency-Key
+/// must send the same parameters, and each attempt has its own span.
+fn trace_headers(trace: Option<crate::TraceHeaders<'_>>) -> reqwest::header::HeaderMap {
+    use reqwest::header::HeaderValue;
+    let mut headers = reqwest::header::HeaderMap::new();
+    let Some(trace) = trace else {
+        return headers;
+    };
+    let valid = |v: &str| {
+        crate::span::printable(v)
+            .then(|| HeaderValue::from_str(v).ok())
+            .flatten()
+    };
+    if let Some(v) = valid(trace.traceparent) {
+        headers.insert("traceparent", v);
+    }
+    if let Some(v) = trace.tracestate.and_then(valid) {
+        headers.insert("tracestate", v);
+    }
+    headers
 }
 
 /// A POST that got no answer. Nothing sent (the connection was never
@@ -326,6 +352,23 @@ async fn classify(resp: reqwest::Response, key: &str) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trace_headers_are_sent_only_when_printable() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let h = trace_headers(Some(crate::TraceHeaders {
+            traceparent: tp,
+            tracestate: Some("a=1"),
+        }));
+        assert_eq!(h["traceparent"], tp);
+        assert_eq!(h["tracestate"], "a=1");
+        let smuggled = trace_headers(Some(crate::TraceHeaders {
+            traceparent: "00-x\r\nIdempotency-Key: forged",
+            tracestate: Some("a=\u{7f}"),
+        }));
+        assert!(smuggled.is_empty(), "{smuggled:?}");
+        assert!(trace_headers(None).is_empty());
+    }
 
     #[test]
     fn failed_request_table() {

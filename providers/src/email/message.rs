@@ -3,12 +3,14 @@
 //! lettre parses every address and encodes every header, so CR/LF in a
 //! subject or an address can never add a header or a recipient.
 
+use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::Message;
 use serde_json::Value;
 
 use crate::keys;
 use crate::webhook::request::type_name;
+use crate::TraceHeaders;
 
 /// Recipients (to, cc and bcc together) of one message at most: the number
 /// every SMTP server must accept (RFC 5321 4.5.3.1.8). Beyond it a server
@@ -36,6 +38,20 @@ pub fn prepare(
     key: &str,
     generation: i32,
     default_from: Option<&Mailbox>,
+) -> Result<Prepared, String> {
+    prepare_traced(payload, key, generation, default_from, None)
+}
+
+/// [`prepare`], with the attempt's trace context as the message's
+/// `traceparent` and `tracestate` headers (each only when it is printable
+/// ASCII), so that a receiving system's spans can join the trace. The
+/// Message-ID does not depend on it.
+pub fn prepare_traced(
+    payload: &Value,
+    key: &str,
+    generation: i32,
+    default_from: Option<&Mailbox>,
+    trace: Option<TraceHeaders<'_>>,
 ) -> Result<Prepared, String> {
     let obj = payload.as_object().ok_or_else(|| {
         format!(
@@ -100,6 +116,17 @@ pub fn prepare(
     }
     if let Some(v) = obj.get("reply_to") {
         builder = builder.reply_to(mailbox("reply_to", v)?);
+    }
+    if let Some(trace) = trace {
+        const TRACEPARENT: HeaderName = HeaderName::new_from_ascii_str("traceparent");
+        const TRACESTATE: HeaderName = HeaderName::new_from_ascii_str("tracestate");
+        if crate::span::printable(trace.traceparent) {
+            builder =
+                builder.raw_header(HeaderValue::new(TRACEPARENT, trace.traceparent.to_string()));
+        }
+        if let Some(state) = trace.tracestate.filter(|s| crate::span::printable(s)) {
+            builder = builder.raw_header(HeaderValue::new(TRACESTATE, state.to_string()));
+        }
     }
     let message = match (text, html) {
         (Some(t), Some(h)) => builder.multipart(MultiPart::alternative_plain_html(t, h)),
@@ -208,6 +235,36 @@ mod tests {
             .unwrap();
             assert!(err.contains("line break"), "{err}");
         }
+    }
+
+    #[test]
+    fn the_trace_context_goes_as_headers_and_never_adds_one() {
+        let payload = json!({"from": "shop@example.com", "to": ["a@example.com"], "subject": "s", "text": "t"});
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let trace = TraceHeaders {
+            traceparent: tp,
+            tracestate: Some("vendor=a1,other=b2"),
+        };
+        let p = prepare_traced(&payload, "k", 0, None, Some(trace)).unwrap();
+        let t = text(&p);
+        assert!(t.contains(&format!("\r\ntraceparent: {tp}\r\n")), "{t}");
+        assert!(t.contains("\r\ntracestate: vendor=a1,other=b2\r\n"), "{t}");
+        let plain = prepare(&payload, "k", 0, None).unwrap();
+        assert_eq!(p.message_id, plain.message_id, "the same effect");
+        assert!(!text(&plain).contains("traceparent"));
+
+        let smuggling = TraceHeaders {
+            traceparent: "00-x\r\nBcc: victim@example.com",
+            tracestate: Some("a=b\nX-Evil: 1"),
+        };
+        let p = prepare_traced(&payload, "k", 0, None, Some(smuggling)).unwrap();
+        let t = text(&p);
+        assert!(
+            !t.contains("traceparent") && !t.contains("tracestate"),
+            "{t}"
+        );
+        assert!(!t.contains("Bcc:") && !t.contains("X-Evil"), "{t}");
+        assert_eq!(p.envelope.to().len(), 1);
     }
 
     #[test]

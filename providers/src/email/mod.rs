@@ -88,11 +88,12 @@ impl Provider for EmailProvider {
         if let Err(reason) = crate::refuse_destination("email", d.destination) {
             return Outcome::invalid(reason);
         }
-        let prepared = match message::prepare(
+        let prepared = match message::prepare_traced(
             d.payload,
             d.key,
             d.key_generation,
             self.config.from.as_ref(),
+            d.trace,
         ) {
             Ok(p) => p,
             Err(reason) => return Outcome::invalid(reason),

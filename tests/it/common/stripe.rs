@@ -42,6 +42,8 @@ struct Inner {
     log: Vec<(String, bool, u16)>,
     /// How long a search takes to answer.
     search_delay: std::time::Duration,
+    /// Every authorized request: (path, traceparent, tracestate).
+    traced: Vec<(String, Option<String>, Option<String>)>,
 }
 
 #[derive(Clone, Default)]
@@ -85,6 +87,11 @@ impl FakeStripe {
         self.inner.lock().unwrap().log.clone()
     }
 
+    /// (path, `traceparent`, `tracestate`) of every authorized request.
+    pub fn trace_headers(&self) -> Vec<(String, Option<String>, Option<String>)> {
+        self.inner.lock().unwrap().traced.clone()
+    }
+
     /// Pretend another request under `key` is executing right now.
     pub fn hold(&self, key: &str) {
         self.inner
@@ -104,6 +111,22 @@ impl FakeStripe {
     }
 }
 
+impl FakeStripe {
+    fn note_trace(&self, path: &str, headers: &HeaderMap) {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        self.inner.lock().unwrap().traced.push((
+            path.to_string(),
+            header("traceparent"),
+            header("tracestate"),
+        ));
+    }
+}
+
 fn error(status: u16, kind: &str, code: Option<&str>, message: &str) -> (u16, Value) {
     (
         status,
@@ -115,6 +138,7 @@ async fn create(State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes)
     if let Some(refused) = unauthorized(&headers) {
         return refused;
     }
+    fake.note_trace("/v1/payment_intents", &headers);
     let params: Vec<(String, String)> = url::form_urlencoded::parse(&body).into_owned().collect();
     if params
         .iter()
@@ -197,6 +221,7 @@ async fn search(
     if let Some(refused) = unauthorized(&headers) {
         return refused;
     }
+    fake.note_trace("/v1/payment_intents/search", &headers);
     let delay = fake.inner.lock().unwrap().search_delay;
     tokio::time::sleep(delay).await;
     let query = url::form_urlencoded::parse(q.unwrap_or_default().as_bytes())
