@@ -461,3 +461,101 @@ async fn a_topic_that_gains_partitions_keeps_one_record_per_effect() {
         );
     }
 }
+
+/// Attempt 1 finds no topic; an operator retries once the topic exists.
+async fn refused_then_retried(db: &TestDb, key: &str, topic: &str, cfg: &Config) {
+    enqueue(
+        db,
+        key,
+        json!({"topic": topic, "key": "acct-1", "body": {"n": 1}}),
+        None,
+    )
+    .await;
+    engine(db.store.clone(), cfg).run_once().await.unwrap();
+    let i = db.store.find(key).await.unwrap();
+    assert_eq!(i.state, "rejected", "{:?}", i.last_error);
+    db.store
+        .retry(
+            key,
+            RetryOptions {
+                new_effect: false,
+                force: false,
+            },
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retrys_search_ends_on_a_partition_another_producer_keeps_busy() {
+    let db = TestDb::new().await;
+    let broker = Broker::start().await;
+    let cfg = kafka_config(broker.brokers());
+    refused_then_retried(&db, "busy:1", "busy", &cfg).await;
+    broker.create_topic("busy", 1).await;
+    let chatter = broker.chatter("busy", "acct-1", Duration::from_millis(100));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // a relay that did not make attempt 1 (a new process) searches first
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let sent = chatter.stop();
+    assert!(sent >= 10, "the other producer kept writing: {sent}");
+    let i = db.store.find("busy:1").await.unwrap();
+    assert_eq!(i.state, "delivered", "{:?}", i.last_error);
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    assert_eq!(attempts.len(), 2, "one retry: {attempts:?}");
+    assert!(!attempts[1].replayed, "searched, not found, produced");
+    let records = broker.records("busy", 1).await;
+    let ours = effect_key("busy:1", 0);
+    let mine: Vec<&Record> = records
+        .iter()
+        .filter(|r| header(r, EFFECT_HEADER) == Some(ours.as_str()))
+        .collect();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_an_attempt_that_sent_nothing_does_not_search() {
+    let db = TestDb::new().await;
+    let (broker, proxy) = proxied().await;
+    let cfg = kafka_config(broker.brokers());
+    // one relay, both attempts: it knows attempt 1 sent nothing
+    let providers = outbox_relay::engine::providers(&cfg).unwrap();
+    let relay = || {
+        outbox_relay::Engine::new(
+            db.store.clone(),
+            providers.clone(),
+            outbox_relay::EngineConfig::from_config(&cfg),
+        )
+    };
+    enqueue(
+        &db,
+        "unsent:1",
+        json!({"topic": "later", "key": "acct-1", "body": 1}),
+        None,
+    )
+    .await;
+    relay().run_once().await.unwrap();
+    let i = db.store.find("unsent:1").await.unwrap();
+    assert_eq!(i.state, "rejected", "{:?}", i.last_error);
+    broker.create_topic("later", 1).await;
+    db.store
+        .retry(
+            "unsent:1",
+            RetryOptions {
+                new_effect: false,
+                force: false,
+            },
+        )
+        .await
+        .unwrap();
+    // a search could not read the topic now; a produce gets through, to
+    // the topic the same relay found missing a moment ago
+    proxy.set(Mode::DropReads);
+    relay().run_once().await.unwrap();
+    proxy.set(Mode::Pass);
+    let i = db.store.find("unsent:1").await.unwrap();
+    assert_eq!(i.state, "delivered", "{:?}", i.last_error);
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!(broker.records("later", 1).await.len(), 1);
+}

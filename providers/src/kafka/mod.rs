@@ -20,13 +20,16 @@
 //!
 //! A later attempt of an intent (a retry after any failure) searches first
 //! and republishes only when the record is not there, so that a report lost
-//! in a network cut does not become a second record.
+//! in a network cut does not become a second record. It does not search
+//! when this relay made the attempt before it, and that attempt sent
+//! nothing and needed no search itself ([`Unsent`]).
 
 pub mod partition;
 pub mod produce;
 pub mod request;
 pub mod search;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -208,6 +211,46 @@ pub struct KafkaProvider {
     /// Made on first use; rebuilt after a fatal error (an idempotent
     /// producer that lost its sequence cannot go on).
     producer: Mutex<Option<Arc<produce::Producer>>>,
+    unsent: Unsent,
+}
+
+/// The effects whose last attempt this relay made and knows left no record
+/// in the log: it sent nothing (refused before it was queued, or reported
+/// `NOT_PERSISTED`), and nothing was there before it (the first attempt, a
+/// search that found nothing, or an attempt of this kind itself). The
+/// next attempt of such an effect has nothing to search for. By effect
+/// key, the attempt's number; bounded, and forgotten on a restart (the
+/// attempt after one searches).
+#[derive(Default)]
+struct Unsent(Mutex<HashMap<String, i32>>);
+
+impl Unsent {
+    /// Effects remembered at most; past it the memory starts again.
+    const CAP: usize = 10_000;
+
+    fn follows(&self, effect_key: &str, attempt: i32) -> bool {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(effect_key).is_some_and(|a| *a + 1 == attempt)
+    }
+
+    fn record(&self, effect_key: String, attempt: i32, left_nothing: bool) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !left_nothing {
+            map.remove(&effect_key);
+            return;
+        }
+        if map.len() >= Self::CAP {
+            map.clear();
+        }
+        map.insert(effect_key, attempt);
+    }
+}
+
+/// Whether an attempt's record may have reached the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Nothing,
+    Maybe,
 }
 
 impl KafkaProvider {
@@ -224,6 +267,7 @@ impl KafkaProvider {
             config,
             client,
             producer: Mutex::new(Some(Arc::new(producer))),
+            unsent: Unsent::default(),
         })
     }
 
@@ -294,22 +338,24 @@ impl KafkaProvider {
         d: &Delivery<'_>,
         record: request::Record,
         started: Instant,
-    ) -> Outcome {
+    ) -> (Outcome, Sent) {
         let held = match self.producer() {
             Ok(p) => p,
             Err(reason) => {
-                return Outcome::Misconfigured {
+                let outcome = Outcome::Misconfigured {
                     reason,
                     status: None,
-                }
+                };
+                return (outcome, Sent::Nothing);
             }
         };
         let Some(producer) = held.get() else {
-            return Outcome::Transient {
+            let outcome = Outcome::Transient {
                 reason: "the Kafka producer was being replaced; nothing was sent".into(),
                 status: None,
                 retry_after: None,
             };
+            return (outcome, Sent::Nothing);
         };
         let effect_key = request::effect_key(d.key, d.key_generation);
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
@@ -336,7 +382,10 @@ impl KafkaProvider {
         let topic = record.topic.clone();
         if let Err((error, _)) = producer.send(base) {
             // refused before it was queued: nothing left the relay
-            return match produce::code(&error).and_then(produce::refusal) {
+            if produce::topic_unknown(&error) {
+                self.drop_producer(&held);
+            }
+            let outcome = match produce::code(&error).and_then(produce::refusal) {
                 Some(why) => rejected(&topic, why, &error),
                 None => Outcome::Transient {
                     reason: format!("the record for topic {topic:?} was not queued: {error}"),
@@ -344,27 +393,32 @@ impl KafkaProvider {
                     retry_after: None,
                 },
             };
+            return (outcome, Sent::Nothing);
         }
         let wait =
             d.time_left(produce::report_wait(self.config.timeout) + Duration::from_millis(500));
         let report = match tokio::time::timeout(wait, rx).await {
             Ok(Ok(report)) => report,
             Ok(Err(_)) | Err(_) => {
-                return Outcome::Ambiguous {
+                let outcome = Outcome::Ambiguous {
                     reason: format!(
                         "no delivery report for the record to topic {topic:?} within {:?}; whether the broker wrote it is unknown",
                         started.elapsed()
                     ),
                     status: None,
-                }
+                };
+                return (outcome, Sent::Maybe);
             }
         };
         match report {
-            Report::Written { partition, offset } => Outcome::Delivered {
-                reference: Some(reference(&topic, partition, offset)),
-                replayed: false,
-                status: None,
-            },
+            Report::Written { partition, offset } => {
+                let outcome = Outcome::Delivered {
+                    reference: Some(reference(&topic, partition, offset)),
+                    replayed: false,
+                    status: None,
+                };
+                (outcome, Sent::Maybe)
+            }
             Report::Failed {
                 error,
                 possibly_written,
@@ -377,8 +431,15 @@ impl KafkaProvider {
                 } else if produce::is_fatal(&error) {
                     tracing::warn!(%error, "the Kafka producer's id or sequence was refused; a new producer is made for the next attempt");
                     self.drop_producer(&held);
+                } else if produce::topic_unknown(&error) {
+                    self.drop_producer(&held);
                 }
-                classify(&topic, &error, possibly_written)
+                let sent = if possibly_written {
+                    Sent::Maybe
+                } else {
+                    Sent::Nothing
+                };
+                (classify(&topic, &error, possibly_written), sent)
             }
         }
     }
@@ -448,9 +509,13 @@ impl Provider for KafkaProvider {
         if let Some(trace) = d.trace {
             crate::span::set_trace_headers(&mut record.headers, trace, |v| v.to_string());
         }
+        let effect_key = request::effect_key(d.key, d.key_generation);
         // a retry (not a recovery, which the relay reconciles itself):
-        // the last attempt's record may be in the log already
-        if d.attempt > 1 && d.previous_attempt_at.is_none() {
+        // the last attempt's record may be in the log already, unless this
+        // relay knows that attempt left none
+        let retry = d.attempt > 1 && d.previous_attempt_at.is_none();
+        let clean = d.attempt == 1 || (retry && self.unsent.follows(&effect_key, d.attempt));
+        if retry && !clean {
             // half of the attempt for the search, the rest for the produce;
             // as far back as the window goes
             let deadline = Instant::now() + d.time_left(self.config.timeout) / 2;
@@ -464,6 +529,7 @@ impl Provider for KafkaProvider {
                 }
                 Search::NotFound => {}
                 Search::Incomplete(why) => {
+                    self.unsent.record(effect_key, d.attempt, false);
                     return Outcome::Transient {
                         reason: format!(
                             "could not check whether an earlier attempt's record is in topic {:?} ({why}); nothing was sent",
@@ -471,11 +537,17 @@ impl Provider for KafkaProvider {
                         ),
                         status: None,
                         retry_after: None,
-                    }
+                    };
                 }
             }
         }
-        self.produce(d, record, started).await
+        // nothing was there before: the first attempt, one that searched,
+        // or one after an attempt that left nothing
+        let clean = clean || retry;
+        let (outcome, sent) = self.produce(d, record, started).await;
+        self.unsent
+            .record(effect_key, d.attempt, clean && sent == Sent::Nothing);
+        outcome
     }
 
     async fn reconcile(&self, d: &Delivery<'_>) -> Reconciled {

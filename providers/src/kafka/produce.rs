@@ -169,3 +169,15 @@ pub fn is_fatal(error: &KafkaError) -> bool {
         )
     )
 }
+
+/// The topic is missing. librdkafka keeps that answer for the topic until
+/// its next metadata refresh (`topic.metadata.refresh.interval.ms`, five
+/// minutes) and refuses every record to it meanwhile, so the producer is
+/// replaced: a topic an operator creates is seen by the next attempt.
+pub fn topic_unknown(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code(error),
+        Some(C::UnknownTopic | C::UnknownTopicOrPartition)
+    )
+}

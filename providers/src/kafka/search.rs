@@ -2,12 +2,19 @@
 //! partition?
 //!
 //! The search starts at the offset the broker gives for the attempt's start
-//! (minus a margin for clocks) and reads forward until the partition is
-//! exhausted: past the high watermark the broker gave at the start, and no
-//! record for [`IDLE`] since. It never trusts the high watermark to say
-//! where the partition ends (Tansu reports one too low: the read goes on
-//! past it), and a start offset the broker answers too early (Tansu answers
-//! 0 for a time past the last record) costs only reading more.
+//! (minus a margin for clocks) and reads forward to the partition's end as
+//! it was when the search began, then stops: a partition that other
+//! producers keep busy does not keep it reading. The end is the high
+//! watermark the broker lists at the start, or the one its first fetch
+//! answers with, whichever is later (Tansu lists one too low, the base
+//! offset of its last batch plus one; its fetches answer the true one). A
+//! partition read to where the broker says it ends (end of partition) is
+//! done too. A start offset the broker answers too early (Tansu answers 0
+//! for a time past the last record) costs only reading more.
+//!
+//! A record written after the search took its end is not seen: a record of
+//! an earlier attempt that was still on its way to the broker then (see
+//! the Kafka guide).
 //!
 //! A record with a partition in its payload is in that one. A keyed record
 //! is where the producer's partition count put it: the topic may have
@@ -15,6 +22,7 @@
 //! chosen is read ([`super::partition::candidates`]). A record with neither
 //! key nor partition may be in any, so all are read.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -24,11 +32,6 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::request::EFFECT_KEY_HEADER;
-
-/// A partition that gives no record for this long is exhausted: the
-/// broker answers an empty fetch within `fetch.wait.max.ms` (100 ms), so
-/// this is four empty answers in a row.
-pub const IDLE: Duration = Duration::from_millis(400);
 
 /// What to look for.
 pub struct Wanted<'a> {
@@ -125,10 +128,7 @@ fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Searc
     // cannot say is read from its beginning
     let starts = consumer.offsets_for_times(at_time, left(deadline)?).ok();
     let mut assignment = TopicPartitionList::new();
-    // per partition: the high watermark at the start, and whether the read
-    // has reached it (a broker that reports one too low, as Tansu does,
-    // only makes the read go on past it until the partition is quiet)
-    let mut ends: std::collections::HashMap<i32, (i64, bool)> = Default::default();
+    let mut ends: HashMap<i32, End> = HashMap::new();
     for p in &partitions {
         let start = starts
             .as_ref()
@@ -140,14 +140,20 @@ fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Searc
             Some(Offset::Offset(o)) if o >= 0 => Offset::Offset(o),
             _ => Offset::Beginning,
         };
-        let high = consumer
+        let listed = consumer
             .fetch_watermarks(w.topic, *p, left(deadline)?)
             .map_or(0, |(_, high)| high);
-        let reached = matches!(start, Offset::Offset(o) if o >= high);
         assignment
             .add_partition_offset(w.topic, *p, start)
             .map_err(|e| e.to_string())?;
-        ends.insert(*p, (high, reached));
+        ends.insert(
+            *p,
+            End {
+                listed,
+                fetched: None,
+                done: false,
+            },
+        );
     }
     if ends.is_empty() {
         return Ok(Search::NotFound);
@@ -155,25 +161,20 @@ fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Searc
     consumer
         .assign(&assignment)
         .map_err(|e| format!("cannot read topic {:?}: {e}", w.topic))?;
-    let mut last_record = Instant::now();
     loop {
         let remaining = left(deadline)?;
-        if last_record.elapsed() >= IDLE && ends.values().all(|(_, reached)| *reached) {
+        if ends.values().all(|end| end.done) {
             return Ok(Search::NotFound);
         }
         match consumer.poll(remaining.min(Duration::from_millis(200))) {
             None => {}
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 if let Some(end) = ends.get_mut(&p) {
-                    end.1 = true;
+                    end.done = true;
                 }
             }
             Some(Err(e)) => return Err(format!("reading topic {:?}: {e}", w.topic)),
             Some(Ok(record)) => {
-                last_record = Instant::now();
-                if let Some(end) = ends.get_mut(&record.partition()) {
-                    end.1 |= record.offset() + 1 >= end.0;
-                }
                 let ours = record.headers().is_some_and(|headers| {
                     headers.iter().any(|h| {
                         h.key == EFFECT_KEY_HEADER && h.value == Some(w.effect_key.as_bytes())
@@ -185,7 +186,53 @@ fn run(common: &ClientConfig, w: &Wanted<'_>, deadline: Instant) -> Result<Searc
                         offset: record.offset(),
                     });
                 }
+                if let Some(end) = ends.get_mut(&record.partition()) {
+                    // the high watermark of the fetch that brought the
+                    // partition's first record, taken once
+                    let fetched = *end
+                        .fetched
+                        .get_or_insert_with(|| fetched_high(consumer, w.topic, record.partition()));
+                    if record.offset() + 1 >= end.listed.max(fetched) {
+                        end.done = true;
+                    }
+                }
             }
         }
     }
+}
+
+/// The high watermark of the last fetch response for a partition, as
+/// librdkafka keeps it (no request); 0 when it has none.
+fn fetched_high(consumer: &BaseConsumer, topic: &str, partition: i32) -> i64 {
+    let Ok(topic) = std::ffi::CString::new(topic) else {
+        return 0;
+    };
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer is valid while `consumer` is borrowed, the
+    // topic is a NUL-terminated string that outlives the call, and the call
+    // only writes librdkafka's cached watermarks into the two locals.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    if err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        high.max(0)
+    } else {
+        0
+    }
+}
+
+/// Where one partition's read stops.
+struct End {
+    /// The high watermark the broker listed when the search began.
+    listed: i64,
+    /// The one its first fetch answered with.
+    fetched: Option<i64>,
+    /// Read to the end.
+    done: bool,
 }
