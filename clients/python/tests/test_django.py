@@ -13,6 +13,7 @@ from django.db import connection, connections, transaction
 
 from conftest import Db, Receiver, Relay, Unique
 from outbox_relay import Charge, Conflict, Enqueued, OutboxError, Webhook, enqueue, enqueue_many
+from test_lost_connection import HOOK, terminated_while_waiting
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -87,3 +88,32 @@ def test_django_rollback_duplicate_conflict_and_refusal(
     with pytest.raises(OutboxError) as refused, transaction.atomic():
         enqueue(conn, "", charge)
     assert refused.value.sqlstate == "22023"
+
+
+def test_django_outside_atomic_is_refused_in_strict_mode(
+    db: Db, receiver: Receiver, unique: Unique
+) -> None:
+    hook = Webhook(url=receiver.url(unique.path()), body=3)
+    with pytest.raises(OutboxError) as refused:
+        enqueue(connection, unique.key("dj-auto"), hook, require_transaction=True)
+    assert refused.value.sqlstate == "OB428"
+    assert db.intent(unique.key("dj-auto")) is None
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'dj')", [unique.order_id])
+        enqueue(connection, unique.key("dj-atomic"), hook, require_transaction=True)
+    assert db.intent(unique.key("dj-atomic")) is not None
+
+
+def test_django_raises_its_own_error_when_the_server_ends_the_connection(
+    database_url: str, unique: Unique
+) -> None:
+    key = unique.key("lost-django")
+    with pytest.raises(django.db.OperationalError) as raised, transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            [pid] = cur.fetchone() or [0]
+        with terminated_while_waiting(database_url, key, pid):
+            enqueue(connection, key, HOOK)
+    assert not isinstance(raised.value, OutboxError)
+    connection.close()
