@@ -11,7 +11,11 @@
 //! client and psycopg; the TypeScript guide's packages, `outbox-relay` (built
 //! here from clients/typescript with its own tsc) and `pg`, come from
 //! clients/typescript/node_modules (clients/typescript/setup.sh). The
-//! guides' install commands are skipped for them.
+//! guides' install commands are skipped for them. The Rust guide's program
+//! is built by cargo as the guide says, offline, with the versions of the
+//! workspace's Cargo.lock, its path to clients/rust made absolute, into
+//! target/guides/rust, which later runs reuse (the first build compiles
+//! its dependencies: about a minute of CPU).
 
 use std::path::Path;
 use std::time::Duration;
@@ -158,4 +162,31 @@ async fn the_typescript_client_guide_runs_where_the_tutorial_ends() {
     )
     .await;
     std::fs::remove_dir_all(&packages).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_guide_runs_where_the_tutorial_ends() {
+    let root = Path::new(ROOT);
+    let target = crate::common::relay_bin()
+        .parent()
+        .and_then(Path::parent)
+        .expect("the target directory")
+        .join("guides/rust");
+    continue_from_the_tutorial(
+        "docs/guides/client-rust.md",
+        "order:47:confirmation",
+        47,
+        |s| {
+            s.replace(
+                "path = \"../clients/rust\"",
+                &format!("path = \"{}\"", root.join("clients/rust").display()),
+            );
+            s.env("CARGO_TARGET_DIR", &target.display().to_string());
+            s.env("CARGO_NET_OFFLINE", "true");
+            let project = s.scratch.join("confirm-order");
+            std::fs::create_dir_all(&project).unwrap();
+            std::fs::copy(root.join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
+        },
+    )
+    .await;
 }

@@ -149,6 +149,12 @@ impl Session {
         }
     }
 
+    /// Also replace `from` by `to` in what runs, the files and what is
+    /// shown.
+    pub fn replace(&mut self, from: &str, to: &str) {
+        self.replacements.push((from.into(), to.into()));
+    }
+
     /// Put `dir` on the script's `PATH`, before the binaries of the build.
     pub fn path_first(&mut self, dir: PathBuf) {
         self.path.insert(0, dir);
