@@ -47,6 +47,7 @@ mod pooler;
 mod privileges;
 mod recovery;
 mod reference;
+mod runbooks;
 mod schedules;
 mod secrets;
 mod standbys;
