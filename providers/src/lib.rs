@@ -136,6 +136,28 @@ pub trait Provider: Send + Sync {
     fn span_shape(&self, delivery: &Delivery<'_>) -> SpanShape {
         SpanShape::plain(delivery.kind)
     }
+
+    /// How many deliveries this provider lets be in flight to this
+    /// delivery's destination at once, when it bounds them
+    /// (`webhook.max_in_flight_per_host`). The relay waits for room under
+    /// that bound before it gives a delivery a slot, so that a burst to
+    /// one destination queues briefly instead of being deferred, while a
+    /// slow destination holds none of the relay's slots with its queue.
+    /// The provider keeps its own check as well. The default: no bound.
+    fn in_flight_limit(&self, _delivery: &Delivery<'_>) -> Option<InFlightLimit> {
+        None
+    }
+}
+
+/// A bound on the deliveries in flight to one destination
+/// ([`Provider::in_flight_limit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlightLimit {
+    /// What the bound counts by (a webhook's `scheme://host:port`).
+    pub destination: String,
+    pub limit: usize,
+    /// The setting that sets it, for messages.
+    pub setting: &'static str,
 }
 
 /// The providers one relay is configured with, by kind.

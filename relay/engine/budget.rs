@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
+use crate::engine::due::Due;
+
 /// One claim held: dropped when its completion is written (or the claim is
 /// handed back).
 pub type Permit = OwnedSemaphorePermit;
@@ -39,6 +41,8 @@ pub struct ClaimBudget {
     task_done: Notify,
     concurrency: usize,
     batch_size: usize,
+    /// When the retries and deferrals of this relay's deliveries come due.
+    due: Due,
 }
 
 impl ClaimBudget {
@@ -55,7 +59,14 @@ impl ClaimBudget {
             task_done: Notify::new(),
             concurrency,
             batch_size,
+            due: Due::default(),
         }
+    }
+
+    /// When the retries and deferrals of this relay's deliveries come due:
+    /// written by the delivery tasks, read by the claim loop.
+    pub fn due(&self) -> &Due {
+        &self.due
     }
 
     /// The most intents one claim takes.

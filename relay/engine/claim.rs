@@ -69,6 +69,22 @@ impl Claimer {
         }
     }
 
+    /// Sleep for `wait`, or until an enqueue NOTIFY, or until the first
+    /// retry or deferral of this relay's own comes due (one that arrives
+    /// meanwhile included), whichever comes first; false on the stop.
+    async fn sleep(&self, wait: Duration, wake: &Notify, stop: &mut watch::Receiver<bool>) -> bool {
+        let poll = tokio::time::Instant::now() + wait;
+        loop {
+            let until = self.budget.due().next().map_or(poll, |due| due.min(poll));
+            tokio::select! {
+                _ = wake.notified() => return true,
+                _ = tokio::time::sleep_until(until) => return true,
+                _ = self.budget.due().sooner() => {}
+                _ = stop.wait_for(|s| *s) => return false,
+            }
+        }
+    }
+
     /// Claim and dispatch as claim permits free up. In [`Mode::Serve`] until
     /// `stop` turns true (claim errors are retried with backoff); in
     /// [`Mode::Drain`] until nothing is claimable and no claim is held (a
@@ -135,10 +151,8 @@ impl Claimer {
                     } else {
                         self.poll_interval
                     };
-                    tokio::select! {
-                        _ = wake.notified() => {}
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = stop.wait_for(|s| *s) => return Ok(()),
+                    if !self.sleep(wait, &wake, &mut stop).await {
+                        return Ok(());
                     }
                 }
                 Mode::Serve => {}

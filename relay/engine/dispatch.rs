@@ -21,6 +21,7 @@ use crate::config::RetryPolicy;
 use crate::engine::budget::{ClaimBudget, Permit};
 use crate::engine::complete::Sink;
 use crate::engine::reconcile::{self, Recovery};
+use crate::engine::room::{self, Rooms};
 use crate::engine::standbys::Standbys;
 use crate::engine::supervisor::panic_message;
 use crate::engine::transition::{self, Next};
@@ -81,6 +82,9 @@ pub struct Deliverer {
     tracer: Tracer,
     /// The wait for standbys before each effect.
     standbys: Arc<Standbys>,
+    /// Room per destination (`webhook.max_in_flight_per_host`), waited
+    /// for before a delivery slot.
+    rooms: Rooms,
 }
 
 impl Deliverer {
@@ -112,6 +116,7 @@ impl Deliverer {
             gate,
             tracer: Tracer::off(),
             standbys: Standbys::off(store_for_standbys),
+            rooms: Rooms::default(),
         }
     }
 
@@ -178,6 +183,13 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
         d.budget.task_finished();
         return;
     }
+    // room at the destination first: a burst to one receiver queues here
+    // without holding a delivery slot
+    let (room, no_room) = match enter_room(&d, &claim).await {
+        Some(Ok(room)) => (Some(room), None),
+        Some(Err(reason)) => (None, Some(reason)),
+        None => (None, None),
+    };
     let slot = tokio::select! {
         biased;
         _ = stopping.wait_for(|s| *s) => None,
@@ -223,7 +235,7 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
         // is as unknown as a provider that panicked.
         let policy = d.settings.retry_policy(&claim.kind);
         let guarded = AssertUnwindSafe(async {
-            let (outcome, on_ambiguous) = attempt(&d, &claim).await;
+            let (outcome, on_ambiguous) = attempt(&d, &claim, no_room).await;
             let completion = settle(
                 &claim,
                 &outcome,
@@ -260,6 +272,12 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
             }
         };
         drop(slot);
+        drop(room);
+        if let Some(at) = completion.run_after {
+            // the claim loop wakes for it, not only at its next poll
+            let delay = (at - Utc::now()).to_std().unwrap_or_default();
+            d.budget.due().at(tokio::time::Instant::now() + delay);
+        }
         let elapsed = clock.elapsed();
         metrics::histogram!("outbox_attempt_duration_seconds", "kind" => kind_label(&claim.kind))
             .record(elapsed.as_secs_f64());
@@ -271,6 +289,60 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     }
     .instrument(span)
     .await
+}
+
+/// Room for the claim at its destination, when its provider bounds the
+/// deliveries in flight there: waited for within [`room::PATIENCE`] and
+/// what the lease leaves beyond a whole attempt, not counted meanwhile as
+/// waiting for a delivery slot (a slow destination's queue must not stop
+/// the claims of others). `Err` with the reason to defer; `None` when no
+/// bound applies or the relay is stopping.
+async fn enter_room(
+    d: &Deliverer,
+    claim: &Claimed,
+) -> Option<Result<tokio::sync::OwnedSemaphorePermit, String>> {
+    if claim.payload_error.is_some() {
+        return None;
+    }
+    let limit = d
+        .providers
+        .get(&claim.kind)?
+        .in_flight_limit(&delivery_of(claim, None))?;
+    let room_for_attempt =
+        d.settings.attempt_time(&claim.kind) + GATE_TIME + Duration::from_millis(500);
+    let patience = d
+        .settings
+        .lease
+        .saturating_sub(claim.claimed_at.elapsed())
+        .saturating_sub(room_for_attempt)
+        .min(room::PATIENCE);
+    let mut stopping = d.stopping.clone();
+    d.budget.dequeue();
+    let entered = tokio::select! {
+        biased;
+        _ = stopping.wait_for(|s| *s) => None,
+        entered = d.rooms.enter(&limit, patience) => Some(entered),
+    };
+    d.budget.queue();
+    entered
+}
+
+/// What a provider is handed of a claim (`deadline`: the attempt's end).
+fn delivery_of(claim: &Claimed, deadline: Option<std::time::Instant>) -> Delivery<'_> {
+    Delivery {
+        intent_id: claim.id,
+        key: &claim.key,
+        kind: &claim.kind,
+        destination: claim.destination.as_deref(),
+        ordering_key: claim.ordering_key.as_deref(),
+        payload: &claim.payload,
+        payload_text: Some(&claim.payload_text),
+        attempt: claim.attempt,
+        key_generation: claim.key_generation,
+        previous_attempt_at: claim.previous_attempt_at.map(std::time::SystemTime::from),
+        deadline,
+        trace: None,
+    }
 }
 
 /// Wait until the standbys hold the claim's intent, or give up (shutdown,
@@ -289,6 +361,9 @@ async fn wait_for_standbys(d: &Deliverer, claim: &Claimed) -> bool {
         .await
 }
 
+/// When a delivery that found no room at its destination is tried again.
+const NO_ROOM_RETRY: Duration = Duration::from_millis(500);
+
 /// The most the gate's database work may take per attempt, before it and
 /// after it.
 const GATE_TIME: Duration = Duration::from_secs(1);
@@ -302,7 +377,11 @@ const BACKSTOP: Duration = Duration::from_millis(250);
 
 /// The attempt, if its destination may be called now (else deferred, no
 /// attempt spent), and what it showed of the destination's health.
-async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
+async fn attempt(
+    d: &Deliverer,
+    claim: &Claimed,
+    no_room: Option<String>,
+) -> (Outcome, AmbiguityPolicy) {
     if let Some(reason) = &claim.payload_error {
         // nothing can have been sent for it: no attempt ever had a payload
         return (Outcome::invalid(reason.clone()), AmbiguityPolicy::Park);
@@ -315,6 +394,18 @@ async fn attempt(d: &Deliverer, claim: &Claimed) -> (Outcome, AmbiguityPolicy) {
         ));
         return (outcome, AmbiguityPolicy::Park);
     };
+    if let Some(reason) = no_room {
+        // the destination stayed at its bound: deferred like the
+        // provider's own check defers, no attempt spent
+        if let Some(previous) = &claim.recovered_from {
+            keep_recovery(d, claim, previous).await;
+        }
+        let outcome = Outcome::Deferred {
+            reason,
+            retry_after: NO_ROOM_RETRY,
+        };
+        return (outcome, provider.on_ambiguous());
+    }
     // the gate's database work is bounded: past it, wait and try again
     let admitted = tokio::time::timeout(
         GATE_TIME,
@@ -394,20 +485,7 @@ async fn attempt_at(
     let budget = d.settings.attempt_budget(&claim.kind);
     let deadline = tokio::time::Instant::now() + budget;
     let backstop = deadline + BACKSTOP;
-    let delivery = Delivery {
-        intent_id: claim.id,
-        key: &claim.key,
-        kind: &claim.kind,
-        destination: claim.destination.as_deref(),
-        ordering_key: claim.ordering_key.as_deref(),
-        payload: &claim.payload,
-        payload_text: Some(&claim.payload_text),
-        attempt: claim.attempt,
-        key_generation: claim.key_generation,
-        previous_attempt_at: claim.previous_attempt_at.map(std::time::SystemTime::from),
-        deadline: Some(deadline.into_std()),
-        trace: None,
-    };
+    let delivery = delivery_of(claim, Some(deadline.into_std()));
     let who = Identity {
         id: claim.id,
         key: &claim.key,

@@ -12,6 +12,7 @@ mod common;
 mod amqp;
 mod attempt_history;
 mod bad_input;
+mod batching;
 mod book;
 mod chaos;
 mod charge;

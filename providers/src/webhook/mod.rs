@@ -194,6 +194,17 @@ impl Provider for WebhookProvider {
         self.config.on_ambiguous
     }
 
+    /// `webhook.max_in_flight_per_host` for the request's origin, counted
+    /// exactly as [`WebhookProvider::send`] counts it.
+    fn in_flight_limit(&self, d: &Delivery<'_>) -> Option<crate::InFlightLimit> {
+        let url = request::target_url(d.payload, d.destination, &self.config.endpoints)?;
+        Some(crate::InFlightLimit {
+            destination: hosts::origin(&url),
+            limit: self.hosts.limit(),
+            setting: "webhook.max_in_flight_per_host",
+        })
+    }
+
     /// An HTTP client span: `POST`, the URL with its secrets redacted.
     fn span_shape(&self, d: &Delivery<'_>) -> SpanShape {
         let Some(url) = request::target_url(d.payload, d.destination, &self.config.endpoints)
