@@ -15,6 +15,7 @@
 //! error (a peer that failed or lied included), 2 bad usage or invalid
 //! configuration, 5 the database is unreachable.
 
+mod batching;
 mod bench;
 mod brokers;
 mod console;
@@ -158,6 +159,18 @@ struct BenchArgs {
     /// New followers enqueued before the timed pass of --ordering-keys.
     #[arg(long, default_value_t = 1_000)]
     ordering_burst: u64,
+    /// Measure, instead of the engine, how long intents wait for their
+    /// first attempt and their delivery when the application commits them
+    /// this many to a transaction, one level each (e.g. 1,10,50), against
+    /// one relay at the product's defaults; empty skips it.
+    #[arg(long, value_delimiter = ',')]
+    batching_latency: Vec<usize>,
+    /// Intents committed per second at each --batching-latency level.
+    #[arg(long, default_value_t = 1000)]
+    batching_rate: u32,
+    /// How long each --batching-latency level runs, in seconds.
+    #[arg(long, default_value_t = 10)]
+    batching_seconds: u64,
     /// Run the soak instead of the engine's measurements: one relay
     /// under a steady mixed load this long (e.g. 1h), against receivers
     /// that flap, with retention purging and the console and /metrics
@@ -227,6 +240,24 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
         drop(store);
         let report = console::run(&url, &config, a.console_history, a.keep).await?;
         emit(&report, a.json, console::print);
+        return Ok(());
+    }
+    let levels: Vec<usize> = a
+        .batching_latency
+        .iter()
+        .filter(|l| **l > 0)
+        .map(|l| (*l).min(10_000))
+        .collect();
+    if !levels.is_empty() {
+        drop(store);
+        let args = batching::BatchingArgs {
+            levels,
+            rate: a.batching_rate.clamp(1, 100_000),
+            seconds: a.batching_seconds.clamp(1, 3_600),
+            keep: a.keep,
+        };
+        let report = batching::run(&url, args).await?;
+        emit(&report, a.json, batching::print);
         return Ok(());
     }
     if let Some(duration) = a.soak {

@@ -112,7 +112,7 @@ async fn drain_rounds(
 }
 
 /// The URL the bench's relays connect with: the store's own.
-fn store_url(store: &Store) -> String {
+pub(crate) fn store_url(store: &Store) -> String {
     let options = store.pool().connect_options();
     options.to_url_lossy().to_string()
 }
