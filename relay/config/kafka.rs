@@ -35,6 +35,9 @@ pub struct KafkaSection {
     /// consumers dedupe on it) or park.
     pub on_ambiguous: AmbiguityPolicy,
     pub reconcile_window: Dur,
+    /// The largest record the producer sends (librdkafka's
+    /// `message.max.bytes`); a larger one is rejected before any call.
+    pub max_message_bytes: usize,
 }
 
 impl Default for KafkaSection {
@@ -53,6 +56,7 @@ impl Default for KafkaSection {
             compression: "none".into(),
             on_ambiguous: AmbiguityPolicy::Redeliver,
             reconcile_window: dur("15m"),
+            max_message_bytes: 1_000_000,
         }
     }
 }
@@ -80,6 +84,7 @@ impl KafkaSection {
             compression: self.compression.clone(),
             on_ambiguous: self.on_ambiguous,
             reconcile_window: self.reconcile_window.0,
+            max_message_bytes: self.max_message_bytes,
         };
         config.check()?;
         Ok(Some(config))

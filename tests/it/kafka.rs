@@ -224,22 +224,50 @@ async fn a_record_too_large_is_rejected_with_its_reason() {
     let db = TestDb::new().await;
     let broker = Broker::start().await;
     broker.create_topic("big", 1).await;
-    // under the outbox's 1 MiB payload limit, over librdkafka's 1,000,000
-    // byte message.max.bytes
-    enqueue(
-        &db,
-        "big:1",
-        json!({"topic": "big", "body": "x".repeat(1_010_000)}),
-        None,
-    )
-    .await;
+    // under the outbox's 1 MiB payload limit, over the producer's
+    // kafka.max_message_bytes (1,000,000 by default)
+    for (key, size) in [("big:1", 1_000_100), ("big:2", 1_040_000)] {
+        enqueue(
+            &db,
+            key,
+            json!({"topic": "big", "body": "x".repeat(size)}),
+            None,
+        )
+        .await;
+    }
     let cfg = kafka_config(broker.brokers());
     engine(db.store.clone(), &cfg).run_once().await.unwrap();
-    let i = db.store.find("big:1").await.unwrap();
-    assert_eq!(i.state, "rejected");
-    let reason = i.last_error.unwrap_or_default();
-    assert!(reason.contains("larger than the broker takes"), "{reason}");
+    for key in ["big:1", "big:2"] {
+        let i = db.store.find(key).await.unwrap();
+        assert_eq!(i.state, "rejected", "{key}");
+        let reason = i.last_error.unwrap_or_default();
+        assert!(
+            reason.contains("kafka.max_message_bytes (1000000)"),
+            "{key}: the relay's own limit, not the broker's: {reason}"
+        );
+        assert!(!reason.contains("broker"), "{key}: {reason}");
+    }
     assert!(broker.records("big", 1).await.is_empty());
+
+    // a producer allowed larger records sends them
+    let mut cfg = cfg;
+    cfg.kafka.max_message_bytes = 2_000_000;
+    db.store
+        .retry(
+            "big:2",
+            RetryOptions {
+                new_effect: false,
+                force: false,
+            },
+        )
+        .await
+        .unwrap();
+    engine(db.store.clone(), &cfg).run_once().await.unwrap();
+    let i = db.store.find("big:2").await.unwrap();
+    assert_eq!(i.state, "delivered", "{:?}", i.last_error);
+    let records = broker.records("big", 1).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].value.len(), 1_040_002, "the body's JSON text");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

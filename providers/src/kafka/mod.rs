@@ -71,7 +71,13 @@ pub struct KafkaConfig {
     /// How far back reconcile searches: never before the attempt's start,
     /// and never more than this before now.
     pub reconcile_window: Duration,
+    /// The largest record the producer sends (librdkafka's
+    /// `message.max.bytes`): body, key and headers.
+    pub max_message_bytes: usize,
 }
+
+/// librdkafka's own bounds on `message.max.bytes`.
+pub const MAX_MESSAGE_BYTES: std::ops::RangeInclusive<usize> = 1_000..=1_000_000_000;
 
 pub const SECURITY_PROTOCOLS: &[&str] = &["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"];
 pub const SASL_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
@@ -168,6 +174,14 @@ impl KafkaConfig {
         }
         if self.reconcile_window < Duration::from_secs(1) {
             return bad("kafka.reconcile_window must be at least 1s".into());
+        }
+        if !MAX_MESSAGE_BYTES.contains(&self.max_message_bytes) {
+            return bad(format!(
+                "kafka.max_message_bytes ({}) must be from {} to {}",
+                self.max_message_bytes,
+                MAX_MESSAGE_BYTES.start(),
+                MAX_MESSAGE_BYTES.end()
+            ));
         }
         Ok(())
     }
@@ -358,6 +372,7 @@ impl KafkaProvider {
             return (outcome, Sent::Nothing);
         };
         let effect_key = request::effect_key(d.key, d.key_generation);
+        let size = record.size(&effect_key);
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
         for (name, value) in &record.headers {
             headers = headers.insert(Header {
@@ -385,7 +400,13 @@ impl KafkaProvider {
             if produce::topic_unknown(&error) {
                 self.drop_producer(&held);
             }
+            let local_size = produce::code(&error) == Some(RDKafkaErrorCode::MessageSizeTooLarge);
             let outcome = match produce::code(&error).and_then(produce::refusal) {
+                // librdkafka's own limit, not the broker's
+                Some(_) if local_size => Outcome::invalid(format!(
+                    "{} ({error})",
+                    too_large(&topic, size, &self.config)
+                )),
                 Some(why) => rejected(&topic, why, &error),
                 None => Outcome::Transient {
                     reason: format!("the record for topic {topic:?} was not queued: {error}"),
@@ -443,6 +464,14 @@ impl KafkaProvider {
             }
         }
     }
+}
+
+/// The reason a record over `kafka.max_message_bytes` is refused.
+fn too_large(topic: &str, size: usize, config: &KafkaConfig) -> String {
+    format!(
+        "the record for topic {topic:?} is about {size} bytes (body, key and headers), over kafka.max_message_bytes ({}), the largest record the relay's producer sends",
+        config.max_message_bytes
+    )
 }
 
 /// The provider reference of a record: `<topic>:<partition>:<offset>`.
@@ -510,6 +539,11 @@ impl Provider for KafkaProvider {
             crate::span::set_trace_headers(&mut record.headers, trace, |v| v.to_string());
         }
         let effect_key = request::effect_key(d.key, d.key_generation);
+        let size = record.size(&effect_key);
+        if size > self.config.max_message_bytes {
+            // no attempt can send it: refused before any network call
+            return Outcome::invalid(too_large(&record.topic, size, &self.config));
+        }
         // a retry (not a recovery, which the relay reconciles itself):
         // the last attempt's record may be in the log already, unless this
         // relay knows that attempt left none
@@ -581,6 +615,44 @@ impl Provider for KafkaProvider {
                 crate::span::publish("kafka", topic, request::effect_key(d.key, d.key_generation))
             }
             None => SpanShape::plain("kafka"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> KafkaConfig {
+        KafkaConfig {
+            brokers: "127.0.0.1:9092".into(),
+            client_id: "outbox-relay".into(),
+            security_protocol: "plaintext".into(),
+            sasl_mechanism: None,
+            user: None,
+            password: None,
+            tls_ca_file: None,
+            allow_plaintext: false,
+            timeout: Duration::from_secs(10),
+            linger: Duration::from_millis(5),
+            compression: "none".into(),
+            on_ambiguous: AmbiguityPolicy::Redeliver,
+            reconcile_window: Duration::from_secs(900),
+            max_message_bytes: 1_000_000,
+        }
+    }
+
+    #[test]
+    fn max_message_bytes_is_within_librdkafkas_bounds() {
+        assert!(config().check().is_ok());
+        for bad in [0, 999, 1_000_000_001] {
+            let err = KafkaConfig {
+                max_message_bytes: bad,
+                ..config()
+            }
+            .check()
+            .unwrap_err();
+            assert!(err.to_string().contains("kafka.max_message_bytes"), "{err}");
         }
     }
 }

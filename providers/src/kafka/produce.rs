@@ -107,6 +107,7 @@ pub fn producer_config(common: ClientConfig, config: &super::KafkaConfig) -> Cli
         // an unknown topic is reported within the attempt, not after 30 s
         .set("topic.metadata.propagation.max.ms", millis(wait / 2))
         .set("linger.ms", millis(config.linger))
+        .set("message.max.bytes", config.max_message_bytes.to_string())
         .set("compression.type", config.compression.as_str());
     c
 }

@@ -24,6 +24,23 @@ pub struct Record {
     pub partition: Option<i32>,
 }
 
+impl Record {
+    /// The record's size as librdkafka counts it against
+    /// `message.max.bytes`: body, key, and each header's name and value
+    /// with a few bytes of framing, the effect key's header included.
+    pub fn size(&self, effect_key: &str) -> usize {
+        const HEADER_FRAMING: usize = 10;
+        let headers = self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .chain([(EFFECT_KEY_HEADER, effect_key)])
+            .map(|(n, v)| n.len() + v.len() + HEADER_FRAMING)
+            .sum::<usize>();
+        self.body.len() + self.key.as_ref().map_or(0, String::len) + headers
+    }
+}
+
 /// The value of [`EFFECT_KEY_HEADER`] for an intent.
 pub fn effect_key(key: &str, generation: i32) -> String {
     crate::keys::effect_key(key, "kafka", generation)
