@@ -95,9 +95,17 @@ impl App {
     }
 
     /// `intent` with its payload and the provider's answer masked
-    /// (`console.mask`), as every page and API answer shows it.
+    /// (`console.mask`) and the URLs of its webhook and its last error
+    /// redacted (the one rule, `outbox_providers::redact`), as every page
+    /// and API answer shows it.
     pub(crate) fn masked(&self, mut intent: Intent) -> Intent {
         intent.payload.0 = view::mask(&intent.payload.0, self.mask());
+        if intent.kind == "webhook" {
+            view::redact_url(&mut intent.payload.0);
+        }
+        intent.last_error = intent
+            .last_error
+            .map(|e| outbox_providers::redact::urls_in(&e));
         intent.response = intent.response.as_ref().map(|r| view::mask(r, self.mask()));
         intent
     }

@@ -42,6 +42,15 @@ pub fn mask(value: &Value, fields: &[String]) -> Value {
     walk(value, &names)
 }
 
+/// A webhook payload's `url` as every shown URL is shown, its secrets
+/// (credentials, the path after its first segment, the query's values)
+/// redacted.
+pub fn redact_url(payload: &mut Value) {
+    if let Some(Value::String(url)) = payload.get_mut("url") {
+        *url = outbox_providers::redact::urls_in(url);
+    }
+}
+
 /// The first object key in `value` (at any depth) that `fields` masks.
 pub fn masked_field_in(value: &Value, fields: &[String]) -> Option<String> {
     let names: Vec<String> = fields.iter().map(|f| normal(f)).collect();

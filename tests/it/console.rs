@@ -893,3 +893,44 @@ async fn a_failure_group_matches_its_own_intents_whatever_its_class_or_destinati
         assert_eq!(found["intents"].as_array().unwrap().len(), 1, "{host}");
     }
 }
+
+/// The console shows a webhook's URL and its last error by the one rule
+/// for shown URLs: the secret in the path, in a bare query and in a query
+/// value is on no page and in no API answer, even in an error written
+/// before the rule.
+#[tokio::test]
+async fn a_webhook_urls_secrets_are_on_no_page() {
+    let db = TestDb::new().await;
+    let url = "http://127.0.0.1:9/services/T0001/B0002/SECRETPATH?SECRETBARE&token=SECRETVALUE";
+    let id = db
+        .enqueue("hook:1", "webhook", json!({"url": url, "body": 1}))
+        .await;
+    sqlx::query("UPDATE outbox.intents SET last_error = $2 WHERE id = $1")
+        .bind(id)
+        .bind(format!("POST {url}: could not connect (nothing was sent)"))
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let console = ConsoleServer::start(&db, &[]).await;
+    let mut s = Session::new(&console);
+    let page = s.get(&format!("/intents/{id}")).await;
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("SECRET"), "{}", page.body);
+    assert!(
+        page.body
+            .contains("http://127.0.0.1:9/services/REDACTED/REDACTED/REDACTED?REDACTED"),
+        "{}",
+        page.body
+    );
+    let api = s.get(&format!("/api/v1/intents/{id}")).await;
+    let answer = json_of(&api).await;
+    assert!(!answer.to_string().contains("SECRET"), "{answer}");
+    assert_eq!(
+        answer["intent"]["payload"]["url"],
+        "http://127.0.0.1:9/services/REDACTED/REDACTED/REDACTED?REDACTED&token=REDACTED"
+    );
+    assert!(answer["intent"]["last_error"]
+        .as_str()
+        .unwrap()
+        .starts_with("POST http://127.0.0.1:9/services/REDACTED/"));
+}
