@@ -257,6 +257,17 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
             return Ok(());
         }
     };
+    // the webhook's URL and the last error as every shown URL is shown
+    // (`outbox_providers::redact`)
+    let mut intent = intent;
+    if intent.kind == "webhook" {
+        if let Some(serde_json::Value::String(url)) = intent.payload.0.get_mut("url") {
+            *url = outbox_providers::redact::urls_in(url);
+        }
+    }
+    intent.last_error = intent
+        .last_error
+        .map(|e| outbox_providers::redact::urls_in(&e));
     let attempts = store.attempts(intent.id).await?;
     let actions = store.actions(intent.id).await?;
     if a.json {

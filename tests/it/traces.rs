@@ -616,7 +616,10 @@ async fn an_unreachable_webhooks_secrets_reach_no_span_log_error_or_listing() {
         let show = common::cli(&db, &["show", key]).await;
         let show = String::from_utf8_lossy(&show.stdout).into_owned();
         assert!(show.contains(&format!("{base}{shown}")), "{show}");
-        for text in [format!("{span:?}"), error, show] {
+        let json = common::cli(&db, &["show", key, "--json"]).await;
+        let json = String::from_utf8_lossy(&json.stdout).into_owned();
+        assert!(json.contains(&format!("{base}{shown}")), "{json}");
+        for text in [format!("{span:?}"), error, show, json] {
             assert!(!text.contains("SECRET"), "{text}");
         }
     }
@@ -672,12 +675,17 @@ async fn a_provider_panic_ends_its_span_as_an_error_that_says_so() {
     assert_eq!(span.len(), 1, "{spans:#?}");
     let span = span[0];
     assert_eq!(
-        (span.status_code, span.attr("outbox.outcome"), span.attr("error.type")),
+        (
+            span.status_code,
+            span.attr("outbox.outcome"),
+            span.attr("error.type")
+        ),
         (2, Some("ambiguous"), Some("panic")),
         "{span:#?}"
     );
     assert!(
-        span.status_message.contains("the webhook provider panicked"),
+        span.status_message
+            .contains("the webhook provider panicked"),
         "{span:#?}"
     );
 }
