@@ -18,7 +18,8 @@
 //!   through `OUTBOX_RELAY__RELAY__METRICS_ADDR`); the server
 //!   `postgres://localhost` by the test server's URL, and the database
 //!   `outbox_tutorial` by one of the test's own (dropped when the test
-//!   ends, however it ends).
+//!   ends, however it ends); and where the output names the reader's
+//!   database role (`retry by postgres`), the test server's role.
 //! - None of the test runner's relay settings nor its `DATABASE_URL` reach
 //!   the script: only what the pages say.
 //!
@@ -41,6 +42,20 @@ pub const PAGE_CONSOLE_ADDR: &str = "127.0.0.1:9188";
 /// The server and database as the pages name them.
 const PAGE_SERVER: &str = "postgres://localhost";
 const PAGE_DATABASE: &str = "outbox_tutorial";
+/// The reader's database role, as the output names it.
+const PAGE_ROLE: &str = "retry by postgres";
+
+/// The role a URL connects as (libpq's default: the system user).
+fn role(url: &str) -> String {
+    let user = reqwest::Url::parse(url)
+        .map(|u| u.username().to_string())
+        .unwrap_or_default();
+    if user.is_empty() {
+        std::env::var("USER").unwrap_or_else(|_| "postgres".into())
+    } else {
+        user
+    }
+}
 
 /// A page's name and text, read from the repository.
 pub struct Page {
@@ -137,6 +152,7 @@ impl Session {
                 (PAGE_CONSOLE_ADDR.into(), console_addr.clone()),
                 (PAGE_SERVER.into(), server),
                 (PAGE_DATABASE.into(), db_name.clone()),
+                (PAGE_ROLE.into(), format!("retry by {}", role(&admin))),
             ],
             _db: DropOnExit(db_name.clone()),
             db_name,
