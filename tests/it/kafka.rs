@@ -587,3 +587,48 @@ async fn a_retry_after_an_attempt_that_sent_nothing_does_not_search() {
     assert_eq!(attempts.len(), 2, "{attempts:?}");
     assert_eq!(broker.records("later", 1).await.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_lookalikes_and_control_characters_are_refused_at_enqueue() {
+    let db = TestDb::new().await;
+    for (headers, needle) in [
+        (json!({" outbox-effect-key": "x"}), "header name"),
+        (json!({"outbox-effect-key\u{200b}": "x"}), "header name"),
+        (json!({"source ": "shop"}), "header name"),
+        (json!({"sourcé": "shop"}), "header name"),
+        (json!({"Outbox-Effect-Key": "x"}), "set by the relay"),
+        (
+            json!({"source": "shop\r\nx-forged: 1"}),
+            "control character",
+        ),
+        (json!({"source": "shop\nx"}), "control character"),
+        (json!({"source": "a\u{1}b"}), "control character"),
+        (json!({"source": "a\tb"}), "control character"),
+        (json!({"source": "a\u{85}b"}), "control character"),
+        (json!({"source": 1}), "must be a string"),
+        (json!(["source"]), "must be an object"),
+    ] {
+        let payload = json!({"topic": "t", "body": 1, "headers": headers});
+        for statement in [
+            "SELECT outbox.enqueue('h:1', 'kafka', $1::jsonb)",
+            "SELECT outbox.enqueue_many(ARRAY['h:1'], ARRAY['kafka'], ARRAY[$1::jsonb])",
+            "INSERT INTO outbox.outbox (key, kind, payload) VALUES ('h:1', 'kafka', $1::jsonb)",
+        ] {
+            let err = sqlx::query(statement)
+                .bind(&payload)
+                .execute(db.pool())
+                .await
+                .expect_err(&format!("{statement}: {headers}"));
+            let db_err = err.as_database_error().unwrap();
+            assert_eq!(db_err.code().as_deref(), Some("22023"), "{headers}: {err}");
+            assert!(db_err.message().contains(needle), "{headers}: {err}");
+        }
+    }
+    // a name with a space inside, and any value without control
+    // characters, are fine
+    sqlx::query("SELECT outbox.enqueue('h:3', 'kafka', $1::jsonb)")
+        .bind(json!({"topic": "t", "body": 1, "headers": {"x trace id": "é ok", "b": ""}}))
+        .execute(db.pool())
+        .await
+        .unwrap();
+}

@@ -113,6 +113,11 @@ pub fn parse(
                 let Value::String(value) = value else {
                     return Err(format!("kafka header {name:?} must be a string"));
                 };
+                if value.chars().any(char::is_control) {
+                    return Err(format!(
+                        "kafka header {name:?} has a control character (CR, LF or another) in its value"
+                    ));
+                }
                 headers.insert(name.clone(), value.clone());
             }
         }
@@ -150,12 +155,19 @@ pub fn check_topic(topic: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A header name a payload may set: 1 to 1024 bytes without control
-/// characters, and not the one the relay sets.
+/// A header name a payload may set: 1 to 1024 printable ASCII characters
+/// without a leading or trailing space (a name that only looks like
+/// another is refused), and not the one the relay sets.
 fn check_header_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
+    let printable = name.bytes().all(|b| (b' '..=b'~').contains(&b));
+    if name.is_empty()
+        || name.len() > MAX_NAME
+        || !printable
+        || name.starts_with(' ')
+        || name.ends_with(' ')
+    {
         return Err(format!(
-            "kafka header name {name:?} is not a valid header name (1 to {MAX_NAME} bytes, no control characters)"
+            "kafka header name {name:?} is not a valid header name (1 to {MAX_NAME} printable ASCII characters, no leading or trailing space)"
         ));
     }
     if name.eq_ignore_ascii_case(EFFECT_KEY_HEADER) {
@@ -240,6 +252,26 @@ mod tests {
             (
                 json!({"topic": "t", "body": 1, "headers": {"Outbox-Effect-Key": "x"}}),
                 "set by the relay",
+            ),
+            (
+                json!({"topic": "t", "body": 1, "headers": {" outbox-effect-key": "x"}}),
+                "valid header",
+            ),
+            (
+                json!({"topic": "t", "body": 1, "headers": {"outbox-effect-key\u{200b}": "x"}}),
+                "valid header",
+            ),
+            (
+                json!({"topic": "t", "body": 1, "headers": {"source ": "x"}}),
+                "valid header",
+            ),
+            (
+                json!({"topic": "t", "body": 1, "headers": {"a": "b\r\nc: d"}}),
+                "control character",
+            ),
+            (
+                json!({"topic": "t", "body": 1, "headers": {"a": "b\u{7f}"}}),
+                "control character",
             ),
             (
                 json!({"topic": "t", "body": 1, "url": "x"}),

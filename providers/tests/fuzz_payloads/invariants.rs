@@ -64,9 +64,11 @@ pub fn check_kafka(payload: &Value) -> Result<(), String> {
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')));
     assert!(r.partition.is_none_or(|p| p >= 0));
-    for name in r.headers.keys() {
+    for (name, value) in &r.headers {
         assert!(!name.eq_ignore_ascii_case(EFFECT_KEY_HEADER), "{name}");
-        assert!(!name.is_empty() && !name.chars().any(char::is_control));
+        assert!(!name.is_empty() && name.bytes().all(|b| (b' '..=b'~').contains(&b)));
+        assert!(!name.starts_with(' ') && !name.ends_with(' '), "{name:?}");
+        assert!(!value.chars().any(char::is_control), "{value:?}");
     }
     let key = match payload.get("key") {
         Some(Value::String(k)) => Some(k.as_str()),
