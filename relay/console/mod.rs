@@ -131,7 +131,7 @@ impl App {
     ) -> Result<crate::store::console::Search, String> {
         let mut search = filter.search()?;
         if let Some(host) = search.host.as_deref() {
-            let host = host.to_lowercase();
+            let host = view::host_filter(host);
             search.host_names = self
                 .health
                 .endpoints
@@ -139,6 +139,7 @@ impl App {
                 .filter(|(_, origin)| view::host_forms(origin).contains(&host))
                 .map(|(name, _)| name.clone())
                 .collect();
+            search.host = Some(host);
         }
         if let Some(field) = search
             .payload

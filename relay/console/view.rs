@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::config::destinations::origin;
 use crate::store::console::Bucket;
 
 /// What a masked field's value is shown as.
@@ -83,6 +84,33 @@ pub fn host_forms(origin: &str) -> [String; 3] {
         _ => no_scheme.clone(),
     };
     [origin, no_scheme, host]
+}
+
+/// A `host` filter in the form the relay names origins in
+/// (`outbox.destination_of`): an origin however spelt
+/// (`HTTP://LocalHost.:8080/x` is `http://localhost:8080`), `host:port` or
+/// a host alone (`LocalHost.`, `0x7f.1:08080`) likewise without its scheme;
+/// anything else (an endpoint name, `smtp`) in lowercase.
+pub fn host_filter(text: &str) -> String {
+    let text = text.trim();
+    if text.contains("://") {
+        return origin(text).unwrap_or_else(|| text.to_lowercase());
+    }
+    let (host, port) = match text.rsplit_once(':') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => (h, Some(p)),
+        _ => (text, None),
+    };
+    match origin(&format!("http://{host}")) {
+        Some(o) => {
+            let host = o.trim_start_matches("http://");
+            match port.map(|p| p.trim_start_matches('0')) {
+                Some("") => format!("{host}:0"),
+                Some(p) => format!("{host}:{p}"),
+                None => host.to_string(),
+            }
+        }
+        None => text.to_lowercase(),
+    }
 }
 
 /// Pretty-printed JSON (escaped by the template like any text).
@@ -222,6 +250,25 @@ mod tests {
             ]
             .map(String::from)
         );
+    }
+
+    #[test]
+    fn a_host_filter_names_an_origin_as_the_relay_does() {
+        for (typed, want) in [
+            ("HTTP://LocalHost.:8080/x", "http://localhost:8080"),
+            ("http://0x7f.1:8080", "http://127.0.0.1:8080"),
+            ("LocalHost.:08080", "localhost:8080"),
+            ("LocalHost.", "localhost"),
+            ("0x7f.1", "127.0.0.1"),
+            ("[::ffff:127.0.0.1]:8080", "127.0.0.1:8080"),
+            ("[::1]:8080", "[::1]:8080"),
+            ("h:0", "h:0"),
+            ("Billing", "billing"),
+            ("smtp", "smtp"),
+            ("not a host", "not a host"),
+        ] {
+            assert_eq!(host_filter(typed), want, "{typed}");
+        }
     }
 
     #[test]

@@ -934,3 +934,49 @@ async fn a_webhook_urls_secrets_are_on_no_page() {
         .unwrap()
         .starts_with("POST http://127.0.0.1:9/services/REDACTED/"));
 }
+
+/// The host filter counts every spelling of an origin, however the intents
+/// and the operator write it: one normalisation on both sides.
+#[tokio::test]
+async fn the_host_filter_finds_every_spelling_of_an_origin() {
+    let db = TestDb::new().await;
+    for (n, url) in [
+        "http://127.0.0.1:8080/a",
+        "http://0x7f.1:8080/b",
+        "http://2130706433:8080/c",
+        "http://[::ffff:127.0.0.1]:08080/d",
+        "http://localhost.:8081/e",
+        "http://LocalHost:8081/f",
+        "http://127.0.0.1:8082/other",
+    ]
+    .iter()
+    .enumerate()
+    {
+        db.enqueue(
+            &format!("spelled:{n}"),
+            "webhook",
+            json!({"url": url, "body": n}),
+        )
+        .await;
+    }
+    let console = ConsoleServer::start(&db, &[]).await;
+    let mut s = Session::new(&console);
+    for (typed, want) in [
+        ("127.0.0.1:8080", 4),
+        ("0x7f.1:8080", 4),
+        ("http://127.1:8080", 4),
+        ("localhost:8081", 2),
+        ("LocalHost.:8081", 2),
+        ("HTTP://LOCALHOST.:8081/x", 2),
+        ("localhost.", 2),
+        ("127.1", 5),
+    ] {
+        let found = json_of(
+            &s.get(&format!("/api/v1/intents?limit=50&host={typed}"))
+                .await,
+        )
+        .await;
+        let n = found["intents"].as_array().map_or(0, Vec::len);
+        assert_eq!(n, want, "{typed}: {found}");
+    }
+}
