@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod due;
 pub mod reconcile;
 pub mod room;
+pub mod settle;
 pub mod standbys;
 pub mod supervisor;
 pub mod sweeper;

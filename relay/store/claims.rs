@@ -10,6 +10,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::Row;
 
+pub use super::claim_query::RELAY_TTL_SECS;
+use super::claim_query::{ClaimQuery, CLAIMED_COLUMNS, WAL_MARK};
 use super::{storable, Store};
 use crate::state::{AttemptOutcome, IntentState};
 
@@ -110,22 +112,6 @@ pub struct Written {
     pub gone: Vec<i64>,
 }
 
-const CLAIMED_COLUMNS: &str =
-    "i.id, i.key, i.kind, i.destination, i.payload::text AS payload, i.attempts, \
-     i.attempts_base, i.fence, i.key_generation, i.created_at, \
-     i.delivered_at IS NOT NULL AS delivered_before, i.recover_owner, i.recover_at, \
-     i.traceparent, i.tracestate, i.ordering_key";
-
-/// Where the server's WAL stands and its timeline, with each claimed row
-/// (`relay.wait_for_standbys`); evaluated after the row was found visible,
-/// so past the intent's commit record.
-const WAL_MARK: &str = "(pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint AS wal_position, \
-     ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::int AS wal_timeline";
-
-/// The same columns, empty: a relay that does not wait for standbys spends
-/// nothing on them.
-const NO_WAL_MARK: &str = "NULL::bigint AS wal_position, NULL::int AS wal_timeline";
-
 fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
     let payload_text: String = row.try_get("payload")?;
     let (payload, payload_error) = match serde_json::from_str::<Value>(&payload_text) {
@@ -182,173 +168,6 @@ pub struct WalMark {
     pub timeline: i32,
     /// Bytes from 0/0.
     pub position: i64,
-}
-
-/// One relay's claim statements. The relay's batch size (the cap) and the
-/// kinds it leaves alone are written into the text rather than bound, so
-/// that Postgres can plan each statement once per connection and reuse the
-/// plan.
-///
-/// Bound, they cost a fresh plan on every call (for a small claim, a large
-/// share of the statement's time): a generic plan
-/// that knows neither guesses that `kind <> ALL($n)` keeps almost no row and
-/// that `LIMIT $n` keeps a tenth of the pending rows, and prices a bitmap
-/// scan and sort of every pending row below the index scan in claim order,
-/// so Postgres rightly planned each call. With the cap and the kinds in the
-/// text, the generic plan is the index scan in claim order, limited to the
-/// cap; the bound `LIMIT $1` (the free claim slots, at most the cap) above
-/// it stops the scan, and its row locks, at what was asked for.
-///
-/// Postgres switches to the generic plan after five calls only when it does
-/// not look dearer than the plans made per call, and it prices a bound
-/// `LIMIT $1` at a tenth of the rows below it: with a single text limited to
-/// the cap, a claim asking for less than a tenth of the cap was planned on
-/// every call, a fifth to a third of such a claim's time. (A relay asks for
-/// its free claim slots: an idle one asks for the cap, a busy one, whose
-/// slots are held by claims in flight, for the few that came back.)
-///
-/// So there is a ladder of texts, limited to 1, 2, 4, … and the cap, and a
-/// claim of `n` runs the smallest one limited to `n` or more: `n` is always
-/// more than half of that limit, so every rung's generic plan looks cheaper
-/// than a plan made for `n`, and Postgres plans each rung once per
-/// connection (a test checks).
-#[derive(Debug, Clone)]
-pub struct ClaimQuery {
-    /// (inner limit, statement), by limit ascending; the last is the cap.
-    rungs: Vec<(i64, String)>,
-    /// What the statements are built from (see [`ClaimQuery::with_wal_mark`]).
-    limits: Vec<i64>,
-    unserved_kinds: Vec<String>,
-}
-
-impl ClaimQuery {
-    /// The claim of at most `cap` intents per call, skipping `unserved_kinds`.
-    pub fn new(cap: i64, unserved_kinds: &[String]) -> ClaimQuery {
-        let cap = cap.max(1);
-        let mut limits: Vec<i64> = std::iter::successors(Some(1i64), |l| l.checked_mul(2))
-            .take_while(|l| *l < cap)
-            .collect();
-        limits.push(cap);
-        ClaimQuery::with_rungs(&limits, unserved_kinds)
-    }
-
-    /// The same claim as one statement limited to `cap`, whatever a claim
-    /// asks for: what a relay ran before the ladder, kept for the bench's
-    /// comparison (`--small-claims`).
-    pub fn single(cap: i64, unserved_kinds: &[String]) -> ClaimQuery {
-        ClaimQuery::with_rungs(&[cap.max(1)], unserved_kinds)
-    }
-
-    /// The same claim returning each row's WAL mark (for
-    /// `relay.wait_for_standbys`), or not.
-    pub fn with_wal_mark(self, on: bool) -> ClaimQuery {
-        ClaimQuery::build(&self.limits, &self.unserved_kinds, on)
-    }
-
-    /// One statement per limit in `limits` (ascending; the last is the cap).
-    fn with_rungs(limits: &[i64], unserved_kinds: &[String]) -> ClaimQuery {
-        ClaimQuery::build(limits, unserved_kinds, false)
-    }
-
-    fn build(limits: &[i64], unserved_kinds: &[String], wal_mark: bool) -> ClaimQuery {
-        let kinds = if unserved_kinds.is_empty() {
-            String::new()
-        } else {
-            format!("AND kind <> ALL({})", text_array_literal(unserved_kinds))
-        };
-        let known = text_array_literal(
-            &outbox_providers::KNOWN_KINDS
-                .iter()
-                .map(|k| k.to_string())
-                .collect::<Vec<_>>(),
-        );
-        let mark = if wal_mark { WAL_MARK } else { NO_WAL_MARK };
-        let rungs = limits
-            .iter()
-            .map(|&limit| (limit, claim_sql(limit, &kinds, &known, mark)))
-            .collect();
-        ClaimQuery {
-            rungs,
-            limits: limits.to_vec(),
-            unserved_kinds: unserved_kinds.to_vec(),
-        }
-    }
-
-    /// The most intents one call claims.
-    pub fn cap(&self) -> i64 {
-        self.rungs.last().map_or(1, |r| r.0)
-    }
-
-    /// The statement for a claim of `n` (clamped to 1 ..= the cap): $1 how
-    /// many to claim (`n`), $2 owner, $3 lease in ms.
-    pub fn sql_for(&self, n: i64) -> &str {
-        let n = n.clamp(1, self.cap());
-        self.rungs
-            .iter()
-            .find(|r| r.0 >= n)
-            .or(self.rungs.last())
-            .map_or("", |r| r.1.as_str())
-    }
-
-    /// The statement limited to the cap (what [`ClaimQuery::sql_for`] gives
-    /// for a full batch).
-    pub fn sql(&self) -> &str {
-        self.sql_for(self.cap())
-    }
-}
-
-/// The claim of at most `limit` intents (see [`ClaimQuery`]).
-fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
-    format!(
-        "WITH due AS (
-             SELECT id FROM (
-                 SELECT id FROM outbox.intents c
-                  WHERE state = 'pending' AND NOT waiting AND run_after <= now() {kinds}
-                    -- a kind this relay does not know is claimed (to be
-                    -- rejected) only when no live relay knows it
-                    AND (kind = ANY({known}) OR NOT EXISTS (
-                         SELECT 1 FROM outbox.relays r
-                          WHERE c.kind = ANY(r.known_kinds) AND r.stopped_at IS NULL
-                            AND r.heartbeat_at > now() - interval '{RELAY_TTL_SECS} seconds'))
-                    -- per-key ordering: the key's oldest live intent, and
-                    -- only while no other intent of the key is claimed
-                    AND (c.ordering_key IS NULL OR outbox.ordering_turn(c.ordering_key, c.id))
-                  ORDER BY run_after, id
-                  LIMIT {limit}
-                  FOR UPDATE SKIP LOCKED) capped
-              LIMIT $1)
-         UPDATE outbox.intents i
-            SET state = 'claimed', owner = $2,
-                lease_expires_at = now() + $3 * interval '1 millisecond',
-                fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
-          -- by primary key, whatever the cap: joined to the CTE instead,
-          -- a claim of more than about a hundred rows beside a small table
-          -- was planned as a hash join over a scan of the whole table
-          WHERE i.id = ANY(ARRAY(SELECT id FROM due))
-         RETURNING {CLAIMED_COLUMNS}, {mark}"
-    )
-}
-
-/// A relay whose heartbeat is older than this is not counted as live when
-/// deciding whether anyone knows a kind.
-pub const RELAY_TTL_SECS: u64 = 60;
-
-/// `ARRAY['a', 'b']::text[]`, each element quoted as an SQL string literal
-/// (quotes doubled, and `E''` with backslashes doubled when there are any, so
-/// the text means the same whatever `standard_conforming_strings` says).
-fn text_array_literal(items: &[String]) -> String {
-    let quoted: Vec<String> = items
-        .iter()
-        .map(|s| {
-            let body = s.replace('\'', "''");
-            if body.contains('\\') {
-                format!("E'{}'", body.replace('\\', "\\\\"))
-            } else {
-                format!("'{body}'")
-            }
-        })
-        .collect();
-    format!("ARRAY[{}]::text[]", quoted.join(", "))
 }
 
 /// The sweeper's reclaim of expired leases: $1 limit, $2 owner, $3 lease in
@@ -752,67 +571,5 @@ impl Store {
         .bind(unserved_kinds)
         .fetch_one(&self.pool)
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kinds_are_written_as_sql_string_literals() {
-        let kinds =
-            |k: &[&str]| text_array_literal(&k.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        assert_eq!(
-            kinds(&["email", "payment"]),
-            "ARRAY['email', 'payment']::text[]"
-        );
-        assert_eq!(kinds(&["o'brien"]), "ARRAY['o''brien']::text[]");
-        assert_eq!(kinds(&["a\\'b"]), "ARRAY[E'a\\\\''b']::text[]");
-    }
-
-    #[test]
-    fn the_claim_writes_its_cap_and_kinds_into_the_text() {
-        let all = ClaimQuery::new(100, &[]);
-        assert!(all.sql().contains("LIMIT 100\n"));
-        assert!(!all.sql().contains("kind <> ALL"));
-        let some = ClaimQuery::new(0, &["email".to_string()]);
-        assert_eq!(some.cap(), 1, "a cap below one would claim nothing");
-        assert!(some.sql().contains("kind <> ALL(ARRAY['email']::text[])"));
-        assert!(some.sql_for(5).contains("LIMIT 1\n"));
-    }
-
-    #[test]
-    fn a_claim_runs_the_smallest_rung_that_holds_it() {
-        let q = ClaimQuery::new(100, &["email".to_string()]);
-        let limit = |n: i64| {
-            let sql = q.sql_for(n);
-            assert!(sql.contains("kind <> ALL(ARRAY['email']::text[])"));
-            let at = sql.find("ORDER BY run_after, id").unwrap();
-            sql[at..].split_whitespace().nth(5).unwrap().to_string()
-        };
-        for (n, want) in [
-            (0, "1"),
-            (1, "1"),
-            (2, "2"),
-            (3, "4"),
-            (16, "16"),
-            (17, "32"),
-            (64, "64"),
-            (65, "100"),
-            (100, "100"),
-            (500, "100"),
-        ] {
-            assert_eq!(limit(n), want, "a claim of {n}");
-        }
-        // more than half of every rung's limit is asked for, but for the cap
-        for n in 1..=100i64 {
-            let l: i64 = limit(n).parse().unwrap();
-            assert!(n <= l && 2 * n > l, "{n} runs the rung of {l}");
-        }
-        assert_eq!(ClaimQuery::new(64, &[]).cap(), 64);
-        assert_eq!(ClaimQuery::new(64, &[]).rungs.len(), 7);
-        let single = ClaimQuery::single(100, &["email".to_string()]);
-        assert_eq!(single.sql_for(1), q.sql());
     }
 }

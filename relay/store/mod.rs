@@ -1,10 +1,12 @@
 //! All SQL lives here. Nothing outside `store` builds a query.
 //!
-//! - [`claims`]: the hot path: claim, complete (fenced), release, sweep.
+//! - [`claims`]: the hot path: claim, complete (fenced), release, sweep;
+//!   [`claim_query`]: the claim statement itself.
 //! - [`operator`]: what the CLI reads and changes.
 //! - [`enqueue`]: the application-side helper around `outbox.enqueue`.
 //! - [`console`]: the console's searches, failure groups, charts and bulk changes.
 
+pub mod claim_query;
 pub mod claims;
 pub mod console;
 pub mod destinations;
@@ -23,7 +25,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-pub use claims::{ClaimQuery, Claimed, Completion, WalMark, Written};
+pub use claim_query::ClaimQuery;
+pub use claims::{Claimed, Completion, WalMark, Written};
 pub use enqueue::{enqueue, enqueue_many, EnqueueError, Enqueued, NewIntent};
 
 /// The migrations in `schema/`, embedded in the binary.
