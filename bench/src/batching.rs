@@ -25,6 +25,9 @@ pub struct BatchingArgs {
     pub rate: u32,
     pub seconds: u64,
     pub keep: bool,
+    /// Another relay build to measure in the same run after this one (an
+    /// `outbox-relay` or `outbox-relay-bench` binary), level for level.
+    pub compare: Option<std::path::PathBuf>,
 }
 
 /// Percentiles of one leg, in milliseconds.
@@ -39,6 +42,8 @@ pub struct Percentiles {
 /// One level: intents committed `per_transaction` to a transaction.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Level {
+    /// The relay build: `this build` or the binary compared.
+    pub relay: String,
     pub per_transaction: usize,
     pub intents: usize,
     /// The rate the application actually committed at.
@@ -67,31 +72,35 @@ pub async fn run(server_url: &str, args: BatchingArgs) -> anyhow::Result<Batchin
 }
 
 async fn measure(store: Store, args: BatchingArgs) -> anyhow::Result<BatchingLatency> {
-    let (port, _receiver, seen) = receiver()?;
+    let (port, _receiver, _seen) = receiver()?;
     let hook = format!("http://127.0.0.1:{port}/hook");
     let url = crate::rounds::store_url(&store);
-    let mut relay = start_relay(&url)?;
-    // idle and listening before the work arrives
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    if let Some(status) = relay.try_wait()? {
-        anyhow::bail!(
-            "the bench relay exited at start ({status}); run `outbox-relay run` by hand to see why"
-        );
+    let mut builds = vec![("this build".to_string(), std::env::current_exe()?)];
+    if let Some(other) = &args.compare {
+        builds.push((other.display().to_string(), other.clone()));
     }
     let mut levels = Vec::new();
-    for &per_tx in &args.levels {
-        eprintln!(
-            "bench: batching latency: {} intents/s committed {per_tx} to a transaction for {}s",
-            args.rate, args.seconds
-        );
-        seen.reset();
-        let level = one_level(&store, &hook, per_tx, &args).await?;
+    for (label, exe) in builds {
+        let mut relay = start_relay(&exe, &url)?;
+        // idle and listening before the work arrives
+        tokio::time::sleep(Duration::from_secs(2)).await;
         if let Some(status) = relay.try_wait()? {
-            anyhow::bail!("the bench relay exited during the run ({status})");
+            anyhow::bail!("the bench relay {label} exited at start ({status}); run `outbox-relay run` by hand to see why");
         }
-        levels.push(level);
+        for &per_tx in &args.levels {
+            eprintln!(
+                "bench: batching latency ({label}): {} intents/s committed {per_tx} to a transaction for {}s",
+                args.rate, args.seconds
+            );
+            let level = one_level(&store, &hook, per_tx, &args, &label).await?;
+            if let Some(status) = relay.try_wait()? {
+                anyhow::bail!("the bench relay {label} exited during the run ({status})");
+            }
+            levels.push(level);
+        }
+        relay.kill().await.ok();
+        let _ = relay.wait().await;
     }
-    relay.kill().await.ok();
     Ok(BatchingLatency {
         rate: args.rate,
         seconds: args.seconds,
@@ -99,10 +108,10 @@ async fn measure(store: Store, args: BatchingArgs) -> anyhow::Result<BatchingLat
     })
 }
 
-/// The relay under measurement: this binary run as `outbox-relay run`, with
-/// nothing set but what the bench's loopback receiver needs.
-fn start_relay(db_url: &str) -> anyhow::Result<tokio::process::Child> {
-    let exe = std::env::current_exe()?;
+/// The relay under measurement: `exe` (this binary, or the build compared)
+/// run as `outbox-relay run`, with nothing set but what the bench's
+/// loopback receiver needs.
+fn start_relay(exe: &std::path::Path, db_url: &str) -> anyhow::Result<tokio::process::Child> {
     let child = tokio::process::Command::new(exe)
         .arg("run")
         .env_clear()
@@ -127,6 +136,7 @@ async fn one_level(
     hook: &str,
     per_tx: usize,
     args: &BatchingArgs,
+    relay: &str,
 ) -> anyhow::Result<Level> {
     let prefix = format!("batch{per_tx}-");
     let transactions = (args.rate as u64 * args.seconds / per_tx as u64).max(1);
@@ -196,6 +206,7 @@ async fn one_level(
     }
     run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
     Ok(Level {
+        relay: relay.to_string(),
         per_transaction: per_tx,
         intents: n,
         committed_per_s,
@@ -236,7 +247,8 @@ pub fn print(r: &BatchingLatency) {
         r.rate, r.seconds
     );
     println!(
-        "{:>6} {:>8} {:>9} | {:>27} | {:>27} | {:>8}",
+        "{:<14} {:>6} {:>8} {:>9} | {:>27} | {:>27} | {:>8}",
+        "relay",
         "per tx",
         "intents",
         "commit/s",
@@ -247,7 +259,8 @@ pub fn print(r: &BatchingLatency) {
     let ms = |p: &Percentiles| format!("{:.1} / {:.1} / {:.1} ms", p.p50_ms, p.p99_ms, p.p999_ms);
     for l in &r.levels {
         println!(
-            "{:>6} {:>8} {:>9.0} | {:>27} | {:>27} | {:>8}",
+            "{:<14} {:>6} {:>8} {:>9.0} | {:>27} | {:>27} | {:>8}",
+            short(&l.relay),
             l.per_transaction,
             l.intents,
             l.committed_per_s,
@@ -256,15 +269,25 @@ pub fn print(r: &BatchingLatency) {
             l.deferred
         );
     }
-    if let Some(one) = r.levels.iter().find(|l| l.per_transaction == 1) {
-        for l in r.levels.iter().filter(|l| l.per_transaction != 1) {
+    for one in r.levels.iter().filter(|l| l.per_transaction == 1) {
+        let others = r
+            .levels
+            .iter()
+            .filter(|l| l.relay == one.relay && l.per_transaction != 1);
+        for l in others {
             println!(
-                "p99 to first attempt, {} to a transaction over 1: {:.2}×",
+                "{}: p99 to first attempt, {} to a transaction over 1: {:.2}×",
+                short(&l.relay),
                 l.per_transaction,
                 l.to_first_attempt.p99_ms / one.to_first_attempt.p99_ms
             );
         }
     }
+}
+
+/// A relay's label: its file name when it is a path.
+fn short(label: &str) -> &str {
+    label.rsplit('/').next().unwrap_or(label)
 }
 
 #[cfg(test)]

@@ -171,6 +171,11 @@ struct BenchArgs {
     /// How long each --batching-latency level runs, in seconds.
     #[arg(long, default_value_t = 10)]
     batching_seconds: u64,
+    /// With --batching-latency: another relay build to measure in the same
+    /// run after this one (an `outbox-relay` or `outbox-relay-bench`
+    /// binary).
+    #[arg(long, requires = "batching_latency")]
+    batching_compare: Option<PathBuf>,
     /// Run the soak instead of the engine's measurements: one relay
     /// under a steady mixed load this long (e.g. 1h), against receivers
     /// that flap, with retention purging and the console and /metrics
@@ -255,6 +260,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             rate: a.batching_rate.clamp(1, 100_000),
             seconds: a.batching_seconds.clamp(1, 3_600),
             keep: a.keep,
+            compare: a.batching_compare.clone(),
         };
         let report = batching::run(&url, args).await?;
         emit(&report, a.json, batching::print);
