@@ -333,6 +333,49 @@ async fn a_subject_without_a_stream_does_not_hold_back_the_other_publishes() {
     assert_eq!(messages(&server, "ORDERS").await.len(), 10);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_jetstream_opens_the_nats_breaker() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start_without_jetstream().await;
+    for n in 0..4 {
+        db.enqueue(
+            &format!("order:{n}"),
+            "nats",
+            json!({"subject": format!("orders.{n}"), "body": n}),
+        )
+        .await;
+    }
+    let mut cfg = nats_config(&server);
+    cfg.breaker.failures = 3;
+    cfg.breaker.cooldown = Dur(Duration::from_secs(60));
+    cfg.retry.schedule = vec![Dur(Duration::from_millis(100))];
+    cfg.retry.max_attempts = 1000;
+    let open = || async {
+        sqlx::query_scalar::<_, String>("SELECT state FROM outbox.destinations WHERE name = 'nats'")
+            .fetch_optional(db.pool())
+            .await
+            .unwrap()
+            .is_some_and(|state| state == "open")
+    };
+    crate::common::run_until(
+        engine(db.store.clone(), &cfg),
+        Duration::from_secs(20),
+        open,
+    )
+    .await;
+    let reasons: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT last_error FROM outbox.intents WHERE key LIKE 'order:%' AND attempts > 0",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    assert!(
+        reasons.iter().any(|r| r.contains("no JetStream")),
+        "the reason names the server's want, not a subject's: {reasons:?}"
+    );
+    assert_eq!(db.count("state = 'delivered'").await, 0);
+}
+
 /// A message carries the trace context of its attempt's `publish` span,
 /// which the receiver of the traces sees as the application's child.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

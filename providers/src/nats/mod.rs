@@ -5,7 +5,9 @@
 //! - A PubAck is delivered, reference `<stream>:<seq>`; a PubAck with
 //!   `duplicate: true` is delivered and replayed (no new message).
 //! - No stream for the subject (no responders) or a connection that never
-//!   took the request: transient.
+//!   took the request: transient. No responders from a server (or account)
+//!   without JetStream at all is the server's failure, not the subject's:
+//!   it counts towards the `nats` breaker.
 //! - A JetStream refusal that would repeat (wrong expected stream or last
 //!   message id, a message over the server's size): rejected.
 //! - No PubAck after the request went out: ambiguous. Reconcile then looks
@@ -261,9 +263,20 @@ impl Provider for NatsProvider {
             },
             Err(e) => match e.kind() {
                 // the server answered: about this subject, not the server
-                PublishErrorKind::StreamNotFound => Outcome::TargetUnavailable {
-                    reason: no_stream(&subject),
-                    status: None,
+                PublishErrorKind::StreamNotFound => match without_jetstream(js, deadline).await {
+                    // nothing answers for any subject: the server's failure
+                    Some(why) => Outcome::Transient {
+                        reason: format!(
+                            "the NATS server at {} has no JetStream ({why}); nothing was stored for {subject:?}",
+                            self.config.url
+                        ),
+                        status: None,
+                        retry_after: None,
+                    },
+                    None => Outcome::TargetUnavailable {
+                        reason: no_stream(&subject),
+                        status: None,
+                    },
                 },
                 PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
                     Outcome::Rejected {
@@ -359,6 +372,35 @@ impl NatsProvider {
         } else {
             Reconciled::Unknown
         }
+    }
+}
+
+/// After no responders: does the server have no JetStream for this account
+/// (its API does not answer, or answers that it is not enabled)? Says how;
+/// `None` when JetStream answers, or the question gets no answer in time.
+async fn without_jetstream(
+    js: &async_nats::jetstream::Context,
+    deadline: tokio::time::Instant,
+) -> Option<String> {
+    use async_nats::jetstream::context::AccountErrorKind;
+    use async_nats::jetstream::ErrorCode;
+    let Ok(answer) = tokio::time::timeout_at(deadline, js.query_account()).await else {
+        return None;
+    };
+    let e = answer.err()?;
+    match e.kind() {
+        AccountErrorKind::JetStreamUnavailable => {
+            Some("its JetStream API has no responders".into())
+        }
+        AccountErrorKind::JetStream(api)
+            if matches!(
+                api.error_code(),
+                ErrorCode::JETSTREAM_NOT_ENABLED | ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
+            ) =>
+        {
+            Some(format!("JetStream: {api}"))
+        }
+        _ => None,
     }
 }
 

@@ -6,6 +6,8 @@ use std::time::Duration;
 pub struct NatsServer {
     pub port: u16,
     store: std::path::PathBuf,
+    /// Started with `-js`.
+    jetstream: bool,
     child: Option<tokio::process::Child>,
 }
 
@@ -13,6 +15,15 @@ impl NatsServer {
     /// Start it and wait until it answers. Fails loudly when nats-server is
     /// missing (tests/run.sh installs Debian's nats-server).
     pub async fn start() -> NatsServer {
+        NatsServer::start_with(true).await
+    }
+
+    /// A core NATS server: no JetStream at all.
+    pub async fn start_without_jetstream() -> NatsServer {
+        NatsServer::start_with(false).await
+    }
+
+    async fn start_with(jetstream: bool) -> NatsServer {
         let port = super::free_port();
         let store = std::env::temp_dir().join(format!(
             "outbox-nats-{}-{:08x}",
@@ -22,6 +33,7 @@ impl NatsServer {
         let mut server = NatsServer {
             port,
             store,
+            jetstream,
             child: None,
         };
         server.up().await;
@@ -29,11 +41,14 @@ impl NatsServer {
     }
 
     /// Start the server (again, on the same port and store) and wait until
-    /// JetStream answers.
+    /// JetStream answers (or, without JetStream, the server).
     async fn up(&mut self) {
-        let child = tokio::process::Command::new("nats-server")
-            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
-            .arg(&self.store)
+        let mut command = tokio::process::Command::new("nats-server");
+        command.args(["-a", "127.0.0.1", "-p", &self.port.to_string()]);
+        if self.jetstream {
+            command.arg("-js").arg("-sd").arg(&self.store);
+        }
+        let child = command
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
@@ -46,6 +61,7 @@ impl NatsServer {
         loop {
             let why = match async_nats::connect(self.url()).await {
                 // JetStream is up once its API answers
+                Ok(_) if !self.jetstream => break,
                 Ok(client) => match client.request("$JS.API.INFO", "".into()).await {
                     Ok(_) => break,
                     Err(e) => e.to_string(),
