@@ -57,6 +57,9 @@ outbox_claim_batch_size_count
 outbox_completion_batch_size_bucket
 outbox_completion_batch_size_sum
 outbox_completion_batch_size_count
+outbox_standbys_held_up
+outbox_standbys_streaming
+outbox_standby_waits
 up
 "
 
