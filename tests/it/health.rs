@@ -1015,13 +1015,25 @@ async fn every_spelling_of_an_origin_has_one_name_in_the_gate_and_in_the_sql() {
         ("http://api.example:443/", Some("http://api.example:443")),
         ("http://h:/", Some("http://h")),
         ("http://h:0/", Some("http://h:0")),
-        ("https://api-2.example:65535", Some("https://api-2.example:65535")),
+        (
+            "https://api-2.example:65535",
+            Some("https://api-2.example:65535"),
+        ),
         ("http://[::1]:8080", Some("http://[::1]:8080")),
         ("http://[0:0:0:0:0:0:0:1]/", Some("http://[::1]")),
         ("http://[::7f00:1]/", Some("http://[::7f00:1]")),
-        ("http://[2001:DB8:0:0:1:0:0:1]/", Some("http://[2001:db8::1:0:0:1]")),
-        ("http://Bücher.example./", Some("http://xn--bcher-kva.example")),
-        ("http://b%C3%BCcher.example/", Some("http://xn--bcher-kva.example")),
+        (
+            "http://[2001:DB8:0:0:1:0:0:1]/",
+            Some("http://[2001:db8::1:0:0:1]"),
+        ),
+        (
+            "http://Bücher.example./",
+            Some("http://xn--bcher-kva.example"),
+        ),
+        (
+            "http://b%C3%BCcher.example/",
+            Some("http://xn--bcher-kva.example"),
+        ),
         ("http://münchen.de", Some("http://xn--mnchen-3ya.de")),
         ("http://1.2.3.4.5/", None),
         ("http://256.0.0.1/", None),
@@ -1043,7 +1055,9 @@ async fn every_spelling_of_an_origin_has_one_name_in_the_gate_and_in_the_sql() {
         .await
         .unwrap();
         if gate.as_deref() != *want || sql.as_deref() != *want {
-            wrong.push(format!("{spelling:?}: gate {gate:?}, SQL {sql:?}, want {want:?}"));
+            wrong.push(format!(
+                "{spelling:?}: gate {gate:?}, SQL {sql:?}, want {want:?}"
+            ));
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
@@ -1264,9 +1278,8 @@ async fn a_standby_hold_is_counted_by_stats_and_told_by_readyz() {
     let body = ready.text().await.unwrap();
     assert!(body.starts_with("ready\n"), "{body}");
     assert!(
-        body.contains(
-            "held up: relay held-relay has held deliveries back for 7"
-        ) && body.contains("must reach 1 standby(s), 0 streaming (relay.wait_for_standbys)"),
+        body.contains("held up: relay held-relay has held deliveries back for 7")
+            && body.contains("must reach 1 standby(s), 0 streaming (relay.wait_for_standbys)"),
         "{body}"
     );
     // once the standbys catch up, readyz says only that it is ready
