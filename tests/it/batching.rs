@@ -30,6 +30,13 @@ async fn commit_batch(store: &Store, prefix: &str, url: &str, n: i32, many: bool
         .expect("commit the batch");
 }
 
+async fn delivered(store: &Store) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox.intents WHERE state = 'delivered'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_of_fifty_is_claimed_in_one_wake_up_and_none_is_deferred() {
     let db = TestDb::new().await;
@@ -72,14 +79,7 @@ async fn a_transaction_of_fifty_is_claimed_in_one_wake_up_and_none_is_deferred()
     let store = db.store.clone();
     run_until(relay, Duration::from_secs(60), || {
         let store = store.clone();
-        async move {
-            let delivered: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM outbox.intents WHERE state = 'delivered'")
-                    .fetch_one(store.pool())
-                    .await
-                    .unwrap();
-            delivered == 100
-        }
+        async move { delivered(&store).await == 100 }
     })
     .await;
     committing.await.expect("the application's transactions");
@@ -134,14 +134,7 @@ async fn a_retry_is_claimed_when_it_comes_due_not_at_the_next_poll() {
     let store = db.store.clone();
     run_until(relay, Duration::from_secs(60), || {
         let store = store.clone();
-        async move {
-            let delivered: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM outbox.intents WHERE state = 'delivered'")
-                    .fetch_one(store.pool())
-                    .await
-                    .unwrap();
-            delivered == 2
-        }
+        async move { delivered(&store).await == 2 }
     })
     .await;
     committing.await.unwrap();
