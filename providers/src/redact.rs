@@ -7,7 +7,9 @@
 //! - credentials (`user:password@`) and the fragment are dropped;
 //! - the first path segment stays, every later one reads `REDACTED`;
 //! - a query item `name=value` reads `name=REDACTED`; an item without a
-//!   name or a value (`?SECRET`, `?SECRET=`) reads `REDACTED`.
+//!   name or a value (`?SECRET`, `?SECRET=`) reads `REDACTED`;
+//! - a URL that does not parse (a bad port, say) reads `scheme://REDACTED`,
+//!   or `REDACTED` with no scheme before its `://`.
 
 /// What is shown in place of a secret.
 pub const REDACTED: &str = "REDACTED";
@@ -84,7 +86,17 @@ pub fn urls_in(text: &str) -> String {
         out.push_str(&rest[..start]);
         match url::Url::parse(token) {
             Ok(url) if start < at && has_secrets(&url) => out.push_str(&redacted_url(&url)),
-            _ => out.push_str(&rest[start..end]),
+            Ok(_) => out.push_str(&rest[start..end]),
+            // nothing after `://`: nothing to hide
+            Err(_) if token.len() <= at - start + 3 => out.push_str(&rest[start..end]),
+            // what does not parse cannot be taken apart: only its scheme
+            // is shown
+            Err(_) if start < at => {
+                out.push_str(&rest[start..at]);
+                out.push_str("://");
+                out.push_str(REDACTED);
+            }
+            Err(_) => out.push_str(REDACTED),
         }
         rest = &rest[end..];
     }
@@ -148,5 +160,18 @@ mod tests {
         for plain in ["no url here", "a :// alone", "x://", "ends with http://"] {
             assert_eq!(urls_in(plain), plain);
         }
+    }
+
+    #[test]
+    fn a_url_that_does_not_parse_shows_only_its_scheme() {
+        let text = "POST http://h:99999/T/B/SECRET?token=SECRETQ: bad port; \
+                    also https://u:SECRETPW@[::1/x and ://SECRETBARE, then http://h/a.";
+        let shown = urls_in(text);
+        assert_eq!(
+            shown,
+            "POST http://REDACTED: bad port; also https://REDACTED and REDACTED, then http://h/a."
+        );
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert_eq!(urls_in(&shown), shown, "redacting twice changes nothing");
     }
 }
