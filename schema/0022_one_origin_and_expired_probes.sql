@@ -379,3 +379,30 @@ $$;
 REVOKE ALL ON FUNCTION outbox.url_origin(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.punycode(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.expire_probes() FROM PUBLIC;
+
+-- destination_of and forget_stale_failures run with their caller's rights
+-- and now call these: whoever may call them (a role of roles.sql, or one an
+-- operator granted) may call what they call, from this migration on, so
+-- that a relay of the previous version and the console keep working before
+-- roles.sql is run again.
+DO $$
+DECLARE
+    v_grant record;
+BEGIN
+    FOR v_grant IN
+        SELECT DISTINCT a.grantee, c.callee
+          FROM (VALUES ('outbox.destination_of(text, text, jsonb)'::regprocedure,
+                        'outbox.url_origin(text)'),
+                       ('outbox.destination_of(text, text, jsonb)'::regprocedure,
+                        'outbox.punycode(text)'),
+                       ('outbox.forget_stale_failures(interval)'::regprocedure,
+                        'outbox.expire_probes()')) AS c(caller, callee),
+               pg_proc p, aclexplode(p.proacl) a
+         WHERE p.oid = c.caller AND a.privilege_type = 'EXECUTE'
+           AND a.grantee <> p.proowner AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I',
+                       v_grant.callee, pg_get_userbyid(v_grant.grantee));
+    END LOOP;
+END
+$$;

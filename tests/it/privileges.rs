@@ -357,3 +357,56 @@ async fn the_console_role_reads_and_acts_but_never_touches_payloads_or_creates_i
     }
     console.pool().close().await;
 }
+
+/// A role granted the functions of a schema before 0022 (a relay of the
+/// previous version, before roles.sql is run again) keeps calling them
+/// once they call the functions 0022 adds: the migration grants those to
+/// whoever may call their callers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_granted_before_an_upgrade_may_call_what_their_functions_now_call() {
+    let db = TestDb::unmigrated().await;
+    let dir = std::env::temp_dir().join(format!(
+        "outbox-grants-upgrade-{}-{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schema");
+    for file in common::files_under(&schema, "sql") {
+        let name = file.file_name().unwrap().to_str().unwrap();
+        let version: i64 = name.split('_').next().unwrap().parse().unwrap();
+        if version <= 21 {
+            std::fs::copy(&file, dir.join(name)).unwrap();
+        }
+    }
+    let before = sqlx::migrate::Migrator::new(dir.as_path()).await.unwrap();
+    before.run(db.pool()).await.unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let role = "t_grants_before_0022";
+    sqlx::raw_sql(&format!(
+        "DO $$ BEGIN CREATE ROLE {role} LOGIN NOSUPERUSER;
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+         GRANT USAGE ON SCHEMA outbox TO {role};
+         GRANT ALL ON ALL TABLES IN SCHEMA outbox TO {role};
+         GRANT EXECUTE ON FUNCTION outbox.destination_of(text, text, jsonb) TO {role};
+         GRANT EXECUTE ON FUNCTION outbox.forget_stale_failures(interval) TO {role};"
+    ))
+    .execute(db.pool())
+    .await
+    .unwrap();
+    db.store.migrate().await.unwrap();
+
+    let relay = sqlx::PgPool::connect(&url_as(&db, role)).await.unwrap();
+    let origin: Option<String> = sqlx::query_scalar(
+        "SELECT outbox.destination_of('webhook', NULL, '{\"url\": \"http://LocalHost.:80/x\"}')",
+    )
+    .fetch_one(&relay)
+    .await
+    .expect("destination_of, which now calls url_origin");
+    assert_eq!(origin.as_deref(), Some("http://localhost"));
+    let _: i32 = sqlx::query_scalar("SELECT outbox.forget_stale_failures('1 day')")
+        .fetch_one(&relay)
+        .await
+        .expect("forget_stale_failures, which now calls expire_probes");
+    relay.close().await;
+}
