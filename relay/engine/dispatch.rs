@@ -273,17 +273,19 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
         };
         drop(slot);
         drop(room);
-        if let Some(at) = completion.run_after {
-            // the claim loop wakes for it, not only at its next poll
-            let delay = (at - Utc::now()).to_std().unwrap_or_default();
-            d.budget.due().at(tokio::time::Instant::now() + delay);
-        }
         let elapsed = clock.elapsed();
         metrics::histogram!("outbox_attempt_duration_seconds", "kind" => kind_label(&claim.kind))
             .record(elapsed.as_secs_f64());
         tracing::Span::current().record("outcome", outcome.class());
         log_outcome(&claim, &outcome, &completion, elapsed);
-        d.sink.write(completion).await;
+        let due = completion.run_after;
+        let accepted = d.sink.write(completion).await;
+        if let Some(at) = due.filter(|_| accepted) {
+            // written: the claim loop wakes for it when it comes due, not
+            // only at its next poll
+            let delay = (at - Utc::now()).to_std().unwrap_or_default();
+            d.budget.due().at(tokio::time::Instant::now() + delay);
+        }
         drop(permit);
         d.budget.task_finished();
     }
@@ -293,10 +295,11 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
 
 /// Room for the claim at its destination, when its provider bounds the
 /// deliveries in flight there: waited for within [`room::PATIENCE`] and
-/// what the lease leaves beyond a whole attempt, not counted meanwhile as
-/// waiting for a delivery slot (a slow destination's queue must not stop
-/// the claims of others). `Err` with the reason to defer; `None` when no
-/// bound applies or the relay is stopping.
+/// what the lease leaves beyond a whole attempt (counted meanwhile as
+/// queued for a delivery slot, so the claim budget's bound on claims
+/// waiting holds; at most as many wait per destination as may be in
+/// flight there). `Err` with the reason to defer; `None` when no bound
+/// applies or the relay is stopping.
 async fn enter_room(
     d: &Deliverer,
     claim: &Claimed,
@@ -317,14 +320,11 @@ async fn enter_room(
         .saturating_sub(room_for_attempt)
         .min(room::PATIENCE);
     let mut stopping = d.stopping.clone();
-    d.budget.dequeue();
-    let entered = tokio::select! {
+    tokio::select! {
         biased;
         _ = stopping.wait_for(|s| *s) => None,
         entered = d.rooms.enter(&limit, patience) => Some(entered),
-    };
-    d.budget.queue();
-    entered
+    }
 }
 
 /// What a provider is handed of a claim (`deadline`: the attempt's end).

@@ -7,10 +7,14 @@
 //! claims at once. Over the bound, a delivery queues here for a moment (a
 //! fast receiver frees its room within milliseconds) instead of being
 //! deferred to a later claim. A slow receiver's queue holds no delivery
-//! slot, and a wait is bounded by [`PATIENCE`]: past it the delivery is
-//! deferred, no attempt spent, as the provider itself would defer it.
+//! slot and is bounded twice: at most as many deliveries wait as may be in
+//! flight (the next one is deferred at once, so a slow destination's
+//! backlog cannot take the relay's claims from the others), and a wait
+//! lasts at most [`PATIENCE`]. A deferral spends no attempt, as when the
+//! provider itself defers.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +30,24 @@ const KEEP: usize = 4096;
 /// Room per destination, shared by one relay's deliveries.
 #[derive(Debug, Default)]
 pub struct Rooms {
-    by_destination: Mutex<HashMap<String, Arc<Semaphore>>>,
+    by_destination: Mutex<HashMap<String, Arc<Room>>>,
+}
+
+/// One destination's room: its slots and how many deliveries wait for one.
+#[derive(Debug)]
+struct Room {
+    slots: Arc<Semaphore>,
+    waiting: AtomicUsize,
+}
+
+/// Counts a delivery as waiting while it lives (a wait given up midway,
+/// at the stop, included).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Rooms {
@@ -38,20 +59,27 @@ impl Rooms {
         patience: Duration,
     ) -> Result<OwnedSemaphorePermit, String> {
         let room = self.room(limit);
-        let waited = match room.clone().try_acquire_owned() {
-            Ok(permit) => return Ok(permit),
-            Err(_) => tokio::time::timeout(patience, room.acquire_owned()).await,
-        };
-        match waited {
-            Ok(Ok(permit)) => Ok(permit),
-            _ => Err(format!(
-                "{} deliveries to {} already in flight ({}) for {patience:?}",
+        if let Ok(permit) = room.slots.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        let busy = |waited: &str| {
+            format!(
+                "{} deliveries to {} already in flight ({}){waited}",
                 limit.limit, limit.destination, limit.setting
-            )),
+            )
+        };
+        if room.waiting.fetch_add(1, Ordering::SeqCst) >= limit.limit.max(1) {
+            room.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(busy(" and as many waiting"));
+        }
+        let _waiting = Waiting(&room.waiting);
+        match tokio::time::timeout(patience, room.slots.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(busy(&format!(" for {patience:?}"))),
         }
     }
 
-    fn room(&self, limit: &InFlightLimit) -> Arc<Semaphore> {
+    fn room(&self, limit: &InFlightLimit) -> Arc<Room> {
         let mut rooms = self
             .by_destination
             .lock()
@@ -60,11 +88,18 @@ impl Rooms {
             // forget destinations with nothing in flight, so the map stays
             // bounded (a destination's limit is its provider's, the same
             // for every delivery, so forgetting loses no count)
-            rooms.retain(|_, room| Arc::strong_count(room) > 1);
+            rooms.retain(|_, room| {
+                Arc::strong_count(room) > 1 || Arc::strong_count(&room.slots) > 1
+            });
         }
         rooms
             .entry(limit.destination.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(limit.limit.max(1))))
+            .or_insert_with(|| {
+                Arc::new(Room {
+                    slots: Arc::new(Semaphore::new(limit.limit.max(1))),
+                    waiting: AtomicUsize::new(0),
+                })
+            })
             .clone()
     }
 }
@@ -104,6 +139,49 @@ mod tests {
             .is_ok());
         drop(first);
         assert!(waiting.await.unwrap(), "room freed is handed to the waiter");
+    }
+
+    #[tokio::test]
+    async fn no_more_wait_than_may_be_in_flight_the_next_is_deferred_at_once() {
+        let rooms = Arc::new(Rooms::default());
+        let a = limit("http://slow:80", 2);
+        let _in_flight = (
+            rooms.enter(&a, PATIENCE).await.unwrap(),
+            rooms.enter(&a, PATIENCE).await.unwrap(),
+        );
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let (rooms, a) = (rooms.clone(), a.clone());
+                tokio::spawn(async move { rooms.enter(&a, Duration::from_secs(30)).await.is_ok() })
+            })
+            .collect();
+        while rooms.room(&a).waiting.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        let started = std::time::Instant::now();
+        let err = rooms.enter(&a, Duration::from_secs(30)).await.unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "deferred at once"
+        );
+        assert!(err.contains("as many waiting"), "{err}");
+        for w in waiters {
+            w.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wait_given_up_is_no_longer_counted() {
+        let rooms = Rooms::default();
+        let a = limit("http://a:80", 1);
+        let _held = rooms.enter(&a, PATIENCE).await.unwrap();
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(20),
+            rooms.enter(&a, Duration::from_secs(30)),
+        )
+        .await;
+        assert!(gave_up.is_err());
+        assert_eq!(rooms.room(&a).waiting.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

@@ -42,12 +42,14 @@ impl HostLimits {
     }
 }
 
-/// `scheme://host:port` of a URL, with the default port filled in.
+/// `scheme://host:port` of a URL, with the default port filled in and a
+/// DNS name's trailing dot dropped (`a.example.` is `a.example`; the parser
+/// has already lowered its case).
 pub fn origin(url: &reqwest::Url) -> String {
     format!(
         "{}://{}:{}",
         url.scheme(),
-        url.host_str().unwrap_or(""),
+        url.host_str().unwrap_or("").trim_end_matches('.'),
         url.port_or_known_default().unwrap_or(0)
     )
 }
@@ -55,6 +57,14 @@ pub fn origin(url: &reqwest::Url) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_origin_however_its_name_is_spelled() {
+        let o = |u: &str| origin(&reqwest::Url::parse(u).unwrap());
+        assert_eq!(o("http://A.Example./x"), "http://a.example:80");
+        assert_eq!(o("http://a.example:80/y"), "http://a.example:80");
+        assert_eq!(o("https://a.example/"), "https://a.example:443");
+    }
 
     #[test]
     fn limits_each_origin_separately() {
