@@ -575,9 +575,10 @@ impl Provider for KafkaProvider {
                 }
             }
         }
-        // nothing was there before: the first attempt, one that searched,
-        // or one after an attempt that left nothing
-        let clean = clean || retry;
+        // known to leave nothing behind when it sends nothing: the first
+        // attempt, or one after an attempt known to have left nothing (not
+        // one that searched: an earlier record may have been in flight,
+        // unseen, so the next attempt searches again)
         let (outcome, sent) = self.produce(d, record, started).await;
         self.unsent
             .record(effect_key, d.attempt, clean && sent == Sent::Nothing);
