@@ -7,7 +7,7 @@ use serde_json::json;
 use super::output::{clip, clip_middle, json, opt, table, time};
 use super::{Failure, Outcome};
 use crate::config::Config;
-use crate::store::operator::Known;
+use crate::store::operator::{Intent, Known};
 use crate::store::{enqueue as store_enqueue, NewIntent, Store, StoreError, STATES};
 
 #[derive(Debug, Args)]
@@ -174,9 +174,12 @@ pub async fn list(store: &Store, a: ListArgs) -> Outcome {
     if a.limit < 1 {
         return Err(Failure::usage("--limit must be at least 1"));
     }
-    let rows = store
+    let rows: Vec<_> = store
         .list(a.state.as_deref(), a.kind.as_deref(), a.limit)
-        .await?;
+        .await?
+        .into_iter()
+        .map(shown)
+        .collect();
     if a.json {
         json(&rows);
         return Ok(());
@@ -210,6 +213,21 @@ pub async fn list(store: &Store, a: ListArgs) -> Outcome {
         &cells,
     );
     Ok(())
+}
+
+/// `intent` with its webhook's URL and its last error as every shown URL
+/// is shown (`outbox_providers::redact`), an error written before the rule
+/// included.
+fn shown(mut intent: Intent) -> Intent {
+    if intent.kind == "webhook" {
+        if let Some(serde_json::Value::String(url)) = intent.payload.0.get_mut("url") {
+            *url = outbox_providers::redact::urls_in(url);
+        }
+    }
+    intent.last_error = intent
+        .last_error
+        .map(|e| outbox_providers::redact::urls_in(&e));
+    intent
 }
 
 #[derive(Debug, Args)]
@@ -257,17 +275,7 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
             return Ok(());
         }
     };
-    // the webhook's URL and the last error as every shown URL is shown
-    // (`outbox_providers::redact`)
-    let mut intent = intent;
-    if intent.kind == "webhook" {
-        if let Some(serde_json::Value::String(url)) = intent.payload.0.get_mut("url") {
-            *url = outbox_providers::redact::urls_in(url);
-        }
-    }
-    intent.last_error = intent
-        .last_error
-        .map(|e| outbox_providers::redact::urls_in(&e));
+    let intent = shown(intent);
     let attempts = store.attempts(intent.id).await?;
     let actions = store.actions(intent.id).await?;
     if a.json {

@@ -98,12 +98,14 @@ async fn answer(
         // flight); `effect_at` is when
         Ok(Known::Live(i)) => json!({
             "source": "live", "key": i.key, "id": i.id, "kind": i.kind, "state": i.state,
-            "attempts": i.attempts, "provider_ref": i.provider_ref, "last_error": i.last_error,
+            "attempts": i.attempts, "provider_ref": i.provider_ref,
+            "last_error": i.last_error.map(|e| outbox_providers::redact::urls_in(&e)),
             "created_at": i.created_at, "updated_at": i.updated_at, "delivered_at": i.delivered_at,
             "effect_happened": i.state == crate::state::IntentState::Delivered || i.effect_at.is_some(),
             "effect_at": i.effect_at.or(i.delivered_at),
         }),
-        // the ledger remembers whether the effect happened, and when
+        // the ledger remembers whether the effect happened, and when (its
+        // `last_error` is redacted as read: `Store::lookup_key`)
         Ok(Known::Ledger(e)) => json!({
             "source": "ledger", "key": e.key, "id": e.intent_id, "kind": e.kind, "state": e.state,
             "provider_ref": e.provider_ref, "last_error": e.last_error, "created_at": e.created_at,

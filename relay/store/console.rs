@@ -258,6 +258,14 @@ impl Store {
         }
         q.push(" ORDER BY id DESC LIMIT ").push_bind(limit + 1);
         let mut intents: Vec<Listed> = q.build_query_as().fetch_all(&self.pool).await?;
+        // each last error as every shown URL is shown
+        // (`outbox_providers::redact`), one written before the rule included
+        for i in &mut intents {
+            i.last_error = i
+                .last_error
+                .take()
+                .map(|e| outbox_providers::redact::urls_in(&e));
+        }
         let full = intents.len() as i64 > limit;
         intents.truncate(limit as usize);
         let mut page = Page {
@@ -380,10 +388,19 @@ impl Store {
               ORDER BY count(*) DESC, max(id) DESC
               LIMIT $1"
         );
-        Ok(sqlx::query_as(&sql)
+        let mut groups: Vec<FailureGroup> = sqlx::query_as(&sql)
             .bind(MAX_GROUPS)
             .fetch_all(&self.pool)
-            .await?)
+            .await?;
+        // the example error as every shown URL is shown
+        // (`outbox_providers::redact`)
+        for g in &mut groups {
+            g.example_error = g
+                .example_error
+                .take()
+                .map(|e| outbox_providers::redact::urls_in(&e));
+        }
+        Ok(groups)
     }
 
     /// Attempts per `step_secs` bucket (delivered and accepted; failed:

@@ -397,20 +397,36 @@ impl Store {
         .bind(key)
         .fetch_optional(&self.pool)
         .await?;
+        // its last error as every shown URL is shown
+        // (`outbox_providers::redact`): a row purged before the rule
+        // may carry a URL's secrets
         entry
-            .map(Known::Ledger)
+            .map(|mut e| {
+                e.last_error = e.last_error.map(|t| outbox_providers::redact::urls_in(&t));
+                Known::Ledger(e)
+            })
             .ok_or_else(|| StoreError::NotFound(key.to_string()))
     }
 
+    /// An intent's attempts, each one's error shown as every URL is shown
+    /// (`outbox_providers::redact`), whenever and by whichever relay it
+    /// was written.
     pub async fn attempts(&self, intent_id: i64) -> Result<Vec<Attempt>, StoreError> {
-        Ok(sqlx::query_as(
+        let mut attempts: Vec<Attempt> = sqlx::query_as(
             "SELECT attempt, fence, owner, started_at, finished_at, outcome, status, provider_ref,
                     error, replayed, accepted, key_generation
                FROM outbox.attempt_history WHERE intent_id = $1 ORDER BY fence, id NULLS FIRST",
         )
         .bind(intent_id)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        for a in &mut attempts {
+            a.error = a
+                .error
+                .take()
+                .map(|e| outbox_providers::redact::urls_in(&e));
+        }
+        Ok(attempts)
     }
 
     pub async fn actions(&self, intent_id: i64) -> Result<Vec<Action>, StoreError> {

@@ -416,3 +416,25 @@ async fn a_happened_effect_is_remembered_after_purge() {
     let (_, body) = ask(&db, "forced:1").await;
     assert_eq!(body["provider_ref"], "ref-forced-1", "{body}");
 }
+
+/// The endpoint shows a last error written before the redaction rule (as
+/// an older relay wrote it) by the rule, live and from the ledger: no
+/// secret of its URL's userinfo, path or query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_last_errors_secrets_are_not_answered() {
+    use crate::traces::{rows_written_raw, SHOWN_ERROR};
+    let db = TestDb::new().await;
+    rows_written_raw(&db).await;
+    let (child, port) = relay(&db, &[]).await;
+    for (key, source) in [("raw:live", "live"), ("raw:purged", "ledger")] {
+        let (status, body) = get(port, &format!("/v1/intents/{key}"), None).await;
+        assert_eq!(
+            (status, body["source"].as_str()),
+            (200, Some(source)),
+            "{body}"
+        );
+        assert_eq!(body["last_error"], SHOWN_ERROR, "{body}");
+        assert!(!body.to_string().contains("SECRET"), "{body}");
+    }
+    stop(child).await;
+}

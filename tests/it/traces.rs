@@ -626,6 +626,90 @@ async fn an_unreachable_webhooks_secrets_reach_no_span_log_error_or_listing() {
     assert!(!logs.contains("SECRET"), "{logs}");
 }
 
+/// An error as a relay older than the redaction rule wrote it, with a
+/// secret in the userinfo, the path, a bare query and a query value.
+pub(crate) const RAW_ERROR: &str =
+    "POST http://SECRETUSER:SECRETPW@127.0.0.1:9/services/T0001/B0002\
+                                    /SECRETPATH?SECRETBARE&token=SECRETVALUE: could not connect";
+/// [`RAW_ERROR`] as every shown URL is shown.
+pub(crate) const SHOWN_ERROR: &str = "POST http://127.0.0.1:9/services/REDACTED/REDACTED/REDACTED\
+                                      ?REDACTED&token=REDACTED: could not connect";
+
+/// Rows written raw, as an older relay wrote them: the webhook intent
+/// `raw:live` (due in an hour) whose URL and last error carry secrets, the
+/// purged intent `raw:purged` in the ledger and the destination
+/// `http://127.0.0.1:9`, each with [`RAW_ERROR`].
+pub(crate) async fn rows_written_raw(db: &TestDb) {
+    let url = "http://SECRETUSER:SECRETPW@127.0.0.1:9/services/T0001/B0002/SECRETPATH\
+               ?SECRETBARE&token=SECRETVALUE";
+    sqlx::query(
+        "SELECT outbox.enqueue('raw:live', 'webhook', $1, p_run_after => now() + interval '1 hour')",
+    )
+    .bind(json!({"url": url, "body": 1}))
+    .execute(db.pool())
+    .await
+    .unwrap();
+    for sql in [
+        "UPDATE outbox.intents SET last_error = $1 WHERE key = 'raw:live'",
+        "INSERT INTO outbox.ledger (key, intent_id, kind, fingerprint, state, last_error, created_at, completed_at)
+         VALUES ('raw:purged', 1000000, 'webhook', outbox.fingerprint('{}'), 'dead', $1, now(), now())",
+        "INSERT INTO outbox.destinations (name, state, failures, last_error)
+         VALUES ('http://127.0.0.1:9', 'closed', 2, $1)",
+    ] {
+        sqlx::query(sql)
+            .bind(RAW_ERROR)
+            .execute(db.pool())
+            .await
+            .unwrap();
+    }
+}
+
+/// The CLI shows an error written before the redaction rule by the rule:
+/// `list` and `list --json` (the webhook's URL too), `show` of a purged
+/// intent and `destinations`, as text and as JSON.
+#[tokio::test]
+async fn a_raw_errors_secrets_reach_no_cli_listing() {
+    let db = TestDb::new().await;
+    rows_written_raw(&db).await;
+    let run = |args: &'static [&'static str]| {
+        let db = &db;
+        async move {
+            let out = common::cli(db, args).await;
+            assert!(out.status.success(), "{args:?}: {out:?}");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(!text.contains("SECRET"), "{args:?}: {text}");
+            text
+        }
+    };
+    // the table clips the middle of a long error
+    let table = run(&["list"]).await;
+    assert!(
+        table.contains("POST http://127.0.0.1:9/services/REDACTE"),
+        "{table}"
+    );
+    let listed: Value = serde_json::from_str(&run(&["list", "--json"]).await).unwrap();
+    assert_eq!(listed[0]["last_error"], SHOWN_ERROR, "{listed}");
+    assert_eq!(
+        listed[0]["payload"]["url"],
+        "http://127.0.0.1:9/services/REDACTED/REDACTED/REDACTED?REDACTED&token=REDACTED"
+    );
+    let show = run(&["show", "raw:purged"]).await;
+    assert!(show.contains(SHOWN_ERROR), "{show}");
+    let shown: Value = serde_json::from_str(&run(&["show", "raw:purged", "--json"]).await).unwrap();
+    assert_eq!(
+        (&shown["source"], &shown["last_error"]),
+        (&json!("ledger"), &json!(SHOWN_ERROR)),
+        "{shown}"
+    );
+    let destinations = run(&["destinations"]).await;
+    assert!(
+        destinations.contains("POST http://127.0.0.1:9/services/REDACTED/"),
+        "{destinations}"
+    );
+    let destinations = run(&["destinations", "--json"]).await;
+    assert!(destinations.contains(SHOWN_ERROR), "{destinations}");
+}
+
 /// A webhook provider that panics on every delivery.
 struct Panics;
 

@@ -39,11 +39,19 @@ pub async fn list(
 ) -> Result<Vec<Destination>, sqlx::Error> {
     let (rows, changed) = store.destination_rows().await?;
     let backlog = store.destination_backlogs().await?;
-    let entry = |health: DestinationRow| Destination {
-        limit: settings.limits.get(&health.name).map(|r| r.text.clone()),
-        changed_at: changed.get(&health.name).copied(),
-        health,
-        pending: 0,
+    let entry = |mut health: DestinationRow| {
+        // the last error as every shown URL is shown
+        // (`outbox_providers::redact`), one written before the rule included
+        health.last_error = health
+            .last_error
+            .take()
+            .map(|e| outbox_providers::redact::urls_in(&e));
+        Destination {
+            limit: settings.limits.get(&health.name).map(|r| r.text.clone()),
+            changed_at: changed.get(&health.name).copied(),
+            health,
+            pending: 0,
+        }
     };
     let healthy = DestinationRow::healthy;
     let mut out: BTreeMap<String, Destination> = rows
