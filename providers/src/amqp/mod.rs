@@ -9,7 +9,10 @@
 //! - a confirm ack is delivered, reference `exchange "<x>" routing key
 //!   "<k>" message_id <id>`;
 //! - a `basic.return` (unroutable: no queue bound for the routing key) is
-//!   rejected with the broker's reply text;
+//!   rejected with the broker's reply text, except within
+//!   [`RECOVERING`] of reconnecting to a broker that went away: a broker
+//!   restarted after a crash takes connections before it has restored the
+//!   bindings of its durable queues, so the return is transient then;
 //! - a nack, no such exchange (404 on the channel), a connection that
 //!   cannot be opened: transient;
 //! - access refused (403): misconfigured (the relay's user lacks the
@@ -115,7 +118,13 @@ struct Link {
     connection: Connection,
     /// Confirm-mode channels not in use.
     idle: Mutex<Vec<Channel>>,
+    /// When it was opened, if that was after the broker went away.
+    reconnected_at: Option<Instant>,
 }
+
+/// How long after reconnecting to a broker that went away an unroutable
+/// return is taken for a broker still restoring its bindings.
+pub const RECOVERING: Duration = Duration::from_secs(30);
 
 /// The most idle channels kept per connection.
 const MAX_IDLE_CHANNELS: usize = 64;
@@ -127,6 +136,9 @@ const RECONNECT_MAX: Duration = Duration::from_secs(30);
 struct LinkState {
     link: Option<Arc<Link>>,
     failures: u32,
+    /// A connection was lost or could not be opened since the last one
+    /// opened.
+    lost: bool,
     /// No connect before this, after a failed one; with its error.
     retry_at: Option<(Instant, String)>,
 }
@@ -166,6 +178,7 @@ impl AmqpProvider {
                 return Ok(link.clone());
             }
             state.link = None;
+            state.lost = true;
         }
         if let Some((at, error)) = &state.retry_at {
             if Instant::now() < *at {
@@ -177,7 +190,9 @@ impl AmqpProvider {
                 let link = Arc::new(Link {
                     connection,
                     idle: Mutex::new(Vec::new()),
+                    reconnected_at: state.lost.then(Instant::now),
                 });
+                state.lost = false;
                 state.link = Some(link.clone());
                 state.failures = 0;
                 state.retry_at = None;
@@ -188,6 +203,7 @@ impl AmqpProvider {
                     .saturating_mul(1 << state.failures.min(16))
                     .min(RECONNECT_MAX);
                 state.failures += 1;
+                state.lost = true;
                 state.retry_at = Some((Instant::now() + wait, error.clone()));
                 Err(error)
             }
@@ -371,7 +387,7 @@ impl Provider for AmqpProvider {
                 };
             }
         };
-        let outcome = classify(answer, &target, &id);
+        let outcome = recovering(classify(answer, &target, &id), link.reconnected_at);
         if channel.status().connected() {
             let mut idle = link.idle.lock().unwrap_or_else(|p| p.into_inner());
             if idle.len() < MAX_IDLE_CHANNELS {
@@ -405,6 +421,28 @@ impl Provider for AmqpProvider {
             }
             _ => SpanShape::plain("amqp"),
         }
+    }
+}
+
+/// An unroutable return within [`RECOVERING`] of reconnecting to a broker
+/// that went away is transient: the broker may not have restored the
+/// bindings of its durable queues yet.
+fn recovering(outcome: Outcome, reconnected_at: Option<Instant>) -> Outcome {
+    match (outcome, reconnected_at) {
+        (Outcome::Rejected { reason, .. }, Some(at))
+            if at.elapsed() < RECOVERING && reason.contains("unroutable") =>
+        {
+            Outcome::Transient {
+                reason: format!(
+                    "{reason}, {:.0?} after reconnecting to a broker that went away (it may \
+                     still be restoring its bindings)",
+                    at.elapsed()
+                ),
+                status: None,
+                retry_after: None,
+            }
+        }
+        (outcome, _) => outcome,
     }
 }
 
@@ -517,5 +555,49 @@ mod tests {
         let mut plain = config("amqp://u@10.1.2.3/", Some("pw"));
         plain.allow_plaintext = true;
         assert!(plain.check().is_ok());
+    }
+
+    #[test]
+    fn an_unroutable_return_just_after_the_broker_came_back_is_transient() {
+        let unroutable = || {
+            Outcome::Rejected {
+            reason: "the broker returned the message to exchange \"e\" routing key \"k\" as unroutable: 312 NO_ROUTE".into(),
+            status: None,
+            response: None,
+        }
+        };
+        // the first connection of a relay: the topology is the operator's
+        assert!(matches!(
+            recovering(unroutable(), None),
+            Outcome::Rejected { .. }
+        ));
+        // just after the broker came back: it may still restore bindings
+        match recovering(unroutable(), Some(Instant::now())) {
+            Outcome::Transient { reason, .. } => {
+                assert!(
+                    reason.contains("NO_ROUTE") && reason.contains("reconnecting"),
+                    "{reason}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // long after: rejected again
+        let long_ago = Instant::now().checked_sub(RECOVERING + Duration::from_secs(1));
+        if let Some(at) = long_ago {
+            assert!(matches!(
+                recovering(unroutable(), Some(at)),
+                Outcome::Rejected { .. }
+            ));
+        }
+        // another refusal is never turned into a retry
+        let other = Outcome::Rejected {
+            reason: "access refused".into(),
+            status: None,
+            response: None,
+        };
+        assert!(matches!(
+            recovering(other, Some(Instant::now())),
+            Outcome::Rejected { .. }
+        ));
     }
 }
