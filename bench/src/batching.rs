@@ -109,24 +109,12 @@ async fn measure(store: Store, args: BatchingArgs) -> anyhow::Result<BatchingLat
 }
 
 /// The relay under measurement: `exe` (this binary, or the build compared)
-/// run as `outbox-relay run`, with nothing set but what the bench's
-/// loopback receiver needs.
+/// as `outbox-relay run` at the product's defaults.
 fn start_relay(exe: &std::path::Path, db_url: &str) -> anyhow::Result<tokio::process::Child> {
-    let child = tokio::process::Command::new(exe)
-        .arg("run")
-        .env_clear()
-        .env(crate::RUN_AS_RELAY, "1")
-        .env("DATABASE_URL", db_url)
+    let child = crate::relay_process::relay_process(exe, "run", db_url)
         .env("OUTBOX_RELAY__RELAY__NAME", "\"bench-batching\"")
         .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
-        .env(
-            "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
-            "[\"127.0.0.1/32\"]",
-        )
         .env("RUST_LOG", "error")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()?;
     Ok(child)
 }

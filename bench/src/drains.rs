@@ -10,6 +10,7 @@ use crate::cpu;
 use crate::otlp::Traces;
 use crate::peers::ENQUEUE_PER_CALL;
 use crate::receiver::{peak_rss_mb_of, Seen};
+use crate::relay_process::relay_process;
 use crate::report::{RelayRun, ScaleOut};
 use crate::server::{self, Server};
 use crate::sql::{enqueue_many_statements, run_sql, wait_delivered};
@@ -45,14 +46,8 @@ pub(crate) async fn scale_out_drain(
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
     for r in 0..relays {
-        // A clean environment: nothing of the caller's configuration (its
-        // schedules, provider credentials, tuning) reaches the bench relays.
-        let mut cmd = tokio::process::Command::new(&exe);
-        cmd.arg("run")
-            .env_clear()
-            .env(crate::RUN_AS_RELAY, "1")
-            .env("DATABASE_URL", db_url)
-            .env("OUTBOX_RELAY__RELAY__NAME", format!("\"bench-{r}\""))
+        let mut cmd = relay_process(&exe, "run", db_url);
+        cmd.env("OUTBOX_RELAY__RELAY__NAME", format!("\"bench-{r}\""))
             .env(
                 "OUTBOX_RELAY__RELAY__CONCURRENCY",
                 args.in_flight.to_string(),
@@ -65,15 +60,8 @@ pub(crate) async fn scale_out_drain(
                 "OUTBOX_RELAY__WEBHOOK__MAX_IN_FLIGHT_PER_HOST",
                 args.in_flight.to_string(),
             )
-            .env(
-                "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
-                "[\"127.0.0.1/32\"]",
-            )
             .env("OUTBOX_RELAY__RETENTION__INTENTS", "\"0s\"")
-            .env("RUST_LOG", "error")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true);
+            .env("RUST_LOG", "error");
         match traced {
             Some(traces) => {
                 let port = std::net::TcpListener::bind("127.0.0.1:0")?

@@ -26,6 +26,7 @@ mod otlp;
 mod peers;
 mod plot;
 mod receiver;
+mod relay_process;
 mod report;
 mod rounds;
 mod scratch;

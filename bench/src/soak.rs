@@ -23,6 +23,7 @@ use serde::Serialize;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::ConnectOptions;
 
+use crate::relay_process::relay_process;
 use crate::scratch::with_database;
 
 #[derive(Debug, Clone)]
@@ -229,23 +230,9 @@ async fn soak(
     let exe = std::env::current_exe()?;
     let metrics_port = free_port()?;
     let console_port = free_port()?;
-    let relay_env = |cmd: &mut tokio::process::Command| {
-        cmd.env_clear()
-            .env(crate::RUN_AS_RELAY, "1")
-            .env("DATABASE_URL", db_url)
-            .env(
-                "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
-                "[\"127.0.0.1/32\"]",
-            )
-            .env("RUST_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true);
-    };
-    let mut relay = tokio::process::Command::new(&exe);
-    relay_env(&mut relay);
+    let mut relay = relay_process(&exe, "run", db_url);
     relay
-        .arg("run")
+        .env("RUST_LOG", "warn")
         .env("OUTBOX_RELAY__RELAY__NAME", "\"soak\"")
         .env(
             "OUTBOX_RELAY__RELAY__CONCURRENCY",
@@ -269,9 +256,8 @@ async fn soak(
         .env("OUTBOX_RELAY__RETENTION__INTERVAL", "\"1m\"");
     let mut relay = relay.spawn()?;
     let relay_pid = relay.id().unwrap_or(0);
-    let mut console = tokio::process::Command::new(&exe);
-    relay_env(&mut console);
-    console.arg("console").env(
+    let mut console = relay_process(&exe, "console", db_url);
+    console.env("RUST_LOG", "warn").env(
         "OUTBOX_RELAY__CONSOLE__ADDR",
         format!("\"127.0.0.1:{console_port}\""),
     );

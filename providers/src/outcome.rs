@@ -89,50 +89,25 @@ impl Outcome {
         }
     }
 
+    fn reason_mut(&mut self) -> Option<&mut String> {
+        match self {
+            Outcome::Delivered { .. } => None,
+            Outcome::Rejected { reason, .. }
+            | Outcome::Transient { reason, .. }
+            | Outcome::TargetUnavailable { reason, .. }
+            | Outcome::Ambiguous { reason, .. }
+            | Outcome::Misconfigured { reason, .. }
+            | Outcome::Deferred { reason, .. } => Some(reason),
+        }
+    }
+
     /// The outcome with every URL in its reason shown by the one rule
     /// ([`crate::redact`]): what the relay records, logs and exports.
-    pub fn redacted(self) -> Self {
-        let r = |reason: String| crate::redact::urls_in(&reason);
-        match self {
-            Outcome::Delivered { .. } => self,
-            Outcome::Rejected {
-                reason,
-                status,
-                response,
-            } => Outcome::Rejected {
-                reason: r(reason),
-                status,
-                response,
-            },
-            Outcome::Transient {
-                reason,
-                status,
-                retry_after,
-            } => Outcome::Transient {
-                reason: r(reason),
-                status,
-                retry_after,
-            },
-            Outcome::TargetUnavailable { reason, status } => Outcome::TargetUnavailable {
-                reason: r(reason),
-                status,
-            },
-            Outcome::Ambiguous { reason, status } => Outcome::Ambiguous {
-                reason: r(reason),
-                status,
-            },
-            Outcome::Misconfigured { reason, status } => Outcome::Misconfigured {
-                reason: r(reason),
-                status,
-            },
-            Outcome::Deferred {
-                reason,
-                retry_after,
-            } => Outcome::Deferred {
-                reason: r(reason),
-                retry_after,
-            },
+    pub fn redacted(mut self) -> Self {
+        if let Some(reason) = self.reason_mut() {
+            *reason = crate::redact::urls_in(reason);
         }
+        self
     }
 
     /// Shorthand for a rejection of the payload before any network call.

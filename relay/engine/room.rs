@@ -92,6 +92,9 @@ impl Rooms {
                 Arc::strong_count(room) > 1 || Arc::strong_count(&room.slots) > 1
             });
         }
+        if let Some(room) = rooms.get(&limit.destination) {
+            return room.clone();
+        }
         rooms
             .entry(limit.destination.clone())
             .or_insert_with(|| {
