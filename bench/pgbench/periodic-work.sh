@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# bench/pgbench/periodic-work.sh: what the relay's periodic statements cost
+# Postgres beside a large backlog.
+#
+#   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres bench/pgbench/periodic-work.sh [PENDING] [RUNS]
+#
+# In a scratch database (migrated with the relay binary, then dropped) it
+# enqueues PENDING (default 1000000) pending webhooks with outbox.enqueue_many,
+# 10,000 per call, over 1,000 receivers; one in ten carries an ordering key
+# shared by ten intents, so that nine in a hundred wait behind their key's
+# first. Then it runs each periodic statement RUNS times (default 5) and prints
+# its mean execution time from EXPLAIN ANALYZE and the buffers it read, with
+# how often a relay runs it and so what it costs the server per minute:
+#   backlog   the destinations' backlog gauge, every 15 s
+#             (relay/store/destinations.rs BACKLOG_SQL)
+#   stranded  the stranded ordering intents of every key, as `stats` counts
+#             them (relay/store/fleet.rs STRANDED)
+#   noted     the same over the keys noted for the next sweep, as the gauge
+#             counts them every 5 s (STRANDED_NOTED), beside 100 notes
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PENDING=${1:-1000000}
+RUNS=${2:-5}
+# shellcheck source=bench/pgbench/scratch.sh
+. "$REPO_ROOT/bench/pgbench/scratch.sh"
+scratch_database periodic_work
+
+echo "enqueueing $PENDING pending intents ..." >&2
+psql -X -q -v ON_ERROR_STOP=1 "$URL" >/dev/null <<SQL
+DO \$\$
+DECLARE
+    n int := $PENDING;
+    b int := 10000;
+    lo int;
+BEGIN
+    FOR lo IN SELECT generate_series(0, n - 1, b) LOOP
+        PERFORM outbox.enqueue_many(
+            array_agg('p:' || g ORDER BY g),
+            array_agg('webhook'::text ORDER BY g),
+            array_agg(jsonb_build_object(
+                'url', 'https://r' || (g % 1000) || '.example.com/hooks',
+                'body', jsonb_build_object('n', g)) ORDER BY g),
+            p_ordering_keys => array_agg(CASE WHEN g % 10 = 0 THEN 'k:' || (g / 100) END ORDER BY g))
+          FROM generate_series(lo, least(lo + b, n) - 1) g;
+        COMMIT;
+    END LOOP;
+END
+\$\$;
+VACUUM ANALYZE outbox.intents;
+SQL
+psql -X -At "$URL" -c "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE waiting)
+                         FROM outbox.intents" |
+	awk -F'|' '{printf "%s pending, %s waiting behind their ordering key\n", $1, $2}'
+
+# the text of the Rust string constant NAME in FILE: from its line to the
+# first line ending the string
+statement() { # FILE NAME
+	awk -v name="$2" '
+		!on && $0 ~ "const " name ": &str = \"" { on = 1; sub(/^[^"]*"/, "") }
+		on { if ($0 ~ /";$/) { sub(/";$/, ""); print; exit } print }' "$REPO_ROOT/$1"
+}
+BACKLOG=$(statement relay/store/destinations.rs BACKLOG_SQL)
+STRANDED=$(statement relay/store/fleet.rs STRANDED)
+NOTED=$(statement relay/store/fleet.rs STRANDED_NOTED)
+for s in "$BACKLOG" "$STRANDED" "$NOTED"; do
+	[ -n "$s" ] || { echo "could not read the statements from relay/store" >&2; exit 1; }
+done
+
+measure() { # NAME EVERY_SECONDS SQL
+	local total=0 buffers=0 out ms hit
+	for _ in $(seq "$RUNS"); do
+		out=$(psql -X -At "$URL" -c "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) $3")
+		ms=$(echo "$out" | jq '.[0]["Execution Time"]')
+		hit=$(echo "$out" | jq '.[0].Plan["Shared Hit Blocks"] + .[0].Plan["Shared Read Blocks"]')
+		total=$(echo "$total + $ms" | bc -l)
+		buffers=$hit
+	done
+	awk -v n="$1" -v e="$2" -v t="$total" -v r="$RUNS" -v b="$buffers" \
+		'BEGIN { ms = t / r; printf "%-9s every %2d s  %9.1f ms a run  %8d buffers  %7.0f ms of the server a minute\n",
+		         n, e, ms, b, ms * 60 / e }'
+}
+command -v jq >/dev/null || { echo "needs jq (Debian: apt-get install jq)" >&2; exit 2; }
+measure backlog 15 "$BACKLOG"
+measure stranded 5 "$STRANDED"
+# the notes between two sweeps of a steady enqueue: one per intent enqueued
+# waiting within the sweep interval; here the sweep has taken those of the
+# load, and a hundred are new
+psql -X -q "$URL" -c "DELETE FROM outbox.ordering_rechecks" \
+	-c "INSERT INTO outbox.ordering_rechecks (ordering_key) SELECT 'k:' || g FROM generate_series(1, 100) g"
+measure noted 5 "$NOTED"
