@@ -60,6 +60,8 @@ outbox_completion_batch_size_count
 outbox_standbys_held_up
 outbox_standbys_streaming
 outbox_standby_waits
+outbox_oldest_xmin_age_seconds
+outbox_oldest_xmin_age_transactions
 up
 "
 

@@ -49,6 +49,14 @@ GRANT EXECUTE ON FUNCTION outbox.ordering_turn(text, bigint) TO outbox_relay;
 -- by application_name): no statistics privilege
 GRANT EXECUTE ON FUNCTION outbox.standby_flush_positions(),
                           outbox.standby_flush_positions(text[]) TO outbox_relay;
+-- the xmin horizon gauges (outbox_oldest_xmin_age_*) read pg_stat_activity,
+-- pg_prepared_xacts and pg_replication_slots, which every role may read:
+-- every holder's xmin, but when another role's session began only for
+-- members of pg_read_all_stats. For outbox_oldest_xmin_age_seconds to count
+-- the applications' sessions too, grant that role to the relays' login role
+-- (it also shows them every session's query text, and only a role allowed to
+-- grant pg_read_all_stats may: it is left to you):
+--   GRANT pg_read_all_stats TO relay_login;
 -- the sweeper promotes intents a race left waiting, from the keys noted (0012)
 GRANT EXECUTE ON FUNCTION outbox.recheck_ordering_keys(integer, bigint) TO outbox_relay;
 -- destination health (0007): the relay keeps breakers, buckets and alerts;

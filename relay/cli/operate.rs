@@ -365,6 +365,17 @@ pub async fn stats(store: &Store, as_json: bool) -> Outcome {
     for w in &s.standby_waits {
         println!("waiting: {}", w.describe());
     }
+    // what makes vacuum keep dead rows, once it has for a minute or 100,000
+    // transactions (production.md, long transactions and replication slots)
+    let held: Vec<String> = s
+        .xmin_horizon
+        .iter()
+        .filter(|h| h.age_seconds.is_some_and(|s| s >= 60.0) || h.age_transactions >= 100_000)
+        .map(|h| h.describe())
+        .collect();
+    if !held.is_empty() {
+        println!("xmin horizon held back by: {}", held.join("; "));
+    }
     Ok(())
 }
 

@@ -170,6 +170,16 @@ fn describe() {
         "Intents waiting with no live intent ahead in their ordering key (the sweeper promotes them on its next pass)"
     );
     describe_gauge!(
+        "outbox_oldest_xmin_age_transactions",
+        Unit::Count,
+        "Transaction ids assigned since the oldest xmin of each holder of the database's xmin horizon (holder: transaction, prepared, replication_slot, standby): vacuum keeps every row they deleted"
+    );
+    describe_gauge!(
+        "outbox_oldest_xmin_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest transaction holding back the xmin horizon (holder: transaction, prepared); other roles' sessions count only with pg_read_all_stats"
+    );
+    describe_gauge!(
         "outbox_oldest_due_seconds",
         Unit::Seconds,
         "Age of the oldest due pending intent"

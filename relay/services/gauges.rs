@@ -1,5 +1,6 @@
 //! The queue gauges (`outbox_intents`, `outbox_oldest_due_seconds`, the
-//! ordering-key gauges), refreshed from one cheap query every few seconds.
+//! ordering-key gauges), refreshed from one cheap query every few seconds,
+//! and what holds back the database's xmin horizon.
 
 use std::time::Duration;
 
@@ -15,6 +16,11 @@ pub const GAUGED_STATES: [IntentState; 4] = [
     IntentState::Ambiguous,
     IntentState::Dead,
 ];
+
+/// The holders of the xmin horizon the gauges report, as `holder` labels
+/// (see [`crate::store::stats::XminHolder`]); the first two have a start
+/// time.
+pub const XMIN_HOLDERS: [&str; 4] = ["transaction", "prepared", "replication_slot", "standby"];
 
 /// Refresh the queue gauges from one cheap query. Kinds seen before keep
 /// being reported (at 0) after they drain.
@@ -45,6 +51,18 @@ pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
             .map(|r| r.1)
             .fold(0.0, f64::max);
         metrics::gauge!("outbox_oldest_due_seconds", "kind" => label).set(oldest);
+    }
+    // last: the other gauges are set even where these views are refused
+    let held = store.xmin_horizon().await?;
+    for holder in XMIN_HOLDERS {
+        let h = held.iter().find(|h| h.holder == holder);
+        metrics::gauge!("outbox_oldest_xmin_age_transactions", "holder" => holder)
+            .set(h.map_or(0.0, |h| h.age_transactions as f64));
+        if holder == "transaction" || holder == "prepared" {
+            // 0 also while every holder's start is hidden from this role
+            metrics::gauge!("outbox_oldest_xmin_age_seconds", "holder" => holder)
+                .set(h.and_then(|h| h.age_seconds).unwrap_or(0.0));
+        }
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! What `stats`, the console's overview and the gauges count: intents by
 //! kind and state, what is due, expired leases, folded duplicates, ordering
-//! keys blocked or stranded, the ledger's size, kinds no relay serves.
+//! keys blocked or stranded, the ledger's size, kinds no relay serves, and
+//! what holds back the database's xmin horizon.
 
 use serde::Serialize;
 use sqlx::FromRow;
@@ -36,6 +37,82 @@ pub struct GaugeStats {
     pub stranded: i64,
 }
 
+/// The oldest of one kind of holder of the xmin horizon that vacuum of the
+/// outbox's tables obeys ([`Store::xmin_horizon`]).
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct XminHolder {
+    /// `transaction` (a session of this database holding a snapshot or a
+    /// transaction id), `prepared`, `replication_slot` or `standby` (a
+    /// walsender with hot_standby_feedback and no slot).
+    pub holder: String,
+    /// Transaction ids assigned since its xmin: `age(xmin)`.
+    pub age_transactions: i64,
+    /// Seconds since it began, where known: the start of the transaction
+    /// of the earliest session holding that xmin (other roles' sessions
+    /// only with pg_read_all_stats), a prepared transaction's prepare time;
+    /// None for slots and standbys.
+    pub age_seconds: Option<f64>,
+}
+
+impl XminHolder {
+    /// A phrase for `stats`: "a transaction open for 95s, 1234
+    /// transaction(s) back".
+    pub fn describe(&self) -> String {
+        let what = match self.holder.as_str() {
+            "transaction" => "a transaction",
+            "prepared" => "a prepared transaction",
+            "replication_slot" => "a replication slot",
+            "standby" => "a standby (hot_standby_feedback)",
+            other => other,
+        };
+        let since = match self.age_seconds {
+            Some(s) => format!(" open for {s:.0}s"),
+            None if self.holder == "transaction" => {
+                " (when it began is hidden from this role: pg_read_all_stats)".to_string()
+            }
+            None => String::new(),
+        };
+        format!(
+            "{what}{since}, {} transaction(s) back",
+            self.age_transactions
+        )
+    }
+}
+
+/// The oldest xmin of each kind of holder, as the data horizon of this
+/// database counts them (PostgreSQL 14 and later): sessions of this
+/// database and walsenders with hot_standby_feedback (no database), by the
+/// older of their snapshot's xmin and their transaction id; prepared
+/// transactions of this database; every replication slot's `xmin` (a
+/// logical slot's `catalog_xmin` holds back only the system catalogs).
+/// Not counted: this query's own session, and processes with no role
+/// (autovacuum: a vacuum's snapshot holds back no other vacuum).
+///
+/// The xmins are visible to every role, a session's `xact_start` of
+/// another role only to members of pg_read_all_stats. Sessions often share
+/// the oldest xmin (every snapshot taken while the oldest transaction runs
+/// starts there): the seconds are those of the earliest visible among them,
+/// so without that role they may be less than the holder's, or unknown.
+const XMIN_HORIZON: &str = "WITH held AS (
+         SELECT CASE WHEN datid IS NULL THEN 'standby' ELSE 'transaction' END AS holder,
+                greatest(age(backend_xmin), age(backend_xid)) AS xids,
+                extract(epoch FROM now() - xact_start)::float8 AS secs
+           FROM pg_stat_activity
+          WHERE pid <> pg_backend_pid() AND usesysid IS NOT NULL
+            AND (datid IS NULL OR datname = current_database())
+            AND coalesce(backend_xmin, backend_xid) IS NOT NULL
+         UNION ALL
+         SELECT 'prepared', age(transaction), extract(epoch FROM now() - prepared)::float8
+           FROM pg_prepared_xacts WHERE database = current_database()
+         UNION ALL
+         SELECT 'replication_slot', age(xmin), NULL FROM pg_replication_slots
+          WHERE xmin IS NOT NULL),
+     oldest AS (
+         SELECT DISTINCT ON (holder) holder, xids::bigint AS age_transactions,
+                secs AS age_seconds
+           FROM held ORDER BY holder, xids DESC, secs DESC NULLS LAST)
+     SELECT * FROM oldest ORDER BY age_transactions DESC, holder";
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
     pub by_state: Vec<StatsRow>,
@@ -61,6 +138,8 @@ pub struct Stats {
     /// Live relays whose deliveries wait for standbys to flush their
     /// intents' commits (`relay.wait_for_standbys`).
     pub standby_waits: Vec<super::standbys::StandbyWait>,
+    /// What holds back the xmin horizon, oldest first ([`XminHolder`]).
+    pub xmin_horizon: Vec<XminHolder>,
 }
 
 /// Ordering keys whose oldest live intent is dead or ambiguous. Reads the
@@ -115,8 +194,10 @@ impl Store {
             .await?;
         let stranded_ordering_intents = self.stranded_ordering_intents().await?;
         let standby_waits = self.standby_waits().await?;
+        let xmin_horizon = self.xmin_horizon().await?;
         Ok(Stats {
             standby_waits,
+            xmin_horizon,
             by_state,
             due,
             expired_leases,
@@ -157,6 +238,12 @@ impl Store {
             blocked,
             stranded,
         })
+    }
+
+    /// What holds back the xmin horizon of this database's tables: the
+    /// oldest of each kind of holder, oldest first (see [`XminHolder`]).
+    pub async fn xmin_horizon(&self) -> Result<Vec<XminHolder>, sqlx::Error> {
+        sqlx::query_as(XMIN_HORIZON).fetch_all(&self.pool).await
     }
 
     /// Ordering keys whose oldest live intent is dead or ambiguous.

@@ -463,3 +463,94 @@ async fn a_destination_that_recovers_leaves_the_state_gauge() {
     }
     common::terminate(&mut relay).await;
 }
+
+/// A transaction that holds a snapshot holds back the xmin horizon: the
+/// gauges say for how long and how many transaction ids back, and fall
+/// back once it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_transaction_shows_in_the_xmin_horizon_gauges() {
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    let port = common::free_port();
+    let mut relay = spawn(&db.url, port, &[]);
+    let gauges = || async move {
+        let m = scrape(port).await;
+        let get =
+            |name: &str, holder: &str| m.get(&format!("{name}{{holder=\"{holder}\"}}")).copied();
+        (
+            get("outbox_oldest_xmin_age_seconds", "transaction"),
+            get("outbox_oldest_xmin_age_transactions", "transaction"),
+            m,
+        )
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+                .await
+                .is_ok()
+                && gauges().await.1.is_some()
+        })
+        .await,
+        "the xmin gauges are exported"
+    );
+    let (_, _, m) = gauges().await;
+    for holder in ["prepared", "replication_slot", "standby"] {
+        assert!(
+            m.contains_key(&format!(
+                "outbox_oldest_xmin_age_transactions{{holder=\"{holder}\"}}"
+            )),
+            "{holder}: {m:?}"
+        );
+    }
+    assert!(m.contains_key("outbox_oldest_xmin_age_seconds{holder=\"prepared\"}"));
+
+    // a report in REPEATABLE READ: its snapshot is taken by its first read
+    let mut report = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let began = std::time::Instant::now();
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut report)
+        .await
+        .unwrap();
+    sqlx::query("SELECT count(*) FROM outbox.intents")
+        .execute(&mut report)
+        .await
+        .unwrap();
+    // twenty transactions that write after it: each takes a transaction id
+    for _ in 0..20 {
+        sqlx::query("SELECT txid_current()")
+            .execute(db.pool())
+            .await
+            .unwrap();
+    }
+    let hold = Duration::from_secs(6);
+    tokio::time::sleep(hold.saturating_sub(began.elapsed())).await;
+    let seen = std::cell::Cell::new((None, None));
+    assert!(
+        wait_for(Duration::from_secs(15), || async {
+            let (secs, xids, _) = gauges().await;
+            seen.set((secs, xids));
+            secs >= Some(hold.as_secs_f64()) && xids >= Some(20.0)
+        })
+        .await,
+        "held for {hold:?} and 20 transactions: {:?}",
+        seen.get()
+    );
+    assert!(
+        seen.get().0 <= Some(began.elapsed().as_secs_f64()),
+        "no older than the transaction: {:?}",
+        seen.get()
+    );
+
+    sqlx::query("ROLLBACK").execute(&mut report).await.unwrap();
+    assert!(
+        wait_for(Duration::from_secs(15), || async {
+            let (secs, xids, _) = gauges().await;
+            seen.set((secs, xids));
+            secs.is_some_and(|s| s < 1.0) && xids.is_some_and(|x| x < 20.0)
+        })
+        .await,
+        "falls back once the transaction ends: {:?}",
+        seen.get()
+    );
+    common::terminate(&mut relay).await;
+}

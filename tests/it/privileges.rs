@@ -410,3 +410,57 @@ async fn callers_granted_before_an_upgrade_may_call_what_their_functions_now_cal
         .expect("forget_stale_failures, which now calls expire_probes");
     relay.close().await;
 }
+
+/// The relay's role sees every holder of the xmin horizon and its age in
+/// transaction ids; when another role's transaction began only with
+/// pg_read_all_stats (roles.sql, production.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_role_sees_the_xmin_horizon_and_with_pg_read_all_stats_how_old() {
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    roles(&db).await;
+    sqlx::raw_sql(
+        "DO $$ BEGIN CREATE ROLE t_outbox_relay_stats LOGIN IN ROLE outbox_relay, pg_read_all_stats;
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$;",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    // another role's (the superuser's) report holds a snapshot
+    let mut report = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.intents;")
+        .execute(&mut report)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        sqlx::query("SELECT txid_current()")
+            .execute(db.pool())
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let oldest = |store: Store| async move {
+        let held = store.xmin_horizon().await.expect("the views are public");
+        store.pool().close().await;
+        held.into_iter()
+            .find(|h| h.holder == "transaction")
+            .expect("the report holds the horizon")
+    };
+    let plain = oldest(
+        Store::connect(&url_as(&db, "t_outbox_relay"), 2)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(plain.age_transactions >= 5, "{plain:?}");
+    assert_eq!(plain.age_seconds, None, "another role's start is hidden");
+    let reader = oldest(
+        Store::connect(&url_as(&db, "t_outbox_relay_stats"), 2)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(reader.age_transactions >= 5, "{reader:?}");
+    assert!(reader.age_seconds >= Some(1.0), "{reader:?}");
+    sqlx::query("ROLLBACK").execute(&mut report).await.unwrap();
+}
