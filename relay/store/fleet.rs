@@ -167,6 +167,16 @@ impl Store {
     pub async fn stranded_ordering_intents(&self) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(STRANDED).fetch_one(&self.pool).await
     }
+
+    /// The same count over the keys noted for the next sweep only: what
+    /// that sweep will promote. Its cost follows the notes taken since the
+    /// last sweep, not how many intents wait, so the gauges read it every
+    /// few seconds; `stats` reads every key ([`Store::stranded_ordering_intents`]).
+    pub async fn noted_stranded_ordering_intents(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(STRANDED_NOTED)
+            .fetch_one(&self.pool)
+            .await
+    }
 }
 
 /// What one sweep of the noted ordering keys did.
@@ -188,3 +198,16 @@ pub(crate) const STRANDED: &str = "SELECT count(*) FROM outbox.intents w
         AND NOT EXISTS (SELECT 1 FROM outbox.intents e
                          WHERE e.ordering_key = w.ordering_key AND e.id < w.id AND NOT e.waiting
                            AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead'))";
+
+/// [`STRANDED`] over the keys in `outbox.ordering_rechecks`: a probe of
+/// `intents_waiting` per noted key (lateral, so that it is never planned as
+/// a join over every waiting intent).
+pub(crate) const STRANDED_NOTED: &str = "SELECT count(*)
+       FROM (SELECT DISTINCT r.ordering_key FROM outbox.ordering_rechecks r) k
+      CROSS JOIN LATERAL (
+            SELECT 1 FROM outbox.intents w
+             WHERE w.ordering_key = k.ordering_key AND w.waiting AND w.state = 'pending'
+               AND NOT EXISTS (SELECT 1 FROM outbox.intents e
+                                WHERE e.ordering_key = w.ordering_key AND e.id < w.id
+                                  AND NOT e.waiting
+                                  AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead'))) s";

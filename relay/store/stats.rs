@@ -214,7 +214,8 @@ impl Store {
     /// states (pending, claimed, ambiguous, dead) by kind, from the
     /// (state, kind) index, and the age of the oldest due intent per kind,
     /// from the due index, the blocked ordering keys and the intents
-    /// waiting with nothing live ahead. Delivered history is never scanned.
+    /// waiting with nothing live ahead among the keys noted for the next
+    /// sweep. Delivered history is never scanned.
     pub async fn stats_for_gauges(&self) -> Result<GaugeStats, sqlx::Error> {
         let counts = sqlx::query_as(
             "SELECT kind, state, count(*) FROM outbox.intents
@@ -231,7 +232,7 @@ impl Store {
         let blocked: i64 = sqlx::query_scalar(BLOCKED_KEYS)
             .fetch_one(&self.pool)
             .await?;
-        let stranded = self.stranded_ordering_intents().await?;
+        let stranded = self.noted_stranded_ordering_intents().await?;
         Ok(GaugeStats {
             counts,
             oldest,
