@@ -89,6 +89,8 @@ async fn an_enqueue_racing_its_heads_cancel_is_promoted_by_one_sweep_past_1200_k
     let stats = db.store.stats().await.unwrap();
     assert_eq!(stats.stranded_ordering_intents, 1);
     assert_eq!(stats.blocked_ordering_keys, 0);
+    // the gauge counts over the noted keys only, and sees it too
+    assert_eq!(db.store.stats_for_gauges().await.unwrap().stranded, 1);
 
     // one sweep looks at the keys noted since the last one: r-next's
     let sweep = db.store.promote_stranded_heads(500).await.unwrap();
@@ -98,6 +100,7 @@ async fn an_enqueue_racing_its_heads_cancel_is_promoted_by_one_sweep_past_1200_k
     );
     assert_eq!((sweep.keys, sweep.promoted), (1, 1));
     assert_eq!(db.store.stats().await.unwrap().stranded_ordering_intents, 0);
+    assert_eq!(db.store.stats_for_gauges().await.unwrap().stranded, 0);
     let claimed = db.store.claim("r", 10, 60_000, &[]).await.unwrap();
     assert_eq!(
         claimed.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(),
