@@ -77,30 +77,44 @@ SELECT 0, u.id, u.fence, 'delivered', 'ref-' || u.id, 200, 'bench', now(), now()
 -- end
 
 -- step: drain-ticks
--- claims are serialized by a transaction-scoped advisory lock (memory only)
+-- claims are serialized by a transaction-scoped advisory lock (memory only);
+-- each records a tick first, so that what committed before it is claimable
+-- at once, without waiting for a ticker
 BEGIN;
 SELECT pg_advisory_xact_lock(4242);
-WITH last AS (SELECT tick, upto_xid, upto_id FROM ticks.claims ORDER BY claim DESC LIMIT 1),
--- the last claim's tick, from where that claim ended, and the tick after it
+INSERT INTO ticks.ticks (snap) VALUES (pg_current_snapshot());
+WITH last AS (SELECT lo_tick, tick, upto_xid, upto_id FROM ticks.claims ORDER BY claim DESC LIMIT 1),
+newest AS (SELECT max(tick) AS tick FROM ticks.ticks),
+-- the last claim's range after where it ended, then from that range's end
+-- to the newest tick
+ranges AS (
+    SELECT 1 AS ord, last.lo_tick, last.tick AS hi_tick, last.upto_xid AS ax, last.upto_id AS ai
+      FROM last
+    UNION ALL
+    SELECT 2, last.tick, newest.tick, '0'::xid8, 0 FROM last, newest WHERE newest.tick > last.tick),
 cur AS (
-    SELECT t.tick, p.snap AS lo, t.snap AS hi,
-           CASE WHEN t.tick = last.tick THEN last.upto_xid ELSE '0'::xid8 END AS ax,
-           CASE WHEN t.tick = last.tick THEN last.upto_id ELSE 0 END AS ai
-      FROM last JOIN ticks.ticks t ON t.tick IN (last.tick, last.tick + 1)
-      JOIN ticks.ticks p ON p.tick = t.tick - 1),
+    SELECT r.ord, r.lo_tick, r.hi_tick, lo.snap AS lo, hi.snap AS hi,
+           greatest(r.ax, pg_snapshot_xmin(lo.snap)) AS ax,
+           CASE WHEN r.ax >= pg_snapshot_xmin(lo.snap) THEN r.ai ELSE 0 END AS ai
+      FROM ranges r JOIN ticks.ticks lo ON lo.tick = r.lo_tick JOIN ticks.ticks hi ON hi.tick = r.hi_tick),
 picked AS (
-    SELECT c.tick, i.xid, i.id, i.payload FROM cur c CROSS JOIN LATERAL (
+    SELECT c.ord, c.lo_tick, c.hi_tick, i.xid, i.id, i.payload FROM cur c CROSS JOIN LATERAL (
         SELECT i.xid, i.id, i.payload::text AS payload FROM ticks.intents i
-         WHERE i.xid >= pg_snapshot_xmin(c.lo) AND i.xid < pg_snapshot_xmax(c.hi)
-           AND (i.xid, i.id) > (c.ax, c.ai)
+         WHERE (i.xid, i.id) > (c.ax, c.ai) AND i.xid < pg_snapshot_xmax(c.hi)
            AND pg_visible_in_snapshot(i.xid, c.hi) AND NOT pg_visible_in_snapshot(i.xid, c.lo)
          ORDER BY i.xid, i.id LIMIT 100) i),
-mine AS (SELECT * FROM picked WHERE tick = (SELECT min(tick) FROM picked)),
+mine AS (SELECT * FROM picked WHERE ord = (SELECT min(ord) FROM picked)),
 ins AS (
-    INSERT INTO ticks.claims (tick, upto_xid, upto_id, owner, fence, lease_expires_at)
-    SELECT tick, xid, id, 'bench', 1, now() + interval '60 s'
+    INSERT INTO ticks.claims (lo_tick, tick, upto_xid, upto_id, owner, fence, lease_expires_at)
+    SELECT lo_tick, hi_tick, xid, id, 'bench', 1, now() + interval '60 s'
       FROM mine ORDER BY xid DESC, id DESC LIMIT 1
-    RETURNING claim, fence)
+    RETURNING claim, fence),
+-- nothing left in the last claim's range and nothing since: step to the newest
+skipped AS (
+    INSERT INTO ticks.claims (lo_tick, tick, upto_xid, upto_id, owner, fence, lease_expires_at)
+    SELECT last.tick, newest.tick, '0'::xid8, 0, 'bench', 0, now()
+      FROM last, newest
+     WHERE newest.tick > last.tick AND NOT EXISTS (SELECT 1 FROM mine))
 SELECT coalesce((SELECT claim FROM ins), 0) AS claim,
        coalesce((SELECT fence FROM ins), 0) AS fence,
        coalesce((SELECT array_agg(m.id) FROM mine m), '{}')::text AS ids,

@@ -65,10 +65,12 @@ CREATE TABLE ticks.ticks (
     tick bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     snap pg_snapshot NOT NULL,
     at timestamptz NOT NULL DEFAULT now());
--- a claim: the intents of tick `tick` after (upto_xid, upto_id) of the claim
--- before it, up to its own (upto_xid, upto_id)
+-- a claim: of the intents committed between ticks lo_tick and tick, those
+-- after (upto_xid, upto_id) of the claim before it in the same range, up to
+-- its own (upto_xid, upto_id)
 CREATE TABLE ticks.claims (
     claim bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    lo_tick bigint NOT NULL,
     tick bigint NOT NULL,
     upto_xid xid8 NOT NULL,
     upto_id bigint NOT NULL,

@@ -27,7 +27,7 @@
 #             a cursor row per lane by an anti-join with the receipts (after
 #             awa's queue storage, hardbyte/awa docs/adr/019)
 #   ticks     the intent row is written once with its transaction id; a
-#             ticker records snapshots, and a claim takes the next intents
+#             claim records a tick (its snapshot) and takes the next intents
 #             committed between two ticks in (xid, id) order, appending one
 #             row per claim (the range, fence, owner, lease); a completion
 #             appends one row per statement holding the batch's outcomes as
@@ -81,8 +81,8 @@ TRUNCATE outbox.intents, receipts.intents, ticks.intents, ticks.ticks, ticks.cla
 TRUNCATE receipts.claims, receipts.outcomes;
 UPDATE receipts.cursor SET next_id = 1;
 INSERT INTO ticks.ticks (snap) VALUES (pg_current_snapshot());
-INSERT INTO ticks.claims (tick, upto_xid, upto_id, owner, fence, lease_expires_at)
-SELECT max(tick), '0'::xid8, 0, 'start', 0, now() FROM ticks.ticks;
+INSERT INTO ticks.claims (lo_tick, tick, upto_xid, upto_id, owner, fence, lease_expires_at)
+SELECT max(tick), max(tick), '0'::xid8, 0, 'start', 0, now() FROM ticks.ticks;
 VACUUM ANALYZE;
 CHECKPOINT;
 SQL
@@ -139,9 +139,6 @@ for round in $(seq "$ROUNDS"); do
 				sleep 0.3
 			fi
 			read -r es et ew < <(phase "enqueue-$storage" $((INTENTS / 100)))
-			if [ "$storage" = ticks ]; then
-				psql -X -q "$URL" -c "INSERT INTO ticks.ticks (snap) VALUES (pg_current_snapshot())"
-			fi
 			# statistics of the loaded tables, as autovacuum keeps them, so
 			# that no storage's claim is planned for an empty table
 			psql -X -q "$URL" -c "ANALYZE"
