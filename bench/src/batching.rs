@@ -204,7 +204,7 @@ async fn one_level(
     })
 }
 
-fn epoch_ms(t: SystemTime) -> f64 {
+pub(crate) fn epoch_ms(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64()
@@ -212,7 +212,7 @@ fn epoch_ms(t: SystemTime) -> f64 {
 }
 
 /// Nearest-rank percentiles of `values` (sorted in place).
-fn percentiles(values: &mut [f64]) -> Percentiles {
+pub(crate) fn percentiles(values: &mut [f64]) -> Percentiles {
     values.sort_by(f64::total_cmp);
     let at = |q: f64| {
         if values.is_empty() {

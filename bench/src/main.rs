@@ -21,6 +21,7 @@ mod brokers;
 mod console;
 mod cpu;
 mod drains;
+mod held_xmin;
 mod ordering;
 mod otlp;
 mod peers;
@@ -177,6 +178,20 @@ struct BenchArgs {
     /// binary).
     #[arg(long, requires = "batching_latency")]
     batching_compare: Option<PathBuf>,
+    /// Measure, instead of the engine, commit to delivered and the
+    /// `outbox` tables' dead tuples over this many seconds of steady
+    /// arrivals (`--held-xmin` alone: 90), twice in a fresh database each:
+    /// plainly, and beside a REPEATABLE READ transaction that took its
+    /// snapshot before the load and stays open for the whole run; one
+    /// relay at the product's defaults.
+    #[arg(long, num_args = 0..=1, default_missing_value = "90")]
+    held_xmin: Option<u64>,
+    /// Intents committed per second, one to a transaction, in --held-xmin.
+    #[arg(long, default_value_t = 800)]
+    held_xmin_rate: u32,
+    /// Pending intents loaded before each --held-xmin run.
+    #[arg(long, default_value_t = 0)]
+    held_xmin_backlog: u64,
     /// Run the soak instead of the engine's measurements: one relay
     /// under a steady mixed load this long (e.g. 1h), against receivers
     /// that flap, with retention purging and the console and /metrics
@@ -246,6 +261,18 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
         drop(store);
         let report = console::run(&url, &config, a.console_history, a.keep).await?;
         emit(&report, a.json, console::print);
+        return Ok(());
+    }
+    if let Some(seconds) = a.held_xmin {
+        drop(store);
+        let args = held_xmin::HeldXminArgs {
+            seconds: seconds.clamp(1, 3_600),
+            rate: a.held_xmin_rate.clamp(1, 100_000),
+            backlog: a.held_xmin_backlog.min(10_000_000),
+            keep: a.keep,
+        };
+        let report = held_xmin::run(&url, args).await?;
+        emit(&report, a.json, held_xmin::print);
         return Ok(());
     }
     let levels: Vec<usize> = a
