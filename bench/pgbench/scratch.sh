@@ -7,6 +7,10 @@
 #   scratch_database NAME    sets URL (the scratch database) and WORK
 #   step_tps STEP SECONDS    runs $WORK/STEP.sql with pgbench (one client)
 #                            and prints its tps, or says why and exits
+#   hold_snapshot            another session opens a REPEATABLE READ
+#                            transaction and reads, so that its snapshot
+#                            holds back the xmin horizon
+#   release_snapshot         ends it
 #
 # REPO_ROOT must be set by the sourcing script.
 
@@ -40,4 +44,20 @@ step_tps() {
 		exit 1
 	fi
 	echo "$tps"
+}
+
+hold_snapshot() {
+	mkfifo "$WORK/hold"
+	psql -X -q "$URL" <"$WORK/hold" >/dev/null &
+	HOLDER=$!
+	exec 9>"$WORK/hold"
+	echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.relays;" >&9
+	sleep 0.3
+}
+
+release_snapshot() {
+	echo "ROLLBACK;" >&9
+	exec 9>&-
+	wait "$HOLDER" || true
+	rm -f "$WORK/hold"
 }

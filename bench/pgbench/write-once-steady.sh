@@ -65,14 +65,8 @@ printf '%-8s %-5s %9s %9s %9s %9s %7s %9s\n' storage held "p50 ms" "p99 ms" "max
 for storage in rewrite ticks; do
 	for held in plain held; do
 		reset
-		if [ "$held" = held ]; then
-			mkfifo "$WORK/hold"
-			psql -X -q "$URL" <"$WORK/hold" >/dev/null &
-			holder=$!
-			exec 9>"$WORK/hold"
-			echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.relays;" >&9
-			sleep 0.3
-		fi
+		# a snapshot taken before the load, held until it ends
+		[ "$held" = plain ] || hold_snapshot
 		pids=()
 		schema=$([ "$storage" = rewrite ] && echo outbox || echo ticks)
 		pgbench -n -M prepared -c 1 -R "$RATE" -T "$SECS" -f "$WORK/enqueue-$schema.sql" "$URL" \
@@ -88,12 +82,7 @@ for storage in rewrite ticks; do
 		sleep 0.6
 		dead=$(psql -X -At "$URL" -c "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
 		                               WHERE schemaname = '$schema'")
-		if [ "$held" = held ]; then
-			echo "ROLLBACK;" >&9
-			exec 9>&-
-			wait "$holder" || true
-			rm -f "$WORK/hold"
-		fi
+		[ "$held" = plain ] || release_snapshot
 		printf '%-8s %-5s %9s %9s %9s %9s %7s %9s\n' "$storage" "$held" "$p50" "$p99" "$max" \
 			"$delivered" "$((enqueued - delivered))" "$dead"
 	done

@@ -129,15 +129,8 @@ for round in $(seq "$ROUNDS"); do
 	for held in "${holds[@]}"; do
 		for storage in rewrite receipts ticks; do
 			reset
-			if [ "$held" = held ]; then
-				# a snapshot taken before the enqueue, held until the drain ends
-				mkfifo "$WORK/hold"
-				psql -X -q "$URL" <"$WORK/hold" >/dev/null &
-				holder=$!
-				exec 9>"$WORK/hold"
-				echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.relays;" >&9
-				sleep 0.3
-			fi
+			# a snapshot taken before the load, held until it ends
+			[ "$held" = plain ] || hold_snapshot
 			read -r es et ew < <(phase "enqueue-$storage" $((INTENTS / 100)))
 			# statistics of the loaded tables, as autovacuum keeps them, so
 			# that no storage's claim is planned for an empty table
@@ -148,12 +141,7 @@ for round in $(seq "$ROUNDS"); do
 			left=$(left_over "$storage")
 			[ "$left" = 0 ] || { echo "$storage: $left intents were left undelivered" >&2; exit 1; }
 			dead=$(dead_rows "$storage")
-			if [ "$held" = held ]; then
-				echo "ROLLBACK;" >&9
-				exec 9>&-
-				wait "$holder" || true
-				rm -f "$WORK/hold"
-			fi
+			[ "$held" = plain ] || release_snapshot
 			awk -v r="$round" -v h="$held" -v s="$storage" -v n="$INTENTS" -v hz="$HZ" \
 				-v es="$es" -v et="$et" -v ew="$ew" -v ds="$ds" -v dt="$dt" -v dw="$dw" -v dead="$dead" \
 				'BEGIN { printf "%-5s %-5s %-8s | %9.0f %10.1f %9.0f | %9.0f %10.1f %9.0f %8d\n",
