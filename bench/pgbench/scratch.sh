@@ -11,6 +11,11 @@
 #                            transaction and reads, so that its snapshot
 #                            holds back the xmin horizon
 #   release_snapshot         ends it
+#   server_ticks             the CPU clock ticks the server has spent: its
+#                            processes' utime + stime, and the postmaster's
+#                            cutime + cstime (its exited children's); needs
+#                            root or the server's user, the server on this
+#                            machine
 #
 # REPO_ROOT must be set by the sourcing script.
 
@@ -60,4 +65,15 @@ release_snapshot() {
 	exec 9>&-
 	wait "$HOLDER" || true
 	rm -f "$WORK/hold"
+}
+
+server_ticks() {
+	local data postmaster total pid
+	data=$(psql -X -At "$URL" -c "SHOW data_directory")
+	postmaster=$(head -n 1 "$data/postmaster.pid")
+	total=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$postmaster/stat")
+	for pid in $(pgrep -P "$postmaster"); do
+		total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+	done
+	echo "$total"
 }

@@ -57,21 +57,6 @@ for step in enqueue-rewrite enqueue-receipts enqueue-ticks \
 	[ -s "$WORK/$step.sql" ] || { echo "no step $step in write-once-steps.sql" >&2; exit 1; }
 done
 
-DATA=$(psql -X -At "$URL" -c "SHOW data_directory")
-POSTMASTER=$(head -n 1 "$DATA/postmaster.pid")
-
-# CPU ticks of the server: its processes' utime + stime, and the postmaster's
-# cutime + cstime (what its exited children spent)
-server_ticks() {
-	local total=0 pid f
-	f=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$POSTMASTER/stat")
-	total=$f
-	for pid in $(pgrep -P "$POSTMASTER"); do
-		f=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
-		total=$((total + f))
-	done
-	echo "$total"
-}
 wal() { psql -X -At "$URL" -c "SELECT pg_current_wal_lsn() - '0/0'"; }
 
 reset() {
