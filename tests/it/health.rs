@@ -1296,3 +1296,86 @@ async fn a_standby_hold_is_counted_by_stats_and_told_by_readyz() {
     assert_eq!(body, "ready\n");
     server.abort();
 }
+
+/// The backlog read counts each pending or claimed row where
+/// `outbox.destination_of` puts it, whatever names its destination: the
+/// kind, the `destination` column, or a webhook's URL however spelled (or
+/// not a string, as a row written past `outbox.enqueue` may hold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backlog_read_counts_each_row_where_destination_of_puts_it() {
+    let db = TestDb::new().await;
+    let rows = [
+        (
+            "webhook",
+            None,
+            json!({"url": "https://a.example/x", "body": 1}),
+        ),
+        (
+            "webhook",
+            None,
+            json!({"url": "https://a.example:443/y?z=1", "body": 2}),
+        ),
+        (
+            "webhook",
+            None,
+            json!({"url": "HTTPS://A.example./y", "body": 3}),
+        ),
+        (
+            "webhook",
+            Some("partner"),
+            json!({"url": "https://b.example/x", "body": 4}),
+        ),
+        ("webhook", None, json!({"url": 42, "body": 5})),
+        (
+            "webhook",
+            None,
+            json!({"url": {"host": "c.example"}, "body": 6}),
+        ),
+        ("webhook", None, json!({"body": 7})),
+        ("email", Some("ignored"), json!({"to": "a@example.com"})),
+        ("nats", None, json!({"subject": "s"})),
+        ("kafka", Some("ignored"), json!({"topic": "t"})),
+    ];
+    for (n, (kind, destination, payload)) in rows.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO outbox.intents (key, kind, destination, payload) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(format!("row:{n}"))
+        .bind(kind)
+        .bind(destination)
+        .bind(payload)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    }
+    // one claimed (counted), one delivered (not)
+    sqlx::query(
+        "UPDATE outbox.intents SET state = 'claimed', owner = 'r', lease_expires_at = now() + interval '1 minute'
+          WHERE key = 'row:0'",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE outbox.intents SET state = 'delivered', delivered_at = now() WHERE key = 'row:1'",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let mut per_row: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "SELECT outbox.destination_of(kind, destination, payload), count(*)
+           FROM outbox.intents WHERE state IN ('pending', 'claimed') GROUP BY 1",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    let mut grouped = db.store.destination_backlogs().await.unwrap();
+    per_row.sort();
+    grouped.sort();
+    assert_eq!(grouped, per_row);
+    assert_eq!(grouped.iter().map(|r| r.1).sum::<i64>(), 9);
+    assert!(
+        grouped.contains(&(Some("https://a.example".into()), 2)),
+        "{grouped:?}"
+    );
+}
