@@ -63,7 +63,7 @@ pub const UNHEALTHY_SQL: &str =
 /// `outbox.destination_of` runs once per such group rather than once per
 /// row: a function with its own `search_path` is never inlined, and called
 /// per row it cost some 15 µs each (15.5 s a run beside 1,000,000 pending
-/// intents over 1,000 receivers, `bench/pgbench/periodic-work.sh`).
+/// intents over 1,000 receivers, `bench/pgbench/periodic-work.sh`, 2026-12-04).
 const BACKLOG_SQL: &str =
     "SELECT outbox.destination_of(kind, destination, jsonb_build_object('url', url)),
         sum(n)::bigint

@@ -63,7 +63,7 @@ const HISTORY: Duration = Duration::from_secs(30 * 24 * 3600);
 /// `d`, the next waits at least `d` times this. The read counts the pending
 /// intents, so beside a large backlog it runs less often rather than
 /// spending more of the server (1.2 s a read beside 1,000,000 pending
-/// intents: every 24 s instead of 15, `bench/pgbench/periodic-work.sh`).
+/// intents: every 24 s instead of 15, `bench/pgbench/periodic-work.sh`, 2026-12-04).
 const BACKLOG_READ_SPACING: u32 = 20;
 
 /// When the backlog read after one that ended at `now` and took `took` may
