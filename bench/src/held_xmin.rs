@@ -156,11 +156,7 @@ pub async fn run(server_url: &str, args: HeldXminArgs) -> anyhow::Result<HeldXmi
             },
             args.rate,
             args.seconds,
-            if args.backlog > 0 {
-                format!(", {} pending before", args.backlog)
-            } else {
-                String::new()
-            }
+            loaded_before(args.backlog)
         );
         let hook = hook.clone();
         let a = args.clone();
@@ -486,11 +482,7 @@ pub fn print(r: &HeldXmin) {
         "held xmin: {} intents/s, one to a transaction, for {}s a run{}; one `outbox-relay run` at its defaults, receiver answering at once; a fresh database each run",
         r.rate,
         r.seconds,
-        if r.backlog > 0 {
-            format!(", {} pending intents loaded before", r.backlog)
-        } else {
-            String::new()
-        }
+        loaded_before(r.backlog)
     );
     println!(
         "{:<6} {:>8} {:>8} {:>9} | {:>30} | {:>8} {:>8} {:>8} {:>7} | {:>10} {:>9}",
@@ -585,6 +577,15 @@ fn label(run: &Run) -> &'static str {
         "held"
     } else {
         "plain"
+    }
+}
+
+/// ", N pending intents loaded before" for a backlog, or nothing.
+fn loaded_before(backlog: u64) -> String {
+    if backlog > 0 {
+        format!(", {backlog} pending intents loaded before")
+    } else {
+        String::new()
     }
 }
 
