@@ -21,6 +21,7 @@ mod cli;
 mod config;
 mod http;
 mod metrics;
+mod schema;
 mod sql;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
