@@ -192,7 +192,11 @@ async fn one_level(
         to_delivered.push(delivered - commit);
         deferred += i64::from(after_deferral);
     }
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     Ok(Level {
         relay: relay.to_string(),
         per_transaction: per_tx,

@@ -166,7 +166,11 @@ async fn measure(
             .await?;
     }
     let plain_single = single_n as f64 / t.elapsed().as_secs_f64();
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
 
     eprintln!("bench: enqueue in statements of 100 (unnest, one outbox.enqueue per row) ({n})");
     let t = Instant::now();
@@ -179,17 +183,29 @@ async fn measure(
         "bench: ceiling: claim + fenced complete + attempt rows in claims of {ceiling_batch}, no network ({n})"
     );
     let ceiling = claim_complete_rate(store, ceiling_batch).await?;
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
 
     eprintln!("bench: enqueue with outbox.enqueue_many, 1000 per statement ({n})");
     let t = Instant::now();
     enqueue_many_statements(store, n, 1000, "many", &payload).await?;
     let enqueue_many_rate = n as f64 / t.elapsed().as_secs_f64();
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     let mut ceiling_by_batch = Vec::new();
     for &batch in &args.ceiling_batches {
         enqueue_statements(store, n, &format!("ceiling{batch}"), &payload).await?;
-        run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+        run_sql(
+            store,
+            "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+        )
+        .await?;
         eprintln!("bench: ceiling in claims of {batch} ({n})");
         let per_s = claim_complete_rate(store, batch).await?;
         all_delivered(store, &format!("ceiling in claims of {batch}")).await?;
@@ -198,7 +214,11 @@ async fn measure(
             per_s,
             round_ms: batch as f64 / per_s * 1000.0,
         });
-        run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+        run_sql(
+            store,
+            "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+        )
+        .await?;
     }
     let small_claims = small_claims(
         store,
@@ -213,7 +233,11 @@ async fn measure(
     let t = Instant::now();
     enqueue_batched(store, n, "drain", &payload).await?;
     let enqueue_batched_rate = n as f64 / t.elapsed().as_secs_f64();
-    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    run_sql(
+        store,
+        "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+    )
+    .await?;
 
     eprintln!("bench: drain {n} webhooks, {} in flight", args.in_flight);
     let mut cfg = config.clone();
@@ -239,7 +263,11 @@ async fn measure(
         "bench: latency at {}/s offered for {}s (relay idle, woken by NOTIFY)",
         args.latency_rate, args.latency_seconds
     );
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     // The application enqueues through a pool of its own, as it would in
     // its own process: sharing the relay's, a burst of enqueues after a
     // stall would hold every connection the claim and the completion need.
@@ -275,7 +303,11 @@ async fn measure(
     app.pool().close().await;
 
     eprintln!("bench: drain beside 100k rows of delivered history, then again while the daemon's paced purge removes them");
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     sqlx::query(
         "INSERT INTO outbox.intents (key, kind, payload, state, delivered_at, updated_at)
          SELECT 'history-' || g, 'webhook', '{\"body\": 1}'::jsonb, 'delivered',
@@ -284,7 +316,11 @@ async fn measure(
     )
     .execute(store.pool())
     .await?;
-    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    run_sql(
+        store,
+        "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+    )
+    .await?;
     let t = Instant::now();
     enqueue_batched(store, n, "beside", &payload).await?;
     wait_delivered(store, "beside-", n as i64).await?;

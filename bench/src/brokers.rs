@@ -139,7 +139,11 @@ async fn nats(
     .map_err(|e| {
         anyhow::anyhow!("--brokers nats: cannot create stream {name} ({e}); is JetStream on (-js)?")
     })?;
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     eprintln!("bench: drain {n} nats publishes to JetStream, {in_flight} in flight");
     enqueue(
         store,
@@ -149,7 +153,11 @@ async fn nats(
         |i| json!({"subject": format!("{subject}.orders.created"), "body": body(i)}),
     )
     .await?;
-    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    run_sql(
+        store,
+        "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+    )
+    .await?;
     let mut cfg = engine_config(config, in_flight);
     cfg.nats.url = Some(brokers.nats_url.clone());
     let rate = drain(store, &cfg, "nats-", n).await;
@@ -226,7 +234,11 @@ async fn amqp(
         FieldTable::default(),
     )
     .await?;
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     eprintln!("bench: drain {n} amqp publishes with publisher confirms, {in_flight} in flight");
     enqueue(
         store,
@@ -236,7 +248,11 @@ async fn amqp(
         |i| json!({"exchange": exchange, "routing_key": "created", "body": body(i)}),
     )
     .await?;
-    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    run_sql(
+        store,
+        "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+    )
+    .await?;
     let mut cfg = engine_config(config, in_flight);
     cfg.amqp.url = Some(brokers.amqp_url.clone());
     cfg.amqp.password = Some(outbox_providers::Secret::new(brokers.amqp_password.clone()));
@@ -302,7 +318,11 @@ async fn kafka(
     if let Some(Err((_, code))) = created.first() {
         anyhow::bail!("--brokers kafka: cannot create topic {topic}: {code}");
     }
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     eprintln!(
         "bench: drain {n} kafka records (idempotent producer, acks=all), {in_flight} in flight"
     );
@@ -314,7 +334,11 @@ async fn kafka(
         |i| json!({"topic": topic, "body": body(i)}),
     )
     .await?;
-    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    run_sql(
+        store,
+        "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+    )
+    .await?;
     let mut cfg = engine_config(config, in_flight);
     cfg.kafka.brokers = Some(brokers.kafka_brokers.clone());
     cfg.kafka.timeout = Dur(Duration::from_secs(10));

@@ -95,7 +95,7 @@ async fn seed(store: &Store, history: u64) -> anyhow::Result<()> {
     )
     .execute(store.pool())
     .await?;
-    for table in ["outbox.intents", "outbox.attempts"] {
+    for table in ["outbox.intent_log", "outbox.intent_rows", "outbox.attempts"] {
         store
             .pool()
             .execute(format!("VACUUM ANALYZE {table}").as_str())

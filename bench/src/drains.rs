@@ -33,8 +33,16 @@ pub(crate) async fn scale_out_drain(
     seen: &Seen,
     traced: Option<&Traces>,
 ) -> anyhow::Result<ScaleOut> {
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
-    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
+    run_sql(
+        store,
+        "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+    )
+    .await?;
     seen.reset();
     let server = Server::find(store).await;
     if let Some(traces) = traced {
@@ -193,7 +201,11 @@ pub(crate) async fn relay_run(
 ) -> anyhow::Result<RelayRun> {
     let n = args.intents;
     eprintln!("bench: peers: enqueue_many of {n} intents, {ENQUEUE_PER_CALL} per statement");
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     let t = Instant::now();
     enqueue_many_statements(store, n, ENQUEUE_PER_CALL, "peers-bulk", payload).await?;
     let enqueue_many_per_s = n as f64 / t.elapsed().as_secs_f64();

@@ -79,7 +79,7 @@ async fn measure(store: &Store, keys: u64, burst: u64) -> anyhow::Result<Orderin
     // key), then the notes of the setup
     store
         .pool()
-        .execute("VACUUM ANALYZE outbox.intents")
+        .execute("VACUUM ANALYZE outbox.intent_log, outbox.intent_rows")
         .await?;
     store.promote_stranded_heads(500).await?;
     store
@@ -95,12 +95,12 @@ async fn measure(store: &Store, keys: u64, burst: u64) -> anyhow::Result<Orderin
         noted = noted.min(followers(store, &format!("noted-{round}-"), 0, n, keys).await?);
         store
             .pool()
-            .execute("ALTER TABLE outbox.intents DISABLE TRIGGER intents_note_waiting_insert")
+            .execute("ALTER TABLE outbox.intent_rows DISABLE TRIGGER intents_note_waiting_insert")
             .await?;
         let without = followers(store, &format!("unnoted-{round}-"), 0, n, keys).await;
         store
             .pool()
-            .execute("ALTER TABLE outbox.intents ENABLE TRIGGER intents_note_waiting_insert")
+            .execute("ALTER TABLE outbox.intent_rows ENABLE TRIGGER intents_note_waiting_insert")
             .await?;
         unnoted = unnoted.min(without?);
     }

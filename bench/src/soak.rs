@@ -431,7 +431,9 @@ async fn sample(
     .fetch_one(store.pool())
     .await?;
     let (intents, attempts, ledger): (i64, i64, i64) = sqlx::query_as(
-        "SELECT pg_total_relation_size('outbox.intents'), pg_total_relation_size('outbox.attempts'),
+        "SELECT pg_total_relation_size('outbox.intent_log') + pg_total_relation_size('outbox.intent_rows')
+                  + pg_total_relation_size('outbox.log_outcomes') + pg_total_relation_size('outbox.log_batches'),
+                pg_total_relation_size('outbox.attempts'),
                 pg_total_relation_size('outbox.ledger')",
     )
     .fetch_one(store.pool())

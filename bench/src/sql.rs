@@ -30,9 +30,17 @@ pub(crate) async fn blocked_backlog(
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     enqueue_batched(store, 5_000, "unblocked", payload).await?;
-    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    run_sql(
+        store,
+        "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+    )
+    .await?;
     let claim_buffers_alone = buffers(store.explain_claim(100).await?);
     let alone = 100.0 / claim_complete_rate(store, 100).await? * 1000.0;
     eprintln!("bench: blocked backlog: {behind} intents behind one dead ordering-key head");
@@ -63,7 +71,11 @@ pub(crate) async fn blocked_backlog(
         queued += chunk;
     }
     enqueue_batched(store, 5_000, "beside", payload).await?;
-    run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+    run_sql(
+        store,
+        "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+    )
+    .await?;
     let claim_buffers_beside = buffers(store.explain_claim(100).await?);
     let t = Instant::now();
     store.stats_for_gauges().await?;
@@ -101,7 +113,11 @@ pub(crate) async fn history_scale(
     if sizes.is_empty() {
         return Ok(points);
     }
-    run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+    run_sql(
+        store,
+        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+    )
+    .await?;
     let mut sizes = sizes.to_vec();
     sizes.sort_unstable();
     let mut have: u64 = 0;
@@ -131,7 +147,11 @@ pub(crate) async fn history_scale(
             .await?;
             have += chunk;
         }
-        run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+        run_sql(
+            store,
+            "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+        )
+        .await?;
         run_sql(store, "VACUUM ANALYZE outbox.attempts").await?;
         let mut plan = Vec::new();
         let mut rounds = Vec::with_capacity(HISTORY_ROUNDS);
@@ -231,11 +251,19 @@ pub(crate) async fn small_claims(
             ] {
                 enqueue_statements(store, n, &format!("small{size}-{round}-{form}"), payload)
                     .await?;
-                run_sql(store, "VACUUM ANALYZE outbox.intents").await?;
+                run_sql(
+                    store,
+                    "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
+                )
+                .await?;
                 eprintln!("bench: claims of {size} ({form}, round {round}, {n})");
                 rates.push(claim_complete_rate_as(store, query, size).await?);
                 all_delivered(store, &format!("claims of {size} ({form})")).await?;
-                run_sql(store, "TRUNCATE outbox.intents CASCADE").await?;
+                run_sql(
+                    store,
+                    "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+                )
+                .await?;
             }
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;

@@ -99,6 +99,13 @@ GRANT UPDATE (state, run_after, attempts_base, owner, lease_expires_at, fence, k
               -- (0023) an operator's change clears the recovery mark
               recover_owner, recover_at)
     ON outbox.intents TO outbox_console;
+-- (0027) the same columns of the rows behind outbox.intents, which the
+-- console changes after giving a log intent its row
+GRANT UPDATE (state, run_after, attempts_base, owner, lease_expires_at, fence, key_generation,
+              updated_at, last_error, delivered_at, provider_ref, waiting,
+              recover_owner, recover_at)
+    ON outbox.intent_rows TO outbox_console;
+GRANT EXECUTE ON FUNCTION outbox.track(bigint[]) TO outbox_relay, outbox_console;
 GRANT INSERT ON outbox.operator_actions TO outbox_console;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA outbox TO outbox_relay;

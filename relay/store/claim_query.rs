@@ -52,6 +52,8 @@ pub(super) const NO_WAL_MARK: &str = "NULL::bigint AS wal_position, NULL::int AS
 pub struct ClaimQuery {
     /// (inner limit, statement), by limit ascending; the last is the cap.
     rungs: Vec<(i64, String)>,
+    /// The claim of intents from the log (see [`log_claim_sql`]).
+    log: String,
     /// What the statements are built from (see [`ClaimQuery::with_wal_mark`]).
     limits: Vec<i64>,
     unserved_kinds: Vec<String>,
@@ -103,7 +105,13 @@ impl ClaimQuery {
             .iter()
             .map(|&limit| (limit, claim_sql(limit, &kinds, &known, mark)))
             .collect();
+        let served = if unserved_kinds.is_empty() {
+            String::new()
+        } else {
+            format!("AND l.kind <> ALL({})", text_array_literal(unserved_kinds))
+        };
         ClaimQuery {
+            log: log_claim_sql(&served, &known, mark),
             rungs,
             limits: limits.to_vec(),
             unserved_kinds: unserved_kinds.to_vec(),
@@ -126,6 +134,12 @@ impl ClaimQuery {
             .map_or("", |r| r.1.as_str())
     }
 
+    /// The claim of at most $1 intents from the log: $2 owner, $3 lease in
+    /// ms. Run in a transaction after [`LOG_CLAIM_LOCK`].
+    pub fn log_sql(&self) -> &str {
+        &self.log
+    }
+
     /// The statement limited to the cap (what [`ClaimQuery::sql_for`] gives
     /// for a full batch).
     pub fn sql(&self) -> &str {
@@ -138,7 +152,7 @@ fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
     format!(
         "WITH due AS (
              SELECT id FROM (
-                 SELECT id FROM outbox.intents c
+                 SELECT id FROM outbox.intent_rows c
                   WHERE state = 'pending' AND NOT waiting AND run_after <= now() {kinds}
                     -- a kind this relay does not know is claimed (to be
                     -- rejected) only when no live relay knows it
@@ -153,7 +167,7 @@ fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
                   LIMIT {limit}
                   FOR UPDATE SKIP LOCKED) capped
               LIMIT $1)
-         UPDATE outbox.intents i
+         UPDATE outbox.intent_rows i
             SET state = 'claimed', owner = $2,
                 lease_expires_at = now() + $3 * interval '1 millisecond',
                 fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
@@ -162,6 +176,62 @@ fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
           -- was planned as a hash join over a scan of the whole table
           WHERE i.id = ANY(ARRAY(SELECT id FROM due))
          RETURNING {CLAIMED_COLUMNS}, {mark}"
+    )
+}
+
+/// Taken by every claim from the log for its transaction, and by
+/// `outbox.track` (the same key): claims of the log take turns, and an
+/// intent no batch holds stays so while it is copied into `intent_rows`.
+pub const LOG_CLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(20291, 0)";
+
+/// The claim of at most $1 intents from `outbox.intent_log` (see
+/// schema/0027_intent_log.sql): those after the cursor, in (xid, id) order,
+/// that no batch holds and that have no row and no outcome. The ones of a
+/// kind this relay serves go into one new batch and are returned, claimed
+/// at their first attempt under fence 1; the others get their row, pending,
+/// for a relay that serves them (or for the rejection of a kind no relay
+/// knows). The cursor moves past the intents taken whose transaction is
+/// older than every transaction still running: one that commits later has a
+/// larger xid, so its intents come after the cursor.
+fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
+    format!(
+        "WITH cand AS (
+             SELECT l.id, l.xid, (l.kind = ANY({known}) {served}) AS eligible
+               FROM outbox.intent_log l
+              WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
+                                      ORDER BY c.seq DESC LIMIT 1)
+                AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)
+                AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o WHERE o.intent_id = l.id)
+                AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b WHERE b.ids @> ARRAY[l.id])
+              ORDER BY l.xid, l.id
+              LIMIT $1),
+         tracked AS (
+             INSERT INTO outbox.intent_rows (id, key, kind, destination, payload, run_after,
+                                             ordering_key, waiting, source, created_at,
+                                             updated_at, traceparent, tracestate)
+             SELECT l.id, l.key, l.kind, l.destination, l.payload, l.run_after, l.ordering_key,
+                    l.waiting, l.source, l.created_at, l.created_at, l.traceparent, l.tracestate
+               FROM cand c JOIN outbox.intent_log l ON l.id = c.id
+              WHERE NOT c.eligible
+             ON CONFLICT (id) DO NOTHING),
+         batch AS (
+             INSERT INTO outbox.log_batches (owner, lease_expires_at, ids)
+             SELECT $2, now() + $3 * interval '1 millisecond', array_agg(c.id ORDER BY c.xid, c.id)
+               FROM cand c WHERE c.eligible
+             HAVING count(*) > 0),
+         moved AS (
+             INSERT INTO outbox.log_cursor (xid, id)
+             SELECT c.xid, c.id FROM cand c
+              WHERE c.xid < pg_snapshot_xmin(pg_current_snapshot())
+              ORDER BY c.xid DESC, c.id DESC LIMIT 1)
+         SELECT i.id, i.key, i.kind, i.destination, i.payload::text AS payload, 1 AS attempts,
+                0 AS attempts_base, 1::bigint AS fence, 0 AS key_generation, i.created_at,
+                false AS delivered_before, NULL::text AS recover_owner,
+                NULL::timestamptz AS recover_at, i.traceparent, i.tracestate, i.ordering_key,
+                {mark}
+           FROM cand c JOIN outbox.intent_log i ON i.id = c.id
+          WHERE c.eligible
+          ORDER BY c.xid, c.id"
     )
 }
 

@@ -12,6 +12,7 @@ use sqlx::Row;
 
 pub use super::claim_query::RELAY_TTL_SECS;
 use super::claim_query::{ClaimQuery, CLAIMED_COLUMNS, WAL_MARK};
+use super::log::first_delivery;
 use super::{storable, Store};
 use crate::state::{AttemptOutcome, IntentState};
 
@@ -112,7 +113,10 @@ pub struct Written {
     pub gone: Vec<i64>,
 }
 
-fn claimed_from_row(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Claimed, sqlx::Error> {
+pub(super) fn claimed_from_row(
+    row: &sqlx::postgres::PgRow,
+    recovered: bool,
+) -> Result<Claimed, sqlx::Error> {
     let payload_text: String = row.try_get("payload")?;
     let (payload, payload_error) = match serde_json::from_str::<Value>(&payload_text) {
         Ok(v) => (v, None),
@@ -176,7 +180,7 @@ pub struct WalMark {
 static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH expired AS (
-             SELECT id, owner AS previous_owner, updated_at AS previous_at FROM outbox.intents
+             SELECT id, owner AS previous_owner, updated_at AS previous_at FROM outbox.intent_rows
               WHERE state = 'claimed' AND lease_expires_at < now()
                 AND kind <> ALL($4::text[])
               ORDER BY lease_expires_at
@@ -190,9 +194,9 @@ static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
                            i.owner, i.lease_expires_at),
                     -- nothing was accepted: no completion arrived under this fence
                     i.key_generation, false
-               FROM outbox.intents i JOIN expired e ON e.id = i.id
+               FROM outbox.intent_rows i JOIN expired e ON e.id = i.id
              ON CONFLICT (intent_id, fence) DO NOTHING)
-         UPDATE outbox.intents i
+         UPDATE outbox.intent_rows i
             SET owner = $2, lease_expires_at = now() + $3 * interval '1 millisecond',
                 fence = i.fence + 1, attempts = i.attempts + 1, updated_at = now()
            FROM expired e WHERE i.id = e.id
@@ -225,7 +229,7 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
                           status, provider_ref, error, replayed, state, run_after, response,
                           uncounted)),
              done AS (
-                 UPDATE outbox.intents i
+                 UPDATE outbox.intent_rows i
                     SET state = u.state,
                         attempts = i.attempts - CASE WHEN u.uncounted THEN 1 ELSE 0 END,
                         run_after = coalesce(u.run_after, i.run_after),
@@ -270,7 +274,7 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
                     -- same batch written again after a lost acknowledgement
                     -- finds a first attempt already on its row
                     AND (d.id IS NOT NULL
-                         OR EXISTS (SELECT 1 FROM outbox.intents g
+                         OR EXISTS (SELECT 1 FROM outbox.intent_rows g
                                      WHERE g.id = u.id
                                        AND NOT (g.fence = u.fence
                                                 AND g.first_attempt_started_at IS NOT NULL)))
@@ -285,7 +289,7 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
              UNION ALL
              SELECT u.id, NULL::timestamptz, true FROM u
               WHERE NOT EXISTS (SELECT 1 FROM done d WHERE d.id = u.id)
-                AND NOT EXISTS (SELECT 1 FROM outbox.intents g WHERE g.id = u.id)";
+                AND NOT EXISTS (SELECT 1 FROM outbox.intent_log g WHERE g.id = u.id)";
 
 impl Store {
     /// Claim up to `limit` due pending intents for `owner` for `lease_ms`,
@@ -317,7 +321,13 @@ impl Store {
             .bind(lease_ms)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(|r| claimed_from_row(r, false)).collect()
+        let mut claimed = rows
+            .iter()
+            .map(|r| claimed_from_row(r, false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rest = limit - claimed.len() as i64;
+        claimed.extend(self.claim_from_log(query, owner, rest, lease_ms).await?);
+        Ok(claimed)
     }
 
     /// EXPLAIN (ANALYZE, BUFFERS) of the claim statement for `limit` rows,
@@ -346,6 +356,7 @@ impl Store {
         lease_ms: i64,
         unserved_kinds: &[String],
     ) -> Result<Vec<Claimed>, sqlx::Error> {
+        self.settle_log_batches().await?;
         let rows = sqlx::query(&CLAIM_EXPIRED_SQL)
             .bind(limit)
             .bind(owner)
@@ -375,6 +386,32 @@ impl Store {
         if batch.is_empty() {
             return Ok(Written::default());
         }
+        let first: Vec<&Completion> = batch.iter().filter(|c| first_delivery(c)).collect();
+        let from_log = self.complete_from_log(owner, &first).await?;
+        let rest: Vec<&Completion> = batch
+            .iter()
+            .filter(|c| !from_log.iter().any(|a| a.id == c.id))
+            .collect();
+        let mut written = self.complete_rows(owner, &rest).await?;
+        written.accepted.extend(from_log);
+        if !written.gone.is_empty() {
+            self.note_effects_of_purged(batch, &written.gone).await?;
+        }
+        Ok(written)
+    }
+
+    /// The completions of intents that have their rows (or get them now:
+    /// a log intent's attempt that did not deliver at once).
+    async fn complete_rows(
+        &self,
+        owner: &str,
+        batch: &[&Completion],
+    ) -> Result<Written, sqlx::Error> {
+        if batch.is_empty() {
+            return Ok(Written::default());
+        }
+        let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
+        self.track(&ids).await?;
         macro_rules! col {
             ($f:expr) => {
                 batch.iter().map($f).collect::<Vec<_>>()
@@ -416,9 +453,6 @@ impl Store {
                     created_at: r.try_get("created_at")?,
                 });
             }
-        }
-        if !written.gone.is_empty() {
-            self.note_effects_of_purged(batch, &written.gone).await?;
         }
         Ok(written)
     }
@@ -505,8 +539,9 @@ impl Store {
         }
         let ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
         let fences: Vec<i64> = claims.iter().map(|c| c.1).collect();
+        self.track(&ids).await?;
         let done = sqlx::query(
-            "UPDATE outbox.intents i
+            "UPDATE outbox.intent_rows i
                 SET state = 'pending', owner = NULL, lease_expires_at = NULL,
                     attempts = i.attempts - 1, updated_at = now()
                FROM unnest($1::bigint[], $2::bigint[]) AS u(id, fence)
@@ -526,27 +561,49 @@ impl Store {
         &self,
         limit: i64,
     ) -> Result<Vec<(String, Option<String>, i64)>, sqlx::Error> {
-        sqlx::query_as(
-            "WITH d AS (
-                 DELETE FROM outbox.enqueue_duplicates
-                  WHERE id IN (SELECT id FROM outbox.enqueue_duplicates ORDER BY id
-                               LIMIT $1 FOR UPDATE SKIP LOCKED)
-                 RETURNING intent_id, source, kind),
+        let mut tx = self.pool.begin().await?;
+        let taken: Vec<(i64, Option<String>, Option<String>)> = sqlx::query_as(
+            "DELETE FROM outbox.enqueue_duplicates
+              WHERE id IN (SELECT id FROM outbox.enqueue_duplicates ORDER BY id
+                           LIMIT $1 FOR UPDATE SKIP LOCKED)
+             RETURNING intent_id, source, kind",
+        )
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        if taken.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = taken.iter().map(|d| d.0).collect();
+        let sources: Vec<Option<String>> = taken.iter().map(|d| d.1.clone()).collect();
+        let kinds: Vec<Option<String>> = taken.iter().map(|d| d.2.clone()).collect();
+        // the count lives on the row: a log intent gets one
+        sqlx::query("SELECT count(*) FROM outbox.track($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+        let folded = sqlx::query_as(
+            "WITH d AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])
+                                 AS d(intent_id, source, kind)),
              per_intent AS (
-                 UPDATE outbox.intents i SET duplicates = i.duplicates + c.n
+                 UPDATE outbox.intent_rows i SET duplicates = i.duplicates + c.n
                    FROM (SELECT intent_id, count(*)::int AS n FROM d GROUP BY intent_id) c
                   WHERE i.id = c.intent_id),
              total AS (
                  -- the all-time count `stats` reports, kept past purges
                  UPDATE outbox.totals SET value = value + (SELECT count(*) FROM d)
-                  WHERE name = 'duplicate_enqueues' AND EXISTS (SELECT 1 FROM d))
+                  WHERE name = 'duplicate_enqueues')
              SELECT coalesce(d.kind, i.kind, 'unknown'), d.source, count(*)
-               FROM d LEFT JOIN outbox.intents i ON i.id = d.intent_id
+               FROM d LEFT JOIN outbox.intent_log i ON i.id = d.intent_id
               GROUP BY 1, 2",
         )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
+        .bind(&ids)
+        .bind(&sources)
+        .bind(&kinds)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(folded)
     }
 
     /// How many intents are due now (pending, their turn, their time come):

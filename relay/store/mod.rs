@@ -1,7 +1,9 @@
 //! All SQL lives here. Nothing outside `store` builds a query.
 //!
 //! - [`claims`]: the hot path: claim, complete (fenced), release, sweep;
-//!   [`claim_query`]: the claim statement itself.
+//!   [`claim_query`]: the claim statement itself; `log`: the intent log,
+//!   where an intent is written once and a first-attempt delivery adds one
+//!   narrow row.
 //! - [`operator`]: what the CLI reads and changes.
 //! - [`enqueue`]: the application-side helper around `outbox.enqueue`.
 //! - [`console`]: the console's searches, failure groups, charts and bulk changes.
@@ -12,8 +14,10 @@ pub mod console;
 pub mod destinations;
 pub mod enqueue;
 pub mod fleet;
+mod log;
 pub mod operator;
 pub mod recovery;
+mod retention;
 mod reworded;
 pub mod schedules;
 pub mod standbys;

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use sqlx::FromRow;
 
 use super::{Store, StoreError};
-use crate::state::{sql_names, IntentState, CANCELLABLE, PURGEABLE, RESOLVABLE, RETRYABLE};
+use crate::state::{sql_names, IntentState, CANCELLABLE, RESOLVABLE, RETRYABLE};
 
 /// An intent as operators see it.
 #[derive(Debug, Clone, Serialize, FromRow)]
@@ -246,16 +246,7 @@ const INTENT_COLUMNS: &str =
 const LEDGER_COLUMNS: &str = "key, intent_id, kind, destination, state, provider_ref, last_error, \
     created_at, completed_at, purged_at, effect_at";
 
-use IntentState::{Dead, Delivered, Rejected};
-
-/// The states a purge removes.
-fn purgeable(include_dead: bool) -> Vec<&'static str> {
-    let states: Vec<IntentState> = PURGEABLE
-        .into_iter()
-        .filter(|s| include_dead || *s != Dead)
-        .collect();
-    sql_names(&states)
-}
+use IntentState::{Delivered, Rejected};
 
 /// Why `intent` cannot be retried `how`, if it cannot.
 fn retry_refusal(intent: &Intent, how: RetryOptions) -> Option<StoreError> {
@@ -536,12 +527,13 @@ impl Store {
         how: RetryOptions,
         states: &[IntentState],
     ) -> Result<u64, StoreError> {
+        self.track(ids).await?;
         let n: i64 = sqlx::query_scalar(
             "WITH old AS (
-                 SELECT id, state FROM outbox.intents
+                 SELECT id, state FROM outbox.intent_rows
                   WHERE id = ANY($1) AND state = ANY($3) ORDER BY id FOR UPDATE),
              r AS (
-                 UPDATE outbox.intents i
+                 UPDATE outbox.intent_rows i
                     SET state = 'pending', run_after = now(), attempts_base = attempts,
                         owner = NULL, lease_expires_at = NULL, fence = fence + 1,
                         -- a retry starts afresh: no lost attempt of a dead
@@ -653,12 +645,13 @@ impl Store {
                     Some(format!("rejected by an operator: {reason}")),
                 ),
             };
+        self.track(ids).await?;
         let sql = format!(
             "WITH old AS (
-                 SELECT id, state FROM outbox.intents
+                 SELECT id, state FROM outbox.intent_rows
                   WHERE id = ANY($1) AND state = ANY($2) ORDER BY id FOR UPDATE),
              t AS (
-                 UPDATE outbox.intents i SET {set}, owner = NULL, lease_expires_at = NULL,
+                 UPDATE outbox.intent_rows i SET {set}, owner = NULL, lease_expires_at = NULL,
                         recover_owner = NULL, recover_at = NULL,
                         fence = fence + 1, updated_at = now()
                    FROM old WHERE i.id = old.id
@@ -679,114 +672,5 @@ impl Store {
             .fetch_one(&self.pool)
             .await?;
         Ok(n as u64)
-    }
-
-    /// Delete terminal intents last changed before `older_than` ago, in
-    /// batches (short transactions, SKIP LOCKED). Returns how many.
-    pub async fn purge(
-        &self,
-        older_than: std::time::Duration,
-        include_dead: bool,
-        dry_run: bool,
-        batch: i64,
-    ) -> Result<u64, StoreError> {
-        let states = purgeable(include_dead);
-        let ms = older_than.as_millis() as i64;
-        if dry_run {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM outbox.intents
-                  WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'",
-            )
-            .bind(states)
-            .bind(ms)
-            .fetch_one(&self.pool)
-            .await?;
-            return Ok(n as u64);
-        }
-        self.purge_paced(older_than, include_dead, batch, std::time::Duration::ZERO)
-            .await
-    }
-
-    /// Purge in batches of `batch`, sleeping `pause` between batches so a
-    /// large purge leaves the database room for the claim path.
-    pub async fn purge_paced(
-        &self,
-        older_than: std::time::Duration,
-        include_dead: bool,
-        batch: i64,
-        pause: std::time::Duration,
-    ) -> Result<u64, StoreError> {
-        let states = purgeable(include_dead);
-        let ms = older_than.as_millis() as i64;
-        let mut total = 0u64;
-        loop {
-            // each batch is one short statement: the rows leave the live
-            // table and their keys enter the ledger atomically, with when
-            // a provider last answered success (the attempts, read in the
-            // statement's snapshot, go with the rows; a delivery resolved
-            // by hand has none, and happened at delivered_at)
-            let n: i64 = sqlx::query_scalar(
-                "WITH gone AS (
-                     DELETE FROM outbox.intents WHERE id IN (
-                         SELECT id FROM outbox.intents
-                          WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'
-                          LIMIT $3 FOR UPDATE SKIP LOCKED)
-                     RETURNING *),
-                 kept AS (
-                     INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
-                                                provider_ref, last_error, created_at, completed_at,
-                                                effect_at)
-                     SELECT key, id, kind, destination, outbox.fingerprint(payload), state,
-                            provider_ref, last_error, created_at, coalesce(delivered_at, updated_at),
-                            coalesce((SELECT max(coalesce(a.finished_at, a.started_at))
-                                        FROM outbox.attempt_history a
-                                       WHERE a.intent_id = gone.id AND a.outcome = 'delivered'),
-                                     CASE WHEN state = 'delivered' THEN delivered_at END)
-                       FROM gone
-                     ON CONFLICT (key) DO NOTHING)
-                 SELECT count(*) FROM gone",
-            )
-            .bind(&states)
-            .bind(ms)
-            .bind(batch)
-            .fetch_one(&self.pool)
-            .await?;
-            total += n as u64;
-            if n < batch {
-                return Ok(total);
-            }
-            if !pause.is_zero() {
-                tokio::time::sleep(pause).await;
-            }
-        }
-    }
-
-    /// Forget ledger entries purged longer ago than `older_than`, in batches.
-    /// After this, a retry with such a key is a new operation: the ledger
-    /// retention is the client's retry deadline.
-    pub async fn purge_ledger(
-        &self,
-        older_than: std::time::Duration,
-        batch: i64,
-    ) -> Result<u64, StoreError> {
-        let ms = older_than.as_millis() as i64;
-        let mut total = 0u64;
-        loop {
-            let n = sqlx::query(
-                "DELETE FROM outbox.ledger WHERE key IN (
-                     SELECT key FROM outbox.ledger
-                      WHERE purged_at < now() - $1 * interval '1 millisecond'
-                      LIMIT $2 FOR UPDATE SKIP LOCKED)",
-            )
-            .bind(ms)
-            .bind(batch)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-            total += n;
-            if n < batch as u64 {
-                return Ok(total);
-            }
-        }
     }
 }

@@ -20,8 +20,9 @@ impl Store {
         previous_owner: &str,
         previous_at: Option<DateTime<Utc>>,
     ) -> Result<bool, sqlx::Error> {
+        self.track(&[id]).await?;
         let done = sqlx::query(
-            "UPDATE outbox.intents SET recover_owner = $3, recover_at = $4
+            "UPDATE outbox.intent_rows SET recover_owner = $3, recover_at = $4
               WHERE id = $1 AND fence = $2 AND (state = 'claimed') IS TRUE",
         )
         .bind(id)
@@ -38,7 +39,7 @@ impl Store {
     /// that the sweeper recovers anew.
     pub async fn recovery_started(&self, id: i64, fence: i64) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "UPDATE outbox.intents SET recover_owner = NULL, recover_at = NULL
+            "UPDATE outbox.intent_rows SET recover_owner = NULL, recover_at = NULL
               WHERE id = $1 AND fence = $2 AND recover_owner IS NOT NULL",
         )
         .bind(id)

@@ -518,10 +518,10 @@ async fn a_stuck_completer_makes_the_relay_unready_and_exit_non_zero() {
         })
         .await
     );
-    // an application transaction holds the intent's row: the completion
-    // statement waits behind it
+    // an application transaction holds the intent's row in the log: the
+    // completion statement waits behind it
     let mut app = db.pool().begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM outbox.intents WHERE key = 'held' FOR UPDATE")
+    sqlx::query("SELECT 1 FROM outbox.intent_log WHERE key = 'held' FOR UPDATE")
         .execute(&mut *app)
         .await
         .unwrap();

@@ -1,0 +1,173 @@
+//! The intent log (schema/0027_intent_log.sql): claims from it, the
+//! deliveries at the first attempt it records without a row, and the moves
+//! of its intents into `outbox.intent_rows` when they leave that path.
+//!
+//! An intent enqueued is one row of `outbox.intent_log`, never rewritten. A
+//! claim of log intents writes one `outbox.log_batches` row for the batch;
+//! a delivery at the first attempt writes one narrow `outbox.log_outcomes`
+//! row. Everything else (a retry, a deferral, a rejection, an expired lease,
+//! a release, an operator's change) first copies the intent into
+//! `intent_rows` (`outbox.track`), and the row takes it from there.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::claim_query::{ClaimQuery, LOG_CLAIM_LOCK};
+use super::claims::{claimed_from_row, Accepted, Claimed, Completion};
+use super::{storable, Store};
+use crate::state::{AttemptOutcome, IntentState};
+
+/// Expired batches the sweeper settles in one transaction.
+const BATCHES_PER_SWEEP: i64 = 200;
+
+/// Cursor rows kept: the newest is the cursor; a few more keep the table's
+/// tail readable for someone looking at where claims went.
+const CURSOR_ROWS_KEPT: i64 = 1000;
+
+/// A delivery at the first attempt with no error: what the log records
+/// without a row (the same test as `first` in the completion statement).
+pub(super) fn first_delivery(c: &Completion) -> bool {
+    c.state == IntentState::Delivered
+        && c.outcome == AttemptOutcome::Delivered
+        && c.attempt == 1
+        && !c.uncounted
+        && c.error.is_none()
+}
+
+/// Records deliveries of log intents claimed from the log: $1 ids, $2
+/// started, $3 finished, $4 status, $5 provider reference, $6 replayed, $7
+/// owner. An intent that has an outcome already (moved into
+/// `intent_rows` when its lease expired, an operator changed it, or this
+/// very batch written before a lost acknowledgement) or a row is not
+/// recorded here: its completion goes through the row, under its fence.
+const LOG_COMPLETE_SQL: &str = "INSERT INTO outbox.log_outcomes AS o (intent_id, outcome, owner, started_at,
+                                          finished_at, status, provider_ref, replayed)
+     SELECT v.id, 'delivered', $7, v.started_at, v.finished_at, v.status, v.provider_ref,
+            v.replayed
+       FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int[], $5::text[],
+                   $6::bool[]) AS v(id, started_at, finished_at, status, provider_ref, replayed)
+      WHERE EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = v.id)
+        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = v.id)
+     ON CONFLICT (intent_id) DO NOTHING
+     RETURNING o.intent_id,
+               (SELECT l.created_at FROM outbox.intent_log l WHERE l.id = o.intent_id) AS created_at";
+
+impl Store {
+    /// Claim up to `limit` intents from the log (after those with rows).
+    pub(super) async fn claim_from_log(
+        &self,
+        query: &ClaimQuery,
+        owner: &str,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        if limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
+        let rows = sqlx::query(query.log_sql())
+            .bind(limit)
+            .bind(owner)
+            .bind(lease_ms)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        rows.iter().map(|r| claimed_from_row(r, false)).collect()
+    }
+
+    /// Record the deliveries at the first attempt of intents claimed from
+    /// the log. Returns those recorded; the rest of `batch` goes through
+    /// the rows.
+    pub(super) async fn complete_from_log(
+        &self,
+        owner: &str,
+        batch: &[&Completion],
+    ) -> Result<Vec<Accepted>, sqlx::Error> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        macro_rules! col {
+            ($f:expr) => {
+                batch.iter().map($f).collect::<Vec<_>>()
+            };
+        }
+        let rows = sqlx::query(LOG_COMPLETE_SQL)
+            .bind(col!(|c| c.id))
+            .bind(col!(|c| c.started_at))
+            .bind(col!(|c| c.finished_at))
+            .bind(col!(|c| c.status))
+            .bind(col!(|c| c
+                .provider_ref
+                .as_deref()
+                .map(|r| storable::text(r, storable::MAX_REF_CHARS))))
+            .bind(col!(|c| c.replayed))
+            .bind(owner)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let created_at: Option<DateTime<Utc>> = r.try_get("created_at")?;
+                Ok(Accepted {
+                    id: r.try_get("intent_id")?,
+                    created_at: created_at.unwrap_or_else(Utc::now),
+                })
+            })
+            .collect()
+    }
+
+    /// Give these intents their rows (`outbox.track`): those only in the
+    /// log are copied into `intent_rows` in the state the log gives them.
+    /// Cheap when every one has its row already.
+    pub(super) async fn track(&self, ids: &[i64]) -> Result<(), sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query("SELECT count(*) FROM outbox.track($1)")
+            .bind(ids)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Settle batches of log claims whose lease has expired: each intent of
+    /// them with no outcome is moved into `intent_rows`, claimed under the
+    /// expired lease, for the sweeper's reclaim to recover; then the batch
+    /// goes. Also trims the cursor's old rows.
+    pub(super) async fn settle_log_batches(&self) -> Result<(), sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let expired: Vec<(i64, Vec<i64>)> = sqlx::query_as(
+            "SELECT batch, ids FROM outbox.log_batches
+              WHERE lease_expires_at < now()
+              ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(BATCHES_PER_SWEEP)
+        .fetch_all(&mut *tx)
+        .await?;
+        if expired.is_empty() {
+            return Ok(());
+        }
+        let batches: Vec<i64> = expired.iter().map(|b| b.0).collect();
+        let ids: Vec<i64> = expired.into_iter().flat_map(|b| b.1).collect();
+        sqlx::query(
+            "SELECT count(*) FROM outbox.track(ARRAY(
+                 SELECT x FROM unnest($1::bigint[]) x
+                  WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o WHERE o.intent_id = x)))",
+        )
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM outbox.log_batches WHERE batch = ANY($1)")
+            .bind(&batches)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "DELETE FROM outbox.log_cursor
+              WHERE seq < (SELECT max(seq) FROM outbox.log_cursor) - $1",
+        )
+        .bind(CURSOR_ROWS_KEPT)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await
+    }
+}

@@ -1,0 +1,154 @@
+//! Retention: terminal intents purged into the ledger, and the ledger's
+//! own retention. Both run in bounded batches of short statements with
+//! SKIP LOCKED, so a purge never holds a lock the claim path needs for long.
+
+use super::{Store, StoreError};
+use crate::state::{sql_names, IntentState, PURGEABLE};
+
+/// The states a purge removes.
+pub(super) fn purgeable(include_dead: bool) -> Vec<&'static str> {
+    let states: Vec<IntentState> = PURGEABLE
+        .into_iter()
+        .filter(|s| include_dead || *s != IntentState::Dead)
+        .collect();
+    sql_names(&states)
+}
+
+impl Store {
+    /// Delete terminal intents last changed before `older_than` ago, in
+    /// batches (short transactions, SKIP LOCKED). Returns how many.
+    pub async fn purge(
+        &self,
+        older_than: std::time::Duration,
+        include_dead: bool,
+        dry_run: bool,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
+        let states = purgeable(include_dead);
+        let ms = older_than.as_millis() as i64;
+        if dry_run {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM outbox.intents
+                  WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'",
+            )
+            .bind(states)
+            .bind(ms)
+            .fetch_one(&self.pool)
+            .await?;
+            return Ok(n as u64);
+        }
+        self.purge_paced(older_than, include_dead, batch, std::time::Duration::ZERO)
+            .await
+    }
+
+    /// Purge in batches of `batch`, sleeping `pause` between batches so a
+    /// large purge leaves the database room for the claim path.
+    pub async fn purge_paced(
+        &self,
+        older_than: std::time::Duration,
+        include_dead: bool,
+        batch: i64,
+        pause: std::time::Duration,
+    ) -> Result<u64, StoreError> {
+        let states = purgeable(include_dead);
+        let ms = older_than.as_millis() as i64;
+        let mut total = 0u64;
+        loop {
+            // each batch is one short statement: the rows leave the live
+            // table and their keys enter the ledger atomically, with when
+            // a provider last answered success (the attempts, read in the
+            // statement's snapshot, go with the rows; a delivery resolved
+            // by hand has none, and happened at delivered_at)
+            let n: i64 = sqlx::query_scalar(
+                "WITH gone AS (
+                     SELECT * FROM outbox.intent_rows
+                      WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'
+                      LIMIT $3 FOR UPDATE SKIP LOCKED),
+                 -- the log row goes, and its row, attempts and actions with it
+                 deleted AS (
+                     DELETE FROM outbox.intent_log l USING gone WHERE l.id = gone.id),
+                 kept AS (
+                     INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
+                                                provider_ref, last_error, created_at, completed_at,
+                                                effect_at)
+                     SELECT key, id, kind, destination, outbox.fingerprint(payload), state,
+                            provider_ref, last_error, created_at, coalesce(delivered_at, updated_at),
+                            coalesce((SELECT max(coalesce(a.finished_at, a.started_at))
+                                        FROM outbox.attempt_history a
+                                       WHERE a.intent_id = gone.id AND a.outcome = 'delivered'),
+                                     CASE WHEN state = 'delivered' THEN delivered_at END)
+                       FROM gone
+                     ON CONFLICT (key) DO NOTHING)
+                 SELECT count(*) FROM gone",
+            )
+            .bind(&states)
+            .bind(ms)
+            .bind(batch)
+            .fetch_one(&self.pool)
+            .await?;
+            // delivered at the first attempt, with no row: the log row and
+            // its outcome
+            let from_log: i64 = sqlx::query_scalar(
+                "WITH gone AS (
+                     SELECT l.id, l.key, l.kind, l.destination, l.payload, l.created_at,
+                            o.provider_ref, o.at, coalesce(o.finished_at, o.started_at, o.at) AS effect_at
+                       FROM outbox.log_outcomes o JOIN outbox.intent_log l ON l.id = o.intent_id
+                      WHERE 'delivered' = ANY($1) AND o.outcome = 'delivered'
+                        AND o.at < now() - $2 * interval '1 millisecond'
+                        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = o.intent_id)
+                      LIMIT $3 FOR UPDATE OF o SKIP LOCKED),
+                 deleted AS (
+                     DELETE FROM outbox.intent_log l USING gone WHERE l.id = gone.id),
+                 kept AS (
+                     INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
+                                                provider_ref, created_at, completed_at, effect_at)
+                     SELECT key, id, kind, destination, outbox.fingerprint(payload), 'delivered',
+                            provider_ref, created_at, at, effect_at
+                       FROM gone
+                     ON CONFLICT (key) DO NOTHING)
+                 SELECT count(*) FROM gone",
+            )
+            .bind(&states)
+            .bind(ms)
+            .bind(batch)
+            .fetch_one(&self.pool)
+            .await?;
+            total += (n + from_log) as u64;
+            if n < batch && from_log < batch {
+                return Ok(total);
+            }
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+
+    /// Forget ledger entries purged longer ago than `older_than`, in batches.
+    /// After this, a retry with such a key is a new operation: the ledger
+    /// retention is the client's retry deadline.
+    pub async fn purge_ledger(
+        &self,
+        older_than: std::time::Duration,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
+        let ms = older_than.as_millis() as i64;
+        let mut total = 0u64;
+        loop {
+            let n = sqlx::query(
+                "DELETE FROM outbox.ledger WHERE key IN (
+                     SELECT key FROM outbox.ledger
+                      WHERE purged_at < now() - $1 * interval '1 millisecond'
+                      LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(ms)
+            .bind(batch)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+            total += n;
+            if n < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
