@@ -86,7 +86,9 @@ CREATE TABLE outbox.log_batches (
     lease_expires_at timestamptz NOT NULL,
     ids              bigint[]    NOT NULL
 );
-CREATE INDEX log_batches_ids ON outbox.log_batches USING gin (ids);
+-- every claim of the log and every read of the view probe it once per
+-- intent: without a pending list, which each probe would scan whole
+CREATE INDEX log_batches_ids ON outbox.log_batches USING gin (ids) WITH (fastupdate = off);
 CREATE INDEX log_batches_leases ON outbox.log_batches (lease_expires_at);
 
 -- The one outcome of a log intent's claim: 'delivered' at the first

@@ -2624,7 +2624,7 @@ CREATE INDEX ledger_purged_at ON outbox.ledger USING btree (purged_at);
 -- Name: log_batches_ids; Type: INDEX; Schema: outbox; Owner: -
 --
 
-CREATE INDEX log_batches_ids ON outbox.log_batches USING gin (ids);
+CREATE INDEX log_batches_ids ON outbox.log_batches USING gin (ids) WITH (fastupdate=off);
 
 
 --

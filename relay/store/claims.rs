@@ -394,6 +394,7 @@ impl Store {
             .collect();
         let mut written = self.complete_rows(owner, &rest).await?;
         written.accepted.extend(from_log);
+        self.drop_finished_batches(batch).await?;
         if !written.gone.is_empty() {
             self.note_effects_of_purged(batch, &written.gone).await?;
         }

@@ -116,6 +116,37 @@ impl Store {
             .collect()
     }
 
+    /// Delete the batches of log claims among these completions' whose
+    /// every intent has its outcome: the claims of the log and the view
+    /// check the batches left, so they are kept to those in flight. A batch
+    /// whose last outcomes were written by two completers at once is left
+    /// to its lease and [`Store::settle_log_batches`].
+    pub(super) async fn drop_finished_batches(
+        &self,
+        batch: &[Completion],
+    ) -> Result<(), sqlx::Error> {
+        let ids: Vec<i64> = batch
+            .iter()
+            .filter(|c| c.fence == 1)
+            .map(|c| c.id)
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "DELETE FROM outbox.log_batches b
+              WHERE b.ids && $1::bigint[]
+                AND NOT EXISTS (
+                    SELECT 1 FROM unnest(b.ids) AS x(id)
+                     WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o WHERE o.intent_id = x.id)
+                       AND EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = x.id))",
+        )
+        .bind(&ids)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Give these intents their rows (`outbox.track`): those only in the
     /// log are copied into `intent_rows` in the state the log gives them.
     /// Cheap when every one has its row already.
