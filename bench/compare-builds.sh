@@ -3,7 +3,7 @@
 # in alternating rounds, by what each costs Postgres per intent.
 #
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
-#     bench/compare-builds.sh A_BENCH B_BENCH [ROUNDS] [INTENTS]
+#     bench/compare-builds.sh A_BENCH B_BENCH [ROUNDS] [INTENTS] [BENCH_ARGS...]
 #
 # A_BENCH and B_BENCH are two outbox-relay-bench binaries (for instance
 # `target/release/outbox-relay-bench` copied aside before a change, and the
@@ -12,18 +12,22 @@
 # build, INTENTS webhooks (default 20000) drained by one `outbox-relay run`
 # process, 16 in flight, both in plain text unless DATABASE_URL names an
 # sslmode. Prints each round's drain/s, Postgres CPU and WAL bytes per
-# intent, then the medians and B's over A's. Needs jq. Ratios within one run
+# intent, then the medians and B's over A's. BENCH_ARGS go to both builds'
+# bench (`--in-flight 64`: the relay's default concurrency and room per
+# host, against the bench's 16). Needs jq. Ratios within one run
 # are what count: the machine is shared.
 set -euo pipefail
 
 [ $# -ge 2 ] || {
-	echo "usage: $0 A_BENCH B_BENCH [ROUNDS] [INTENTS]" >&2
+	echo "usage: $0 A_BENCH B_BENCH [ROUNDS] [INTENTS] [BENCH_ARGS...]" >&2
 	exit 2
 }
 A=$1
 B=$2
 ROUNDS=${3:-3}
 INTENTS=${4:-20000}
+shift $(($# < 4 ? $# : 4))
+BENCH_ARGS=("$@")
 for bin in "$A" "$B"; do
 	[ -x "$bin" ] || {
 		echo "compare-builds: $bin is not an executable" >&2
@@ -46,7 +50,7 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
 one() { # LABEL BIN ROUND
-	RUST_LOG=error "$2" --intents "$INTENTS" --drain-rounds 1 --json >"$OUT/$1.$3.json"
+	RUST_LOG=error "$2" --intents "$INTENTS" --drain-rounds 1 --json "${BENCH_ARGS[@]}" >"$OUT/$1.$3.json"
 	jq -r --arg l "$1" --arg r "$3" '.rounds[0] |
 		"\($r)\t\($l)\t\(.drain_per_s | round)\t\(.cpu.postgres_us_per_job * 10 | round / 10)\t\(.cpu.wal_bytes_per_job | round)\t\(.cpu.relay_us_per_job * 10 | round / 10)"' \
 		"$OUT/$1.$3.json" | tee -a "$OUT/rows.tsv"

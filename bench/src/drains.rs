@@ -69,7 +69,11 @@ pub(crate) async fn scale_out_drain(
                 args.in_flight.to_string(),
             )
             .env("OUTBOX_RELAY__RETENTION__INTENTS", "\"0s\"")
-            .env("RUST_LOG", "error");
+            // BENCH_RELAY_LOG: the relay's RUST_LOG, to see what it does
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_RELAY_LOG").unwrap_or_else(|_| "error".into()),
+            );
         match traced {
             Some(traces) => {
                 let port = std::net::TcpListener::bind("127.0.0.1:0")?
