@@ -35,6 +35,7 @@ mod getting_started;
 mod guides;
 mod hardening;
 mod health;
+mod intent_log;
 mod kafka;
 mod kafka_drill;
 mod layout;

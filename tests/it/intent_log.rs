@@ -1,0 +1,126 @@
+//! The intent written once: a delivery at the first attempt leaves the
+//! intent's log row as it was enqueued and gives it no row in
+//! `outbox.intent_rows`; one that leaves that path is copied there once.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::{self, config, engine, Receiver, Reply, TestDb};
+
+/// Each log row's physical place: an update of any kind (HOT included)
+/// moves it.
+async fn log_places(db: &TestDb) -> Vec<(i64, String)> {
+    sqlx::query_as("SELECT id, ctid::text FROM outbox.intent_log ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .unwrap()
+}
+
+async fn count(db: &TestDb, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(db.pool()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_writes_each_intent_once_and_keeps_no_finished_batch() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    for n in 0..40 {
+        db.enqueue(
+            &format!("once:{n}"),
+            "webhook",
+            json!({"url": rx.url("/once"), "body": {"n": n}}),
+        )
+        .await;
+    }
+    let before = log_places(&db).await;
+    let mut cfg = config();
+    // claims no larger than the room at one receiver: none is deferred
+    cfg.relay.concurrency = 8;
+    cfg.relay.batch_size = 8;
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        engine(db.store.clone(), &cfg).run_once(),
+    )
+    .await
+    .expect("run_once returns")
+    .unwrap();
+
+    assert_eq!(db.count("state = 'delivered' AND attempts = 1").await, 40);
+    assert_eq!(rx.requests().len(), 40);
+    assert_eq!(log_places(&db).await, before, "a log row was rewritten");
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM outbox.intent_rows").await,
+        0
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM outbox.log_outcomes WHERE outcome = 'delivered'"
+        )
+        .await,
+        40
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM outbox.log_batches").await,
+        0,
+        "a batch whose intents all have their outcome is deleted"
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM outbox.attempt_history WHERE outcome = 'delivered'"
+        )
+        .await,
+        40
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intent_that_is_retried_is_copied_into_its_row_once() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|_, nth| {
+        if nth == 1 {
+            Reply::status(503).header("retry-after", "1")
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
+    db.enqueue(
+        "retried",
+        "webhook",
+        json!({"url": rx.url("/"), "body": {"x": 1}}),
+    )
+    .await;
+    let before = log_places(&db).await;
+    common::run_until_state(
+        engine(db.store.clone(), &config()),
+        &db.store,
+        "retried",
+        "delivered",
+        Duration::from_secs(20),
+    )
+    .await;
+
+    assert_eq!(log_places(&db).await, before, "the log row was rewritten");
+    let rows: Vec<(String, i32)> =
+        sqlx::query_as("SELECT state, attempts FROM outbox.intent_rows WHERE key = 'retried'")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(rows, vec![("delivered".to_string(), 2)]);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM outbox.intents WHERE key = 'retried'"
+        )
+        .await,
+        1,
+        "the view shows the intent once"
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM outbox.log_batches").await,
+        0
+    );
+}
