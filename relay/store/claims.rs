@@ -4,6 +4,7 @@
 //! before the relay makes any network call, and no row lock outlives the
 //! statement that took it.
 
+use std::collections::HashSet;
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
@@ -388,10 +389,8 @@ impl Store {
         }
         let first: Vec<&Completion> = batch.iter().filter(|c| first_delivery(c)).collect();
         let from_log = self.complete_from_log(owner, &first).await?;
-        let rest: Vec<&Completion> = batch
-            .iter()
-            .filter(|c| !from_log.iter().any(|a| a.id == c.id))
-            .collect();
+        let logged: HashSet<i64> = from_log.iter().map(|a| a.id).collect();
+        let rest: Vec<&Completion> = batch.iter().filter(|c| !logged.contains(&c.id)).collect();
         let mut written = self.complete_rows(owner, &rest).await?;
         written.accepted.extend(from_log);
         self.drop_finished_batches(batch).await?;
@@ -411,8 +410,8 @@ impl Store {
         if batch.is_empty() {
             return Ok(Written::default());
         }
-        let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
-        self.track(&ids).await?;
+        self.track_claims(batch.iter().map(|c| (c.id, c.fence)))
+            .await?;
         macro_rules! col {
             ($f:expr) => {
                 batch.iter().map($f).collect::<Vec<_>>()
@@ -538,9 +537,9 @@ impl Store {
         if claims.is_empty() {
             return Ok(0);
         }
+        self.track_claims(claims.iter().copied()).await?;
         let ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
         let fences: Vec<i64> = claims.iter().map(|c| c.1).collect();
-        self.track(&ids).await?;
         let done = sqlx::query(
             "UPDATE outbox.intent_rows i
                 SET state = 'pending', owner = NULL, lease_expires_at = NULL,

@@ -147,6 +147,19 @@ impl Store {
         Ok(())
     }
 
+    /// [`Store::track`] for the claims among these that may lack a row:
+    /// a claim of the log has fence 1, and any later claim is of a row.
+    pub(super) async fn track_claims(
+        &self,
+        claims: impl Iterator<Item = (i64, i64)>,
+    ) -> Result<(), sqlx::Error> {
+        let ids: Vec<i64> = claims
+            .filter(|&(_, fence)| fence == 1)
+            .map(|(id, _)| id)
+            .collect();
+        self.track(&ids).await
+    }
+
     /// Give these intents their rows (`outbox.track`): those only in the
     /// log are copied into `intent_rows` in the state the log gives them.
     /// Cheap when every one has its row already.
@@ -161,10 +174,10 @@ impl Store {
         Ok(())
     }
 
-    /// Settle batches of log claims whose lease has expired: each intent of
-    /// them with no outcome is moved into `intent_rows`, claimed under the
-    /// expired lease, for the sweeper's reclaim to recover; then the batch
-    /// goes. Also trims the cursor's old rows.
+    /// Trim the cursor's old rows, and settle batches of log claims whose
+    /// lease has expired: each intent of them with no outcome is moved into
+    /// `intent_rows`, claimed under the expired lease, for the sweeper's
+    /// reclaim to recover; then the batch goes.
     pub(super) async fn settle_log_batches(&self) -> Result<(), sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let expired: Vec<(i64, Vec<i64>)> = sqlx::query_as(
@@ -175,8 +188,15 @@ impl Store {
         .bind(BATCHES_PER_SWEEP)
         .fetch_all(&mut *tx)
         .await?;
+        sqlx::query(
+            "DELETE FROM outbox.log_cursor
+              WHERE seq < (SELECT max(seq) FROM outbox.log_cursor) - $1",
+        )
+        .bind(CURSOR_ROWS_KEPT)
+        .execute(&mut *tx)
+        .await?;
         if expired.is_empty() {
-            return Ok(());
+            return tx.commit().await;
         }
         let batches: Vec<i64> = expired.iter().map(|b| b.0).collect();
         let ids: Vec<i64> = expired.into_iter().flat_map(|b| b.1).collect();
@@ -192,13 +212,6 @@ impl Store {
             .bind(&batches)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
-            "DELETE FROM outbox.log_cursor
-              WHERE seq < (SELECT max(seq) FROM outbox.log_cursor) - $1",
-        )
-        .bind(CURSOR_ROWS_KEPT)
-        .execute(&mut *tx)
-        .await?;
         tx.commit().await
     }
 }
