@@ -849,6 +849,21 @@ $$;
 
 
 --
+-- Name: log_outcomes_follow(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.log_outcomes_follow() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    DELETE FROM outbox.log_outcomes o USING gone WHERE o.intent_id = gone.id;
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: log_track(); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -2813,6 +2828,13 @@ CREATE TRIGGER intent_log_kafka_headers BEFORE INSERT ON outbox.intent_log FOR E
 
 
 --
+-- Name: intent_log intent_log_outcomes_follow; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER intent_log_outcomes_follow AFTER DELETE ON outbox.intent_log REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION outbox.log_outcomes_follow();
+
+
+--
 -- Name: intent_log intent_log_track; Type: TRIGGER; Schema: outbox; Owner: -
 --
 
@@ -2889,14 +2911,6 @@ ALTER TABLE ONLY outbox.attempts
 
 ALTER TABLE ONLY outbox.intent_rows
     ADD CONSTRAINT intent_rows_logged FOREIGN KEY (id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
-
-
---
--- Name: log_outcomes log_outcomes_intent_id_fkey; Type: FK CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.log_outcomes
-    ADD CONSTRAINT log_outcomes_intent_id_fkey FOREIGN KEY (intent_id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
 
 
 --

@@ -141,7 +141,7 @@ async fn nats(
     })?;
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     eprintln!("bench: drain {n} nats publishes to JetStream, {in_flight} in flight");
@@ -236,7 +236,7 @@ async fn amqp(
     .await?;
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     eprintln!("bench: drain {n} amqp publishes with publisher confirms, {in_flight} in flight");
@@ -320,7 +320,7 @@ async fn kafka(
     }
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     eprintln!(

@@ -125,14 +125,14 @@ async fn reset_statements(store: &Store) -> bool {
         .is_ok()
 }
 
-/// The five statements of this database that took longest since the reset.
+/// The ten statements of this database that took longest since the reset.
 async fn statement_costs(store: &Store, intents: usize) -> anyhow::Result<Vec<StatementCost>> {
     let rows: Vec<(String, i64, i64, f64, f64)> = sqlx::query_as(
         "SELECT regexp_replace(left(query, 200), '\\s+', ' ', 'g'), calls, rows,
                 total_exec_time, total_plan_time
            FROM pg_stat_statements
           WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-          ORDER BY total_exec_time + total_plan_time DESC LIMIT 5",
+          ORDER BY total_exec_time + total_plan_time DESC LIMIT 10",
     )
     .fetch_all(store.pool())
     .await?;

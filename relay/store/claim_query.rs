@@ -196,22 +196,30 @@ pub const LOG_CLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(20291, 0)";
 fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
     format!(
         "WITH cand AS (
-             SELECT l.id, l.xid, (l.kind = ANY({known}) {served}) AS eligible
+             SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after,
+                    l.ordering_key, l.waiting, l.source, l.created_at, l.traceparent,
+                    l.tracestate, (l.kind = ANY({known}) {served}) AS eligible
                FROM outbox.intent_log l
               WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
                                       ORDER BY c.seq DESC LIMIT 1)
-                AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)
-                AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o WHERE o.intent_id = l.id)
-                AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b WHERE b.ids @> ARRAY[l.id])
+                -- probes of each row taken in order (OFFSET 0 keeps each a
+                -- subplan): as anti joins, a generic plan that guessed a third
+                -- of the log after the cursor hashed every outcome ever
+                -- written and sorted the log, per claim
+                AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id OFFSET 0)
+                AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                                 WHERE o.intent_id = l.id OFFSET 0)
+                AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                                 WHERE b.ids @> ARRAY[l.id] OFFSET 0)
               ORDER BY l.xid, l.id
               LIMIT $1),
          tracked AS (
              INSERT INTO outbox.intent_rows (id, key, kind, destination, payload, run_after,
                                              ordering_key, waiting, source, created_at,
                                              updated_at, traceparent, tracestate)
-             SELECT l.id, l.key, l.kind, l.destination, l.payload, l.run_after, l.ordering_key,
-                    l.waiting, l.source, l.created_at, l.created_at, l.traceparent, l.tracestate
-               FROM cand c JOIN outbox.intent_log l ON l.id = c.id
+             SELECT c.id, c.key, c.kind, c.destination, c.payload, c.run_after, c.ordering_key,
+                    c.waiting, c.source, c.created_at, c.created_at, c.traceparent, c.tracestate
+               FROM cand c
               WHERE NOT c.eligible
              ON CONFLICT (id) DO NOTHING),
          batch AS (
@@ -224,12 +232,14 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
              SELECT c.xid, c.id FROM cand c
               WHERE c.xid < pg_snapshot_xmin(pg_current_snapshot())
               ORDER BY c.xid DESC, c.id DESC LIMIT 1)
-         SELECT i.id, i.key, i.kind, i.destination, i.payload::text AS payload, 1 AS attempts,
-                0 AS attempts_base, 1::bigint AS fence, 0 AS key_generation, i.created_at,
+         -- every column from the scan itself: joined to the log again, the
+         -- generic plan (the limit bound) hashed the whole log per claim
+         SELECT c.id, c.key, c.kind, c.destination, c.payload::text AS payload, 1 AS attempts,
+                0 AS attempts_base, 1::bigint AS fence, 0 AS key_generation, c.created_at,
                 false AS delivered_before, NULL::text AS recover_owner,
-                NULL::timestamptz AS recover_at, i.traceparent, i.tracestate, i.ordering_key,
+                NULL::timestamptz AS recover_at, c.traceparent, c.tracestate, c.ordering_key,
                 {mark}
-           FROM cand c JOIN outbox.intent_log i ON i.id = c.id
+           FROM cand c
           WHERE c.eligible
           ORDER BY c.xid, c.id"
     )

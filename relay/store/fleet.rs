@@ -192,10 +192,12 @@ pub struct Recheck {
 /// waiting itself: the first waiting intent of a key nothing will promote,
 /// and those behind it. One pass over `intents_waiting` with a probe of
 /// `intents_ordering` each (about 110 ms beside 100,000 waiting intents,
-/// docs/performance.md).
-pub(crate) const STRANDED: &str = "SELECT count(*) FROM outbox.intents w
+/// docs/performance.md). Every intent with an ordering key has its row in
+/// `outbox.intent_rows` from its enqueue on (`outbox.log_track`), so these
+/// read that table, never the log behind the `outbox.intents` view.
+pub(crate) const STRANDED: &str = "SELECT count(*) FROM outbox.intent_rows w
       WHERE w.waiting AND w.state = 'pending'
-        AND NOT EXISTS (SELECT 1 FROM outbox.intents e
+        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows e
                          WHERE e.ordering_key = w.ordering_key AND e.id < w.id AND NOT e.waiting
                            AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead'))";
 
@@ -205,9 +207,9 @@ pub(crate) const STRANDED: &str = "SELECT count(*) FROM outbox.intents w
 pub(crate) const STRANDED_NOTED: &str = "SELECT count(*)
        FROM (SELECT DISTINCT r.ordering_key FROM outbox.ordering_rechecks r) k
       CROSS JOIN LATERAL (
-            SELECT 1 FROM outbox.intents w
+            SELECT 1 FROM outbox.intent_rows w
              WHERE w.ordering_key = k.ordering_key AND w.waiting AND w.state = 'pending'
-               AND NOT EXISTS (SELECT 1 FROM outbox.intents e
+               AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows e
                                 WHERE e.ordering_key = w.ordering_key AND e.id < w.id
                                   AND NOT e.waiting
                                   AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead'))) s";

@@ -46,8 +46,9 @@ const LOG_COMPLETE_SQL: &str = "INSERT INTO outbox.log_outcomes AS o (intent_id,
             v.replayed
        FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int[], $5::text[],
                    $6::bool[]) AS v(id, started_at, finished_at, status, provider_ref, replayed)
-      WHERE EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = v.id)
-        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = v.id)
+      -- a probe per intent (OFFSET 0 keeps each a subplan, see log_claim_sql)
+      WHERE EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = v.id OFFSET 0)
+        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = v.id OFFSET 0)
      ON CONFLICT (intent_id) DO NOTHING
      RETURNING o.intent_id,
                (SELECT l.created_at FROM outbox.intent_log l WHERE l.id = o.intent_id) AS created_at";
@@ -138,8 +139,9 @@ impl Store {
               WHERE b.ids && $1::bigint[]
                 AND NOT EXISTS (
                     SELECT 1 FROM unnest(b.ids) AS x(id)
-                     WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o WHERE o.intent_id = x.id)
-                       AND EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = x.id))",
+                     WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                                        WHERE o.intent_id = x.id OFFSET 0)
+                       AND EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = x.id OFFSET 0))",
         )
         .bind(&ids)
         .execute(&self.pool)

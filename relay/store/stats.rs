@@ -144,10 +144,12 @@ pub struct Stats {
 
 /// Ordering keys whose oldest live intent is dead or ambiguous. Reads the
 /// dead and ambiguous intents that have a key (`intents_blocked`) and one
-/// index probe each, never the backlog queued behind them.
-const BLOCKED_KEYS: &str = "SELECT count(DISTINCT h.ordering_key) FROM outbox.intents h
+/// index probe each, never the backlog queued behind them. Dead and
+/// ambiguous intents, and every intent with an ordering key, have their
+/// rows in `outbox.intent_rows`: the log is never read.
+const BLOCKED_KEYS: &str = "SELECT count(DISTINCT h.ordering_key) FROM outbox.intent_rows h
      WHERE h.ordering_key IS NOT NULL AND h.state IN ('dead', 'ambiguous')
-       AND NOT EXISTS (SELECT 1 FROM outbox.intents e
+       AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows e
                         WHERE e.ordering_key = h.ordering_key AND e.id < h.id
                           AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead'))";
 

@@ -1,5 +1,6 @@
 //! The SQL API: outbox.enqueue and outbox.derive_key, through real Postgres.
 
+use crate::common::plans::plans_both_ways;
 use crate::common::TestDb;
 use outbox_relay::store::claims::COMPLETE_SQL;
 use outbox_relay::store::{enqueue, ClaimQuery, EnqueueError, NewIntent};
@@ -316,26 +317,6 @@ async fn history_and_a_backlog(db: &TestDb) {
     )
     .await;
     run(db, "ANALYZE outbox.intent_rows").await;
-}
-
-/// EXPLAIN a prepared statement as Postgres plans it per call and as its
-/// cached generic plan (`prepare` creates it, `execute` runs it).
-async fn plans_both_ways(db: &TestDb, prepare: &str, execute: &str) -> Vec<(&'static str, String)> {
-    let mut conn = db.pool().acquire().await.unwrap();
-    sqlx::query(prepare).execute(&mut *conn).await.unwrap();
-    let mut plans = Vec::new();
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {execute}"))
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-        plans.push((mode, plan.join("\n")));
-    }
-    plans
 }
 
 /// Run one statement, expecting it to succeed.

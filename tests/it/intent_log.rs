@@ -124,3 +124,54 @@ async fn an_intent_that_is_retried_is_copied_into_its_row_once() {
         0
     );
 }
+
+/// The claim of the log, planned per call and as the cached generic plan
+/// (which does not know the bound limit), beside 2,000 intents waiting in
+/// the log, 1,000 with rows of their own and 30,000 outcomes: it reads the
+/// log after the cursor in order and probes each intent it meets. With its
+/// checks as anti joins, the generic plan guessed a third of the log after
+/// the cursor, hashed every outcome and sorted the log on every claim.
+#[tokio::test]
+async fn the_log_claim_reads_the_log_in_order_whatever_the_history() {
+    let db = TestDb::new().await;
+    for statement in [
+        "SELECT count(*) FROM (SELECT outbox.enqueue('log-' || g, 'webhook',
+                  jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', '{}'::jsonb))
+                FROM generate_series(1, 2000) g) e",
+        // later: each has its row at once
+        "SELECT count(*) FROM (SELECT outbox.enqueue('later-' || g, 'webhook',
+                  jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', '{}'::jsonb),
+                  p_run_after => now() + interval '1 hour')
+                FROM generate_series(1, 1000) g) e",
+        // the outcomes of intents delivered (and purged) before
+        "INSERT INTO outbox.log_outcomes (intent_id, outcome)
+         SELECT 1000000 + g, 'delivered' FROM generate_series(1, 30000) g",
+        "ANALYZE outbox.intent_log, outbox.intent_rows, outbox.log_outcomes",
+    ] {
+        sqlx::query(statement)
+            .execute(db.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    let query = outbox_relay::store::ClaimQuery::new(100, &[]);
+    let prepare = format!(
+        "PREPARE log_claim(bigint, text, bigint) AS {}",
+        query.log_sql()
+    );
+    let execute = "EXECUTE log_claim(100, 'explain', 60000)";
+    for (mode, plan) in common::plans::plans_both_ways(&db, &prepare, execute).await {
+        assert!(
+            plan.contains("Index Scan using intent_log_xid on intent_log l"),
+            "{mode}: the claim must read the log in (xid, id) order:\n{plan}"
+        );
+        for other in [
+            "Hash",
+            "Seq Scan on log_outcomes",
+            "Seq Scan on intent_rows",
+            "Seq Scan on intent_log",
+            "Bitmap Heap Scan on intent_log",
+        ] {
+            assert!(!plan.contains(other), "{mode}: {other}:\n{plan}");
+        }
+    }
+}

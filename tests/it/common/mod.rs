@@ -9,6 +9,7 @@ pub mod failover;
 pub mod kafka;
 pub mod nats;
 pub mod otlp;
+pub mod plans;
 pub mod proxy;
 pub mod smtp;
 pub mod stripe;
