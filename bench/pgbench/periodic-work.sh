@@ -15,6 +15,8 @@
 #             (relay/store/destinations.rs BACKLOG_SQL)
 #   stranded  the stranded ordering intents of every key, as `stats` counts
 #             them (relay/store/fleet.rs STRANDED)
+#   counts    the gauges' counts of the live states and oldest due intent
+#             by kind, every 5 s (relay/store/stats.rs GAUGE_COUNTS)
 #   noted     the same over the keys noted for the next sweep, as the gauge
 #             counts them every 5 s (STRANDED_NOTED), beside 100 notes
 set -euo pipefail
@@ -47,7 +49,7 @@ BEGIN
     END LOOP;
 END
 \$\$;
-VACUUM ANALYZE outbox.intents;
+VACUUM ANALYZE outbox.intent_log, outbox.intent_rows;
 SQL
 psql -X -At "$URL" -c "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE waiting)
                          FROM outbox.intents" |
@@ -64,7 +66,8 @@ statement() { # FILE NAME
 BACKLOG=$(statement relay/store/destinations.rs BACKLOG_SQL)
 STRANDED=$(statement relay/store/fleet.rs STRANDED)
 NOTED=$(statement relay/store/fleet.rs STRANDED_NOTED)
-for s in "$BACKLOG" "$STRANDED" "$NOTED"; do
+COUNTS=$(statement relay/store/stats.rs GAUGE_COUNTS)
+for s in "$BACKLOG" "$STRANDED" "$NOTED" "$COUNTS"; do
 	[ -n "$s" ] || { echo "could not read the statements from relay/store" >&2; exit 1; }
 done
 
@@ -84,6 +87,7 @@ measure() { # NAME EVERY_SECONDS SQL
 command -v jq >/dev/null || { echo "needs jq (Debian: apt-get install jq)" >&2; exit 2; }
 measure backlog 15 "$BACKLOG"
 measure stranded 5 "$STRANDED"
+measure counts 5 "$COUNTS"
 # the notes between two sweeps of a steady enqueue: one per intent enqueued
 # waiting within the sweep interval; here the sweep has taken those of the
 # load, and a hundred are new
