@@ -423,3 +423,199 @@ async fn a_dead_head_blocks_only_its_key_until_an_operator_releases_it() {
     );
     assert_eq!(db.store.stats().await.unwrap().blocked_ordering_keys, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_completer_makes_the_relay_unready_and_exit_non_zero() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|_, _| Reply::status(200).after(Duration::from_millis(800))).await;
+    db.enqueue(
+        "held",
+        "webhook",
+        json!({"url": rx.url("/held"), "body": {}}),
+    )
+    .await;
+    let port = common::free_port();
+    let mut relay = common::relay_command(&db.url)
+        .arg("run")
+        .env(
+            "OUTBOX_RELAY__RELAY__METRICS_ADDR",
+            format!("\"127.0.0.1:{port}\""),
+        )
+        .env("OUTBOX_RELAY__RELAY__LEASE", "3s")
+        .env("OUTBOX_RELAY__RELAY__SHUTDOWN_TIMEOUT", "2s")
+        .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "50ms")
+        .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "1s")
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            !rx.requests().is_empty()
+        })
+        .await
+    );
+    // another transaction holds the table the completion writes the
+    // delivery into: the completion statement waits behind it
+    let mut app = db.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE outbox.log_outcomes IN SHARE MODE")
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let saw_broken = wait_for(Duration::from_secs(15), || {
+        let ready = ready.clone();
+        let said = said.clone();
+        async move {
+            match reqwest::get(&ready).await {
+                Ok(r) if r.status() == 503 => {
+                    let text = r.text().await.unwrap_or_default();
+                    let broken = text.contains("completer");
+                    *said.lock().unwrap() = text;
+                    broken
+                }
+                _ => false,
+            }
+        }
+    })
+    .await;
+    let said = said.lock().unwrap().clone();
+    assert!(saw_broken, "readyz said {said:?}");
+    assert!(said.contains("broken: task completer is stuck"), "{said}");
+    let status = tokio::time::timeout(Duration::from_secs(20), relay.wait())
+        .await
+        .expect("the broken relay exits")
+        .unwrap();
+    assert!(!status.success(), "exit status {status}");
+    app.rollback().await.unwrap();
+    let mut stderr = String::new();
+    use tokio::io::AsyncReadExt;
+    relay
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    assert!(stderr.contains("task completer is stuck"), "{stderr}");
+    // the fleet registry says it stopped
+    let stopped: bool = sqlx::query_scalar("SELECT stopped_at IS NOT NULL FROM outbox.relays")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert!(stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_logs_a_summary_line_at_the_default_level() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|r, _| match r.path.as_str() {
+        "/gone" => Reply::status(410),
+        _ => Reply::status(200),
+    })
+    .await;
+    for i in 0..3 {
+        db.enqueue(
+            &format!("s{i}"),
+            "webhook",
+            json!({"url": rx.url("/ok"), "body": i}),
+        )
+        .await;
+    }
+    db.enqueue(
+        "gone",
+        "webhook",
+        json!({"url": rx.url("/gone"), "body": 0}),
+    )
+    .await;
+    let mut relay = common::relay_command(&db.url)
+        .arg("run")
+        .env("OUTBOX_RELAY__RELAY__SUMMARY_INTERVAL", "\"500ms\"")
+        .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "\"50ms\"")
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            db.count("state IN ('delivered', 'rejected')").await == 4
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let status = common::terminate(&mut relay).await;
+    assert!(status.success());
+    let mut stderr = String::new();
+    use tokio::io::AsyncReadExt;
+    relay
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("summary of the last"))
+        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
+    assert!(
+        line.contains("delivered=3") && line.contains("failed=1") && line.contains("backlog=0"),
+        "{line}"
+    );
+    assert!(
+        stderr.contains("SIGTERM received") && stderr.contains("stopped"),
+        "{stderr}"
+    );
+}
+
+/// A SIGTERM that arrives while the relay starts (its first connection is
+/// up: migrating, registering, its claim loop starting) stops it cleanly,
+/// exit 0. The handlers used to be installed only when the engine first
+/// waited for a signal, after its claim loop and services had started; a
+/// signal before that took the default action and killed the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_while_the_relay_starts_is_a_clean_stop() {
+    let db = TestDb::new().await;
+    // watched from a connection of no name: the test's own pool carries the
+    // relay's
+    let watcher = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    for round in 0..3 {
+        // connections opened from here on (not the last round's relay's)
+        let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&watcher)
+            .await
+            .unwrap();
+        let relay_connections = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE application_name = 'outbox-relay' AND datname = current_database()
+                    AND backend_start >= $1",
+            )
+            .bind(since)
+            .fetch_one(&watcher)
+            .await
+            .unwrap()
+        };
+        let mut relay = common::relay_command(&db.url)
+            .arg("run")
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap();
+        // as soon as a connection of the relay's shows up
+        let connected = wait_for(Duration::from_secs(15), || async {
+            relay_connections().await >= 1
+        })
+        .await;
+        assert!(connected, "round {round}: the relay connected");
+        let status = common::terminate(&mut relay).await;
+        assert!(
+            status.success(),
+            "round {round}: SIGTERM while starting ends the relay cleanly: {status:?}"
+        );
+    }
+}
