@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::stripe::{FakeStripe, Running, API_KEY};
-use crate::common::{config, engine, TestDb};
+use crate::common::{config, engine, run_once_within, TestDb};
 use outbox_providers::charge::request::idempotency_key;
 use outbox_providers::Secret;
 use outbox_relay::config::Config;
@@ -401,4 +401,84 @@ async fn the_trace_context_goes_as_headers_of_the_payment_apis_request() {
         [(key.clone(), false, 200), (key, true, 200)]
     );
     assert_eq!(stripe.fake.payments().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_a_charge_decline_is_stored_escaped() {
+    let db = TestDb::new().await;
+    let stripe = FakeStripe::start().await;
+    let cfg = charge_config(&stripe);
+    db.enqueue(
+        "declined-nul",
+        "charge",
+        json!({"amount": 100, "currency": "usd", "payment_method": "pm_decline_nul"}),
+    )
+    .await;
+    run_once_within(&db, &cfg, Duration::from_secs(20)).await;
+    let i = db.store.find("declined-nul").await.unwrap();
+    assert_eq!(i.state, "rejected");
+    let reason = i.last_error.unwrap();
+    assert!(
+        reason.contains("declined.\\u0000\\u0000 (after a NUL)"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_charge_retry_after_is_capped_and_run_once_returns() {
+    let db = TestDb::new().await;
+    let stripe = FakeStripe::start().await;
+    let cfg = charge_config(&stripe);
+    db.enqueue(
+        "limited",
+        "charge",
+        json!({"amount": 100, "currency": "usd", "payment_method": "pm_rate_limited_absurdly"}),
+    )
+    .await;
+    run_once_within(&db, &cfg, Duration::from_secs(20)).await;
+    let i = db.store.find("limited").await.unwrap();
+    assert_eq!((i.state.as_str(), i.attempts), ("pending", 1));
+    let wait = i.run_after - chrono::Utc::now();
+    assert!(
+        wait > chrono::Duration::minutes(59) && wait < chrono::Duration::minutes(75),
+        "Retry-After capped at an hour (plus jitter): {wait}"
+    );
+    assert_eq!(
+        stripe.fake.requests().len(),
+        1,
+        "asked once, not once a lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_searches_run_within_the_attempt_budget_the_lease_covers() {
+    let db = TestDb::new().await;
+    let stripe = FakeStripe::start().await;
+    let cfg = charge_config(&stripe);
+    // the budget: charge.timeout (3 s in the test config)
+    let budget = cfg.charge.timeout.0;
+    stripe.fake.slow_search(Duration::from_millis(2000));
+    // claimed by a relay that died: the next attempt reconciles first (2 s),
+    // then POSTs (answered 500 without a payment: ambiguous), then would
+    // reconcile again (2 s more): past the budget
+    db.enqueue(
+        "slow-reconcile",
+        "charge",
+        json!({"amount": 100, "currency": "usd", "payment_method": "pm_500_before_create"}),
+    )
+    .await;
+    db.store.claim("crashed", 10, 100, &[]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    run_once_within(&db, &cfg, Duration::from_secs(30)).await;
+    let i = db.store.find("slow-reconcile").await.unwrap();
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    let last = attempts.last().unwrap();
+    let took = (last.finished_at.unwrap() - last.started_at)
+        .to_std()
+        .unwrap();
+    assert!(
+        took < budget + Duration::from_millis(600),
+        "the attempt took {took:?}, beyond its {budget:?} budget: {attempts:?}"
+    );
+    assert_ne!(i.state, "delivered", "{i:?}");
 }

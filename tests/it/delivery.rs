@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::common;
-use crate::common::{config, engine, run_until, Receiver, Reply, TestDb};
+use crate::common::{config, engine, run_once_within, run_until, Receiver, Reply, TestDb};
 use outbox_providers::webhook::sign::SigningKey;
 use outbox_providers::Secret;
 use serde_json::json;
@@ -497,4 +497,63 @@ async fn a_webhook_answered_after_the_timeout_is_redelivered_under_the_same_id()
     assert_eq!(reqs.len(), 2);
     assert_eq!(reqs[0].webhook_id(), reqs[1].webhook_id(), "one webhook-id");
     assert_eq!(reqs[0].body, reqs[1].body, "byte-identical bodies");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_a_refusal_body_is_stored_escaped_and_wedges_nothing() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|r, _| match r.path.as_str() {
+        "/nul" => Reply::status(422).body("bad\u{0}byte \u{1} here"),
+        _ => Reply::status(200),
+    })
+    .await;
+    db.enqueue("nul", "webhook", json!({"url": rx.url("/nul"), "body": {}}))
+        .await;
+    for i in 0..5 {
+        db.enqueue(
+            &format!("ok-{i}"),
+            "webhook",
+            json!({"url": rx.url("/ok"), "body": {"i": i}}),
+        )
+        .await;
+    }
+    run_once_within(&db, &config(), Duration::from_secs(20)).await;
+    let nul = db.store.find("nul").await.unwrap();
+    assert_eq!(nul.state, "rejected");
+    let body = nul.response.unwrap()["body"].as_str().unwrap().to_string();
+    assert_eq!(body, "bad\\u0000byte \\u0001 here");
+    assert_eq!(db.count("state = 'delivered'").await, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_body_arrives_as_the_stored_json_text_digit_for_digit() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let payload = format!(
+        r#"{{"url": "{}", "body": {{"id": 123456789012345678901234567890, "price": 0.1000000000000000055511151231257827, "neg": -9007199254740993, "tiny": 1e-300, "s": "é\u0001"}}}}"#,
+        rx.url("/precise")
+    );
+    sqlx::query("SELECT outbox.enqueue('precise', 'webhook', $1::text::jsonb)")
+        .bind(&payload)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    run_once_within(&db, &config(), Duration::from_secs(20)).await;
+    assert_eq!(db.state("precise").await, "delivered");
+    let stored: String = sqlx::query_scalar(
+        "SELECT (payload->'body')::text FROM outbox.intents WHERE key = 'precise'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let sent = rx.requests()[0].body.clone();
+    assert_eq!(std::str::from_utf8(&sent).unwrap(), stored);
+    assert!(
+        stored.contains("123456789012345678901234567890"),
+        "{stored}"
+    );
+    assert!(
+        stored.contains("0.1000000000000000055511151231257827"),
+        "{stored}"
+    );
 }

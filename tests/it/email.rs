@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::smtp::SmtpPeer;
-use crate::common::{config, engine, run_until, TestDb};
+use crate::common::{config, engine, run_once_within, run_until, TestDb};
 use outbox_providers::{AmbiguityPolicy, Secret};
 use outbox_relay::config::{Config, Dur};
 use serde_json::json;
@@ -314,5 +314,35 @@ async fn the_trace_context_goes_as_headers_of_the_message() {
     assert!(
         !plain.contains("traceparent") && !plain.contains("tracestate"),
         "{plain}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_550_is_a_rejection_not_an_invariant_violation() {
+    let handle = outbox_relay::observe::metrics::recorder();
+    let db = TestDb::new().await;
+    let peer = SmtpPeer::start().await;
+    let mut cfg = config();
+    cfg.email.smtp_url = Some(Secret::new(peer.url()));
+    cfg.email.from = Some("shop@example.com".into());
+    db.enqueue(
+        "nobody",
+        "email",
+        json!({"to": ["unknown@example.com"], "subject": "hi", "text": "x"}),
+    )
+    .await;
+    run_once_within(&db, &cfg, Duration::from_secs(20)).await;
+    let i = db.store.find("nobody").await.unwrap();
+    assert_eq!(i.state, "rejected");
+    let attempts = db.store.attempts(i.id).await.unwrap();
+    assert_eq!(attempts[0].status, Some(550));
+    let text = handle.render();
+    assert!(
+        text.contains("outbox_invariant_violations_total{kind=\"email\"} 0"),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("invariant"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }

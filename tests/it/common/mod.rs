@@ -628,3 +628,11 @@ pub fn files_under(dir: &std::path::Path, ext: &str) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// `run --once` must return: a wedged completer never lets it.
+pub async fn run_once_within(db: &TestDb, cfg: &outbox_relay::config::Config, limit: Duration) {
+    tokio::time::timeout(limit, engine(db.store.clone(), cfg).run_once())
+        .await
+        .expect("run --once returned (the completer is not wedged)")
+        .expect("run --once");
+}
