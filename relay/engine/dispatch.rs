@@ -98,6 +98,7 @@ impl Deliverer {
         stopping: watch::Receiver<bool>,
     ) -> Deliverer {
         let store_for_standbys = store.clone();
+        let rooms = Rooms::with_min_waiting(budget.batch_size());
         // no limits, breakers off: replaced by the engine's (with_gate)
         let gate = Arc::new(Gate::new(
             Default::default(),
@@ -116,7 +117,7 @@ impl Deliverer {
             gate,
             tracer: Tracer::off(),
             standbys: Standbys::off(store_for_standbys),
-            rooms: Rooms::default(),
+            rooms,
         }
     }
 

@@ -8,9 +8,9 @@
 //! fast receiver frees its room within milliseconds) instead of being
 //! deferred to a later claim. A slow receiver's queue holds no delivery
 //! slot and is bounded twice: at most as many deliveries wait as may be in
-//! flight (the next one is deferred at once, so a slow destination's
-//! backlog cannot take the relay's claims from the others), and a wait
-//! lasts at most [`PATIENCE`]. A deferral spends no attempt, as when the
+//! flight, or one claim's worth where that is more (the next one is
+//! deferred at once, so a slow destination's backlog cannot take the
+//! relay's claims from the others), and a wait lasts at most [`PATIENCE`]. A deferral spends no attempt, as when the
 //! provider itself defers.
 
 use std::collections::HashMap;
@@ -31,6 +31,9 @@ const KEEP: usize = 4096;
 #[derive(Debug, Default)]
 pub struct Rooms {
     by_destination: Mutex<HashMap<String, Arc<Room>>>,
+    /// Deliveries that may wait at one destination however low its limit
+    /// ([`Rooms::with_min_waiting`]); otherwise as many as may be in flight.
+    min_waiting: usize,
 }
 
 /// One destination's room: its slots and how many deliveries wait for one.
@@ -51,6 +54,20 @@ impl Drop for Waiting<'_> {
 }
 
 impl Rooms {
+    /// Rooms where at least `n` deliveries may wait at one destination: a
+    /// relay lets one claim's worth (`batch_size`) wait, so that a claim of
+    /// many intents for one receiver is not mostly deferred the moment it
+    /// arrives (each deferral is a write, and a claim again, for an intent
+    /// the receiver would have taken within milliseconds). A slow
+    /// destination still holds at most its limit and one claim's worth of
+    /// the relay's claims, each for at most the patience.
+    pub fn with_min_waiting(n: usize) -> Rooms {
+        Rooms {
+            min_waiting: n,
+            ..Rooms::default()
+        }
+    }
+
     /// Room for one delivery under `limit`, waiting at most `patience`;
     /// `Err` with the reason a deferral gives when none came in time.
     pub async fn enter(
@@ -68,9 +85,14 @@ impl Rooms {
                 limit.limit, limit.destination, limit.setting
             )
         };
-        if room.waiting.fetch_add(1, Ordering::SeqCst) >= limit.limit.max(1) {
+        let may_wait = limit.limit.max(self.min_waiting).max(1);
+        if room.waiting.fetch_add(1, Ordering::SeqCst) >= may_wait {
             room.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(busy(" and as many waiting"));
+            return Err(busy(&if may_wait == limit.limit {
+                " and as many waiting".to_string()
+            } else {
+                format!(" and {may_wait} waiting")
+            }));
         }
         let _waiting = Waiting(&room.waiting);
         match tokio::time::timeout(patience, room.slots.clone().acquire_owned()).await {
