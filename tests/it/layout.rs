@@ -96,6 +96,22 @@ fn no_source_file_of_the_product_is_longer_than_800_lines() {
     assert!(long.is_empty(), "split these by meaning: {long:?}");
 }
 
+/// The tests are held to the same size as the code: a file of tests is
+/// one feature's, split by meaning when it grows.
+#[test]
+fn no_test_file_is_longer_than_800_lines() {
+    let mut long = Vec::new();
+    for dir in ["tests", "bench/tests"] {
+        for file in files_under(&Path::new(ROOT).join(dir), "rs") {
+            let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+            if lines > MAX_LINES {
+                long.push(format!("{} ({lines} lines)", file.display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these by feature: {long:?}");
+}
+
 #[test]
 fn the_layout_check_sees_a_circle_and_a_role_upside_down() {
     let dir = std::env::temp_dir().join(format!(
