@@ -21,7 +21,7 @@ use super::actions::{
 use super::auth::User;
 use super::pages::{answer, detail, provider_key, schedule_rows, Cursor, GroupRow, KeyParam};
 use super::params::FilterParams;
-use super::{check_post, operator, App, Caller, Refusal};
+use super::{check_post, operator, refusal, App, Caller, Refusal};
 use crate::store::operator::Known;
 
 pub fn router() -> Router<Arc<App>> {
@@ -37,11 +37,6 @@ pub fn router() -> Router<Arc<App>> {
         .route("/destinations/resume", post(resume))
         .route("/actions", post(act))
         .route("/actions/{job}", get(job))
-}
-
-/// A refusal as JSON.
-pub fn refusal(r: Refusal) -> Response {
-    (r.status, Json(json!({"error": r.message}))).into_response()
 }
 
 fn reply(result: Result<Value, Refusal>) -> Response {

@@ -195,6 +195,15 @@ impl Refusal {
     }
 }
 
+/// A refusal as JSON.
+pub fn refusal(r: Refusal) -> Response {
+    (
+        r.status,
+        axum::Json(serde_json::json!({"error": r.message})),
+    )
+        .into_response()
+}
+
 impl From<crate::store::StoreError> for Refusal {
     fn from(e: crate::store::StoreError) -> Self {
         use crate::store::StoreError;
@@ -297,7 +306,7 @@ async fn gate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Resp
                 basic: true,
             },
             Some(Err(_)) => {
-                return api::refusal(Refusal::new(
+                return refusal(Refusal::new(
                     StatusCode::UNAUTHORIZED,
                     "wrong user name or password",
                 ))

@@ -768,7 +768,7 @@ pub async fn not_found(
     uri: Uri,
 ) -> Response {
     if uri.path().starts_with("/api/") {
-        return super::api::refusal(Refusal::new(StatusCode::NOT_FOUND, "no such path"));
+        return super::refusal(Refusal::new(StatusCode::NOT_FOUND, "no such path"));
     }
     refuse(
         &app,

@@ -13,9 +13,18 @@ use sqlx::Row;
 
 pub use super::claim_query::RELAY_TTL_SECS;
 use super::claim_query::{ClaimQuery, CLAIMED_COLUMNS, WAL_MARK};
-use super::log::first_delivery;
 use super::{storable, Store};
 use crate::state::{AttemptOutcome, IntentState};
+
+/// A delivery at the first attempt with no error: what the log records
+/// without a row (the same test as `first` in the completion statement).
+pub(super) fn first_delivery(c: &Completion) -> bool {
+    c.state == IntentState::Delivered
+        && c.outcome == AttemptOutcome::Delivered
+        && c.attempt == 1
+        && !c.uncounted
+        && c.error.is_none()
+}
 
 /// A committed claim on one intent: the relay may now perform its effect.
 #[derive(Debug, Clone)]

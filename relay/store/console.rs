@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{FromRow, Postgres, QueryBuilder};
 
-use super::operator::Change;
+use super::operator::{Change, Filter};
 use super::{Store, StoreError};
 use crate::state::IntentState;
 
@@ -51,6 +51,17 @@ pub struct Search {
     pub payload: Option<Value>,
     /// Exactly this intent.
     pub id: Option<i64>,
+}
+
+impl Filter {
+    /// The same as a console search.
+    pub fn search(&self) -> Search {
+        Search {
+            states: vec![self.state],
+            kind: self.kind.clone(),
+            ..Default::default()
+        }
+    }
 }
 
 impl Search {

@@ -15,7 +15,6 @@ use sqlx::Row;
 use super::claim_query::{ClaimQuery, LOG_CLAIM_LOCK};
 use super::claims::{claimed_from_row, Accepted, Claimed, Completion};
 use super::{storable, Store};
-use crate::state::{AttemptOutcome, IntentState};
 
 /// Expired batches the sweeper settles in one transaction.
 const BATCHES_PER_SWEEP: i64 = 200;
@@ -23,16 +22,6 @@ const BATCHES_PER_SWEEP: i64 = 200;
 /// Cursor rows kept: the newest is the cursor; a few more keep the table's
 /// tail readable for someone looking at where claims went.
 const CURSOR_ROWS_KEPT: i64 = 1000;
-
-/// A delivery at the first attempt with no error: what the log records
-/// without a row (the same test as `first` in the completion statement).
-pub(super) fn first_delivery(c: &Completion) -> bool {
-    c.state == IntentState::Delivered
-        && c.outcome == AttemptOutcome::Delivered
-        && c.attempt == 1
-        && !c.uncounted
-        && c.error.is_none()
-}
 
 /// Records deliveries of log intents claimed from the log: $1 ids, $2
 /// started, $3 finished, $4 status, $5 provider reference, $6 replayed, $7

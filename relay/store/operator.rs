@@ -200,17 +200,6 @@ pub struct Filter {
     pub kind: Option<String>,
 }
 
-impl Filter {
-    /// The same as a console search.
-    pub fn search(&self) -> super::console::Search {
-        super::console::Search {
-            states: vec![self.state],
-            kind: self.kind.clone(),
-            ..Default::default()
-        }
-    }
-}
-
 /// How an operator retry goes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RetryOptions {

@@ -1,8 +1,9 @@
 //! The house: `relay/` reads as its architecture. Its modules import one
 //! another one way only (no module imports one that imports it back,
-//! counting every `crate::` path outside tests), each role folder imports
-//! only the roles below it, and no source file of the product grows past
-//! 800 lines.
+//! counting every `crate::`, `super::` and `self::` path outside tests,
+//! and following `pub use` to the module that defines a name), each role
+//! folder imports only the roles below it, and no source file of the
+//! product or its tests grows past 800 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -22,6 +23,9 @@ const ROLES: &[&str] = &[
 ];
 
 const MAX_LINES: usize = 800;
+
+/// The first segments of the paths the layout counts.
+const RELATIVE_ROOTS: &[&str] = &["crate", "super", "self"];
 
 #[test]
 fn the_modules_of_relay_import_one_another_one_way() {
@@ -119,44 +123,65 @@ fn the_layout_check_sees_a_circle_and_a_role_upside_down() {
         std::process::id(),
         fastrand::u32(..)
     ));
-    std::fs::create_dir_all(dir.join("engine")).unwrap();
-    std::fs::create_dir_all(dir.join("config")).unwrap();
-    std::fs::write(dir.join("lib.rs"), "pub mod engine;\npub mod config;\n").unwrap();
-    std::fs::write(
-        dir.join("engine/mod.rs"),
-        "use crate::{config::{Config, retry::Retry}};\n#[cfg(test)]\nmod tests { use crate::console::X; }\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("config/mod.rs"),
-        "pub mod retry;\npub struct Config;\nfn f() { let _ = format!(\"{}\", crate::engine::name()); }\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("config/retry.rs"),
+    let write = |file: &str, text: &str| {
+        let path = dir.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write(
+        "lib.rs",
+        "pub mod engine;\npub mod config;\npub mod store;\n",
+    );
+    write(
+        "engine/mod.rs",
+        "pub mod claim;\nuse crate::{config::{Config, retry::Retry}};\nfn g() { self::claim::go(); }\n\
+         #[cfg(test)]\nmod tests { use crate::console::X; }\n",
+    );
+    write(
+        "engine/claim.rs",
+        "use super::super::config::Config;\npub fn go() {}\n",
+    );
+    write(
+        "config/mod.rs",
+        "pub mod retry;\npub mod a;\npub mod b;\npub use retry::Retry;\npub struct Config;\n\
+         fn f() { let _ = format!(\"{}\", crate::engine::name()); }\n",
+    );
+    write(
+        "config/retry.rs",
         "pub struct Retry(super::Config);\n#[cfg(test)]\nmod tests;\n",
-    )
-    .unwrap();
-    std::fs::create_dir_all(dir.join("config/retry")).unwrap();
-    std::fs::write(
-        dir.join("config/retry/tests.rs"),
-        "use crate::console::Page;\n",
-    )
-    .unwrap();
+    );
+    write("config/retry/tests.rs", "use crate::console::Page;\n");
+    write("config/a.rs", "use super::b::B;\npub struct A;\n");
+    write("config/b.rs", "pub struct B(pub super::a::A);\n");
+    write("store.rs", "pub fn keep(_: crate::config::Retry) {}\n");
     let graph = Graph::of(&dir);
     std::fs::remove_dir_all(&dir).unwrap();
-    // a path inside a macro counts; a test module's does not; super:: is
-    // a module's own family
+    let edges = |m: &str| graph.edges[m].keys().cloned().collect::<Vec<_>>();
+    // a path inside a macro counts, and `self::` and `super::` ones (to
+    // any depth); a test module's does not
     assert_eq!(
-        graph.edges["engine"].keys().collect::<Vec<_>>(),
-        ["config", "config::retry"]
+        edges("engine"),
+        ["config", "config::retry", "engine::claim"]
     );
-    assert_eq!(graph.edges["config"].keys().collect::<Vec<_>>(), ["engine"]);
-    assert!(!graph.edges.contains_key("config::retry"));
+    assert_eq!(edges("engine::claim"), ["config"]);
+    assert_eq!(edges("config"), ["engine"]);
+    assert_eq!(edges("config::retry"), ["config"]);
+    // a name a module re-exports leads to the module that defines it
+    assert_eq!(edges("store"), ["config::retry"]);
     assert!(!graph.files.contains_key("config::retry::tests"));
     let cycles = graph.cycles();
-    assert_eq!(cycles.len(), 1, "{cycles:?}");
-    assert!(cycles[0].contains("engine imports config"), "{cycles:?}");
+    assert_eq!(cycles.len(), 2, "{cycles:?}");
+    assert!(
+        cycles.iter().any(|c| c.contains("engine imports config")),
+        "{cycles:?}"
+    );
+    // siblings in a circle through `super::`
+    assert!(
+        cycles
+            .iter()
+            .any(|c| c.contains("config::a imports config::b (super::b::B)")),
+        "{cycles:?}"
+    );
     assert!(role("config::retry") < role("engine"));
 }
 
@@ -193,6 +218,7 @@ impl Graph {
             files.insert(module, file);
         }
         let mut found = BTreeMap::new();
+        let mut exports = BTreeMap::new();
         let mut tests = BTreeSet::new();
         for (module, file) in &files {
             let text = std::fs::read_to_string(file).unwrap();
@@ -207,6 +233,7 @@ impl Graph {
                 });
             }
             found.insert(module.clone(), paths.found);
+            exports.insert(module.clone(), paths.exports);
         }
         // a test module's files, and theirs, are tests
         files.retain(|m, _| {
@@ -217,13 +244,8 @@ impl Graph {
         let mut edges: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
         for module in files.keys() {
             for path in found.remove(module).unwrap_or_default() {
-                let segments: Vec<&str> = path.split("::").skip(1).collect();
-                // the deepest module the path names
-                let target = (0..=segments.len())
-                    .rev()
-                    .map(|n| segments[..n].join("::"))
-                    .find(|m| files.contains_key(m))
-                    .unwrap_or_default();
+                let target = target_of(&files, &exports, module, &path);
+                // a module's own `super` alone names no module (`pub(super)`)
                 if target != *module {
                     edges
                         .entry(module.clone())
@@ -277,6 +299,69 @@ impl Graph {
     }
 }
 
+/// The module a path written in `module` leads to: the deepest module it
+/// names, or, where that module re-exports the next name with `pub use`,
+/// the module the re-export leads to.
+fn target_of(
+    files: &BTreeMap<String, PathBuf>,
+    exports: &BTreeMap<String, BTreeMap<String, String>>,
+    module: &str,
+    path: &str,
+) -> String {
+    let mut segments = absolute(module, path);
+    let mut from = module.to_string();
+    // a re-export of a re-export, and so on (bounded: a cycle of them
+    // does not compile)
+    for _ in 0..8 {
+        let Some(n) = (0..=segments.len())
+            .rev()
+            .find(|n| files.contains_key(&segments[..*n].join("::")))
+        else {
+            return String::new();
+        };
+        let target = segments[..n].join("::");
+        let via = segments
+            .get(n)
+            .and_then(|name| exports.get(&target)?.get(name));
+        match via {
+            Some(p) if target != from => {
+                segments = absolute(&target, p);
+                from = target;
+            }
+            _ => return target,
+        }
+    }
+    segments.join("::")
+}
+
+/// A path written in `module` (`crate::a::b`, `super::a`, `self::a`), as
+/// the segments after the crate root.
+fn absolute(module: &str, path: &str) -> Vec<String> {
+    let mut base: Vec<String> = if module.is_empty() {
+        Vec::new()
+    } else {
+        module.split("::").map(str::to_string).collect()
+    };
+    let mut segments = path.split("::").peekable();
+    match segments.peek().copied() {
+        Some("crate") => {
+            base.clear();
+            segments.next();
+        }
+        Some("self") => {
+            segments.next();
+        }
+        _ => {
+            while segments.peek() == Some(&"super") {
+                base.pop();
+                segments.next();
+            }
+        }
+    }
+    base.extend(segments.map(str::to_string));
+    base
+}
+
 /// Tarjan's strongly connected components, iteratively.
 fn strongly_connected(next: &[Vec<usize>]) -> Vec<Vec<usize>> {
     let n = next.len();
@@ -328,7 +413,10 @@ fn strongly_connected(next: &[Vec<usize>]) -> Vec<Vec<usize>> {
 /// `use` trees, in code, and in macro arguments.
 #[derive(Default)]
 struct Paths {
+    /// `crate::`, `super::` and `self::` paths, as written.
     found: BTreeSet<String>,
+    /// What `pub use` items export: name → the path as written.
+    exports: BTreeMap<String, String>,
     /// `#[cfg(test)] mod name;`: files that are tests
     test_modules: Vec<String>,
 }
@@ -365,9 +453,37 @@ impl Paths {
     fn add(&mut self, prefix: &[String], last: Option<String>) {
         let mut all: Vec<String> = prefix.to_vec();
         all.extend(last.filter(|l| l != "self"));
-        // (`crate` alone is `pub(crate)`, not an import)
-        if all.len() > 1 && all[0] == "crate" {
+        // (`crate` alone is `pub(crate)`, not an import; `super` alone is
+        // `pub(super)`)
+        if all.len() > 1 && RELATIVE_ROOTS.contains(&all[0].as_str()) {
             self.found.insert(all.join("::"));
+        }
+    }
+
+    /// A `pub use` item: each name it exports, and the path it names.
+    fn re_export(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.re_export(prefix, &p.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => {
+                let mut path = prefix.clone();
+                path.push(n.ident.to_string());
+                self.exports.insert(n.ident.to_string(), path.join("::"));
+            }
+            syn::UseTree::Rename(r) => {
+                let mut path = prefix.clone();
+                path.push(r.ident.to_string());
+                self.exports.insert(r.rename.to_string(), path.join("::"));
+            }
+            syn::UseTree::Glob(_) => {}
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    self.re_export(prefix, t);
+                }
+            }
         }
     }
 
@@ -376,8 +492,10 @@ impl Paths {
         for (i, t) in flat.iter().enumerate() {
             match t {
                 proc_macro2::TokenTree::Group(g) => self.tokens(g.stream()),
-                proc_macro2::TokenTree::Ident(id) if id == "crate" => {
-                    let mut path = vec!["crate".to_string()];
+                proc_macro2::TokenTree::Ident(id)
+                    if RELATIVE_ROOTS.contains(&id.to_string().as_str()) =>
+                {
+                    let mut path = vec![id.to_string()];
                     let mut j = i + 1;
                     // `::` is two `:` puncts, then an identifier
                     while let (
@@ -433,6 +551,9 @@ impl<'ast> Visit<'ast> for Paths {
 
     fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
         self.use_tree(&mut Vec::new(), &u.tree);
+        if !matches!(u.vis, syn::Visibility::Inherited) {
+            self.re_export(&mut Vec::new(), &u.tree);
+        }
     }
 
     fn visit_path(&mut self, path: &'ast syn::Path) {

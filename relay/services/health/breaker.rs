@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use outbox_providers::Outcome;
 
-use super::gate::{Admit, Gate};
+use super::gate::{shown, Admit, Gate};
 use super::{MAX_WAIT, VIEW_MAX};
 
 impl Gate {
@@ -104,31 +104,6 @@ impl Gate {
             }
         }
     }
-}
-
-/// What an outcome shows of its destination: (it failed, it answered). A
-/// failure is transient or ambiguous; an answer is a delivery, a refusal it
-/// gave (with its status), our credentials refused, or a broker's answer
-/// about the one exchange, queue or subject a message goes to (that one is
-/// missing or full: the broker is up, and the other messages go on). A
-/// rejection without a status may be the relay's own refusal of the
-/// payload: it shows nothing.
-pub(super) fn shown(outcome: &Outcome) -> (bool, bool) {
-    let failed = matches!(
-        outcome,
-        Outcome::Transient { .. } | Outcome::Ambiguous { .. }
-    );
-    let answered = matches!(
-        outcome,
-        Outcome::Delivered { .. }
-            | Outcome::Misconfigured { .. }
-            | Outcome::TargetUnavailable { .. }
-            | Outcome::Rejected {
-                status: Some(_),
-                ..
-            }
-    );
-    (failed, answered)
 }
 
 fn clip(text: &str, max: usize) -> String {

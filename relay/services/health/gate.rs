@@ -10,7 +10,6 @@ use chrono::{DateTime, Utc};
 use outbox_providers::Outcome;
 use serde_json::Value;
 
-use super::breaker::shown;
 use super::{MAX_WAIT, MIN_WAIT, VIEW_MAX};
 use crate::config::destinations::destination_of;
 use crate::config::HealthSettings;
@@ -250,4 +249,29 @@ impl Gate {
         let local = self.local();
         local.view.contains_key(dest) || local.failing.contains_key(dest)
     }
+}
+
+/// What an outcome shows of its destination: (it failed, it answered). A
+/// failure is transient or ambiguous; an answer is a delivery, a refusal it
+/// gave (with its status), our credentials refused, or a broker's answer
+/// about the one exchange, queue or subject a message goes to (that one is
+/// missing or full: the broker is up, and the other messages go on). A
+/// rejection without a status may be the relay's own refusal of the
+/// payload: it shows nothing.
+pub(super) fn shown(outcome: &Outcome) -> (bool, bool) {
+    let failed = matches!(
+        outcome,
+        Outcome::Transient { .. } | Outcome::Ambiguous { .. }
+    );
+    let answered = matches!(
+        outcome,
+        Outcome::Delivered { .. }
+            | Outcome::Misconfigured { .. }
+            | Outcome::TargetUnavailable { .. }
+            | Outcome::Rejected {
+                status: Some(_),
+                ..
+            }
+    );
+    (failed, answered)
 }
