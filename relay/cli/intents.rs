@@ -8,7 +8,7 @@ use super::output::{clip, clip_middle, json, opt, table, time};
 use super::{Failure, Outcome};
 use crate::config::Config;
 use crate::store::operator::{Intent, Known};
-use crate::store::{enqueue as store_enqueue, NewIntent, Store, StoreError, STATES};
+use crate::store::{NewIntent, Store, StoreError, STATES};
 
 #[derive(Debug, Args)]
 pub struct EnqueueArgs {
@@ -79,9 +79,7 @@ pub async fn enqueue(store: &Store, a: EnqueueArgs) -> Outcome {
         tracestate: a.tracestate,
         ..NewIntent::new(a.key, a.kind, serde_json::Value::Null)
     };
-    let r = store_enqueue(store.pool(), &intent)
-        .await
-        .map_err(StoreError::from)?;
+    let r = store.enqueue(&intent).await.map_err(StoreError::from)?;
     if let Some(warning) = kind_warning(store, &intent.kind).await {
         eprintln!("warning: {warning}");
     }

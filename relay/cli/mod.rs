@@ -375,7 +375,6 @@ pub fn database_url(flag: Option<String>, config: &Config) -> Result<String, Fai
 
 /// GET /readyz (or /healthz) from a running relay; exit 0 on 200, 1 otherwise.
 async fn health(config: &Config, args: &HealthArgs) -> Outcome {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let configured = args
         .addr
         .clone()
@@ -395,39 +394,31 @@ async fn health(config: &Config, args: &HealthArgs) -> Outcome {
         });
     }
     let path = if args.live { "/healthz" } else { "/readyz" };
-    let ask = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await?;
-        let mut answer = Vec::new();
-        stream.take(64 * 1024).read_to_end(&mut answer).await?;
-        Ok::<_, std::io::Error>(answer)
-    };
-    let answer = match tokio::time::timeout(std::time::Duration::from_secs(5), ask).await {
-        Ok(Ok(a)) => a,
-        Ok(Err(e)) => return Err(Failure::new(1, format!("http://{addr}{path}: {e}"))),
-        Err(_) => {
-            return Err(Failure::new(
-                1,
-                format!("http://{addr}{path}: no answer within 5s"),
-            ))
-        }
-    };
-    let text = String::from_utf8_lossy(&answer);
-    let status = text.lines().next().unwrap_or("").to_string();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.trim())
-        .unwrap_or("");
-    if status.split_whitespace().nth(1) == Some("200") {
+    let url = format!("http://{addr}{path}");
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(5))
+        .no_proxy()
+        .build()
+        .map_err(|e| Failure::new(1, format!("{url}: {e}")))?;
+    let answer = client.get(&url).send().await.map_err(|e| {
+        let why = if e.is_timeout() {
+            "no answer within 5s".to_string()
+        } else {
+            e.to_string()
+        };
+        Failure::new(1, format!("{url}: {why}"))
+    })?;
+    let status = answer.status();
+    let body = answer
+        .text()
+        .await
+        .map_err(|e| Failure::new(1, format!("{url}: {e}")))?;
+    let body = body.trim();
+    if status == reqwest::StatusCode::OK {
         println!("{path}: {body}");
         Ok(())
     } else {
-        Err(Failure::new(
-            1,
-            format!("http://{addr}{path}: {status} {body}"),
-        ))
+        Err(Failure::new(1, format!("{url}: {status} {body}")))
     }
 }
 

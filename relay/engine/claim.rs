@@ -12,6 +12,7 @@ use crate::engine::budget::ClaimBudget;
 use crate::engine::complete::BatchCounts;
 use crate::engine::dispatch::Deliverer;
 use crate::engine::standbys::Standbys;
+use crate::store::listener::Listener;
 use crate::store::{ClaimQuery, Claimed, Store};
 
 /// The NOTIFY channel `outbox.enqueue` signals on.
@@ -189,23 +190,16 @@ pub async fn listen(
     let mut probed = false;
     let mut polling_said = false;
     'connect: loop {
-        let mut listener = match sqlx::postgres::PgListener::connect_with(store.pool()).await {
+        let mut listener = match store.listen(CHANNEL).await {
             Ok(l) => l,
             Err(err) => {
-                tracing::warn!(error = %err, "LISTEN connection failed; polling meanwhile");
+                tracing::warn!(error = %err, "LISTEN failed; polling meanwhile");
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => { backoff = (backoff * 2).min(Duration::from_secs(10)); continue 'connect }
                     _ = stop.wait_for(|s| *s) => return,
                 }
             }
         };
-        if let Err(err) = listener.listen(CHANNEL).await {
-            tracing::warn!(error = %err, "LISTEN failed; polling meanwhile");
-            tokio::select! {
-                _ = tokio::time::sleep(backoff) => { backoff = (backoff * 2).min(Duration::from_secs(10)); continue 'connect }
-                _ = stop.wait_for(|s| *s) => return,
-            }
-        }
         if !probed {
             match probe(&store, &owner, &mut listener, &wake).await {
                 Ok(true) => {
@@ -250,7 +244,7 @@ pub async fn listen(
         wake.notify_one();
         loop {
             let msg = tokio::select! {
-                msg = listener.try_recv() => msg,
+                msg = listener.recv() => msg,
                 _ = stop.wait_for(|s| *s) => return,
             };
             match msg {
@@ -282,7 +276,7 @@ const REPROBE: Duration = Duration::from_secs(60);
 async fn probe(
     store: &Store,
     owner: &str,
-    listener: &mut sqlx::postgres::PgListener,
+    listener: &mut Listener,
     wake: &Notify,
 ) -> Result<bool, String> {
     let token = format!("probe:{owner}:{:016x}", fastrand::u64(..));
@@ -292,9 +286,9 @@ async fn probe(
         .map_err(|e| e.to_string())?;
     let deadline = tokio::time::Instant::now() + PROBE_WAIT;
     loop {
-        match tokio::time::timeout_at(deadline, listener.try_recv()).await {
+        match tokio::time::timeout_at(deadline, listener.recv()).await {
             Err(_) => return Ok(false),
-            Ok(Ok(Some(n))) if n.payload() == token => return Ok(true),
+            Ok(Ok(Some(payload))) if payload == token => return Ok(true),
             Ok(Ok(Some(_))) => wake.notify_one(),
             Ok(Ok(None)) => return Err("the LISTEN connection was lost".into()),
             Ok(Err(e)) => return Err(e.to_string()),

@@ -16,3 +16,10 @@
 //! ```
 
 pub use outbox_client::{enqueue, enqueue_many, EnqueueError, Enqueued, NewIntent};
+
+impl super::Store {
+    /// Enqueue one intent in a transaction of its own (the `enqueue` verb).
+    pub async fn enqueue(&self, intent: &NewIntent) -> Result<Enqueued, EnqueueError> {
+        enqueue(&self.pool, intent).await
+    }
+}

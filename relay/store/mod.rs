@@ -14,6 +14,7 @@ pub mod console;
 pub mod destinations;
 pub mod enqueue;
 pub mod fleet;
+pub mod listener;
 mod log;
 pub mod operator;
 pub mod recovery;
