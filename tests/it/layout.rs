@@ -120,16 +120,8 @@ fn no_test_file_is_longer_than_800_lines() {
 
 #[test]
 fn the_layout_check_sees_a_circle_and_a_role_upside_down() {
-    let dir = std::env::temp_dir().join(format!(
-        "outbox-layout-{}-{:08x}",
-        std::process::id(),
-        fastrand::u32(..)
-    ));
-    let write = |file: &str, text: &str| {
-        let path = dir.join(file);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let dir = scratch_dir("layout");
+    let write = |file: &str, text: &str| write_file(&dir, file, text);
     write(
         "lib.rs",
         "pub mod engine;\npub mod config;\npub mod store;\n",
@@ -217,16 +209,8 @@ fn the_walls_of_relay_hold() {
 
 #[test]
 fn the_wall_check_sees_each_kind_of_breach() {
-    let dir = std::env::temp_dir().join(format!(
-        "outbox-walls-{}-{:08x}",
-        std::process::id(),
-        fastrand::u32(..)
-    ));
-    let write = |file: &str, text: &str| {
-        let path = dir.join(file);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let dir = scratch_dir("walls");
+    let write = |file: &str, text: &str| write_file(&dir, file, text);
     write(
         "store/mod.rs",
         "pub struct Store { pool: sqlx::PgPool }\nimpl Store { pub fn pool(&self) -> &sqlx::PgPool { &self.pool } }\n",
@@ -358,6 +342,22 @@ impl<'ast> Visit<'ast> for Names {
         self.tokens(mac.tokens.clone());
         syn::visit::visit_macro(self, mac);
     }
+}
+
+/// A fresh directory under the system's temporary one for a fixture.
+fn scratch_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "outbox-{name}-{}-{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    ))
+}
+
+/// Write `text` to `file` under `dir`, making its folders.
+fn write_file(dir: &Path, file: &str, text: &str) {
+    let path = dir.join(file);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
 }
 
 /// The role a module belongs to: its first path segment's place in ROLES.
