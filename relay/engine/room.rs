@@ -10,8 +10,9 @@
 //! slot and is bounded twice: at most as many deliveries wait as may be in
 //! flight, or one claim's worth where that is more (the next one is
 //! deferred at once, so a slow destination's backlog cannot take the
-//! relay's claims from the others), and a wait lasts at most [`PATIENCE`]. A deferral spends no attempt, as when the
-//! provider itself defers.
+//! relay's claims from the others), and a wait lasts at most
+//! [`PATIENCE`]. A deferral spends no attempt, as when the provider itself
+//! defers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -207,6 +207,10 @@ impl Store {
         Ok(Store { pool, actor: None })
     }
 
+    /// The connection pool, for the bench and the tests that read the
+    /// database directly. The relay itself reaches the database only
+    /// through the store's methods (`tests/it/layout.rs` checks that no
+    /// module outside `store` calls this).
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
