@@ -7,7 +7,7 @@ use serde_json::json;
 use super::output::{clip, clip_middle, json, opt, table, time};
 use super::{Failure, Outcome};
 use crate::config::Config;
-use crate::store::operator::{Intent, Known};
+use crate::store::operator::{Attempt, Intent, Known, LedgerEntry};
 use crate::store::{NewIntent, Store, StoreError, STATES};
 
 #[derive(Debug, Args)]
@@ -245,30 +245,7 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
             if a.json {
                 json(&Known::Ledger(entry));
             } else {
-                for (name, value) in [
-                    ("key", entry.key.clone()),
-                    ("id", entry.intent_id.to_string()),
-                    ("kind", entry.kind.clone()),
-                    ("state", entry.state.to_string()),
-                    ("provider ref", opt(entry.provider_ref.as_deref())),
-                    ("last error", opt(entry.last_error.as_deref())),
-                    ("created", time(entry.created_at)),
-                    ("completed", time(entry.completed_at)),
-                    ("purged", time(entry.purged_at)),
-                ] {
-                    println!("{name:<15} {value}");
-                }
-                match entry.effect() {
-                    Some(at) if entry.happened_anyway() => println!(
-                        "{:<15} happened at {}, although the intent ended {}: a provider answered success to one of its attempts",
-                        "effect",
-                        time(at),
-                        entry.state
-                    ),
-                    Some(at) => println!("{:<15} happened at {}", "effect", time(at)),
-                    None => println!("{:<15} none known", "effect"),
-                }
-                println!("\n(purged: answered from the ledger; the payload and attempts are gone)");
+                print_ledger_entry(&entry);
             }
             return Ok(());
         }
@@ -282,6 +259,52 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
         );
         return Ok(());
     }
+    print_intent(&intent);
+    println!();
+    print_attempts(&attempts);
+    for act in actions {
+        println!(
+            "{}  {} by {}: {}",
+            time(act.at),
+            act.action,
+            act.actor,
+            opt(act.detail)
+        );
+    }
+    Ok(())
+}
+
+/// A purged intent, as the ledger remembers it.
+fn print_ledger_entry(entry: &LedgerEntry) {
+    for (name, value) in [
+        ("key", entry.key.clone()),
+        ("id", entry.intent_id.to_string()),
+        ("kind", entry.kind.clone()),
+        ("state", entry.state.to_string()),
+        ("provider ref", opt(entry.provider_ref.as_deref())),
+        ("last error", opt(entry.last_error.as_deref())),
+        ("created", time(entry.created_at)),
+        ("completed", time(entry.completed_at)),
+        ("purged", time(entry.purged_at)),
+    ] {
+        println!("{name:<15} {value}");
+    }
+    match entry.effect() {
+        Some(at) if entry.happened_anyway() => println!(
+            "{:<15} happened at {}, although the intent ended {}: a provider answered success to one of its attempts",
+            "effect",
+            time(at),
+            entry.state
+        ),
+        Some(at) => println!("{:<15} happened at {}", "effect", time(at)),
+        None => println!("{:<15} none known", "effect"),
+    }
+    println!("\n(purged: answered from the ledger; the payload and attempts are gone)");
+}
+
+/// A live intent's fields, and an effect that happened although it did
+/// not end delivered.
+fn print_intent(intent: &Intent) {
     let fields = [
         ("id", intent.id.to_string()),
         ("key", intent.key.clone()),
@@ -332,7 +355,10 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
             intent.state,
         );
     }
-    println!();
+}
+
+/// An intent's attempts, as a table.
+fn print_attempts(attempts: &[Attempt]) {
     let cells: Vec<Vec<String>> = attempts
         .iter()
         .map(|t| {
@@ -373,16 +399,6 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
         ],
         &cells,
     );
-    for act in actions {
-        println!(
-            "{}  {} by {}: {}",
-            time(act.at),
-            act.action,
-            act.actor,
-            opt(act.detail)
-        );
-    }
-    Ok(())
 }
 
 #[derive(Debug, Args)]

@@ -48,79 +48,87 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
         new_effect: a.new_effect,
         force: a.force,
     };
-    if let Some(state) = a.state {
-        let filter = Filter {
-            state: IntentState::parse(&state).expect("clap checks the state name"),
-            kind: a.kind,
-        };
-        let total = store.count_matching(&filter).await?;
-        let needs_force = filter.state == IntentState::Delivered && !a.force;
-        if a.dry_run {
-            if a.json {
-                json(&json!({
-                    "would_retry": if needs_force { 0 } else { total },
-                    "matched": total, "needs_force": needs_force, "dry_run": true,
-                }));
-            } else if needs_force {
-                println!(
-                    "{total} delivered intent(s) match; retrying them needs --force (dry run)"
-                );
-            } else {
-                println!("would retry {total} {} intent(s) (dry run)", filter.state);
-            }
-            return Ok(());
-        }
-        if needs_force {
-            return Err(Failure::new(
-                4,
-                format!(
-                    "{total} delivered intent(s) match: for each, {}",
-                    RESEND_DELIVERED.replace("re-send it", "re-send them")
-                ),
-            ));
-        }
-        // the intents counted are the only ones retried: one that joins the
-        // filter while the retry runs is left for the next run
-        let ids = store.select_matching(&filter, how).await?;
-        let total = ids.len();
-        let tty = std::io::stderr().is_terminal();
-        let done = store
-            .retry_selected(&filter, &ids, how, 1000, |done| {
-                if tty {
-                    eprint!("\rretrying: {done}/{total}");
-                } else {
-                    eprintln!("retrying: {done}/{total}");
-                }
-            })
-            .await?;
-        if tty {
-            eprintln!();
-        }
-        let skipped = total as u64 - done;
-        tracing::info!(
-            action = "retry",
-            count = done,
-            skipped,
-            from = %filter.state,
-            kind = filter.kind.as_deref().unwrap_or("any"),
-            state = %IntentState::Pending,
-            new_effect = a.new_effect,
-            force = a.force,
-            "operator retry: {done} intent(s)"
-        );
+    match &a.state {
+        Some(state) => retry_by_state(store, &a, how, state).await,
+        None => retry_each(store, &a, how).await,
+    }
+}
+
+/// `retry --state S [--kind K]`: the intents counted, and only those.
+async fn retry_by_state(store: &Store, a: &RetryArgs, how: RetryOptions, state: &str) -> Outcome {
+    let filter = Filter {
+        state: IntentState::parse(state).expect("clap checks the state name"),
+        kind: a.kind.clone(),
+    };
+    let total = store.count_matching(&filter).await?;
+    let needs_force = filter.state == IntentState::Delivered && !a.force;
+    if a.dry_run {
         if a.json {
-            json(&json!({"retried": done, "skipped": skipped, "new_effect": a.new_effect}));
+            json(&json!({
+                "would_retry": if needs_force { 0 } else { total },
+                "matched": total, "needs_force": needs_force, "dry_run": true,
+            }));
+        } else if needs_force {
+            println!("{total} delivered intent(s) match; retrying them needs --force (dry run)");
         } else {
-            println!(
-                "retried {done} intent(s){}",
-                if a.new_effect { " as new effects" } else { "" }
-            );
-            if skipped > 0 {
-                println!("skipped {skipped} that left the filter after they were counted");
-            }
+            println!("would retry {total} {} intent(s) (dry run)", filter.state);
         }
         return Ok(());
     }
+    if needs_force {
+        return Err(Failure::new(
+            4,
+            format!(
+                "{total} delivered intent(s) match: for each, {}",
+                RESEND_DELIVERED.replace("re-send it", "re-send them")
+            ),
+        ));
+    }
+    // the intents counted are the only ones retried: one that joins the
+    // filter while the retry runs is left for the next run
+    let ids = store.select_matching(&filter, how).await?;
+    let total = ids.len();
+    let tty = std::io::stderr().is_terminal();
+    let done = store
+        .retry_selected(&filter, &ids, how, 1000, |done| {
+            if tty {
+                eprint!("\rretrying: {done}/{total}");
+            } else {
+                eprintln!("retrying: {done}/{total}");
+            }
+        })
+        .await?;
+    if tty {
+        eprintln!();
+    }
+    let skipped = total as u64 - done;
+    tracing::info!(
+        action = "retry",
+        count = done,
+        skipped,
+        from = %filter.state,
+        kind = filter.kind.as_deref().unwrap_or("any"),
+        state = %IntentState::Pending,
+        new_effect = a.new_effect,
+        force = a.force,
+        "operator retry: {done} intent(s)"
+    );
+    if a.json {
+        json(&json!({"retried": done, "skipped": skipped, "new_effect": a.new_effect}));
+    } else {
+        println!(
+            "retried {done} intent(s){}",
+            if a.new_effect { " as new effects" } else { "" }
+        );
+        if skipped > 0 {
+            println!("skipped {skipped} that left the filter after they were counted");
+        }
+    }
+    Ok(())
+}
+
+/// `retry REF...`: each intent named.
+async fn retry_each(store: &Store, a: &RetryArgs, how: RetryOptions) -> Outcome {
     let mut results = Vec::new();
     let mut first_error = None;
     for r in &a.references {

@@ -249,6 +249,29 @@ impl Config {
                 self.longest_attempt()
             );
         }
+        self.validate_retry()?;
+        self.validate_timeouts()?;
+        // what the providers would refuse: secrets, URLs, addresses
+        // (`engine::providers` builds them)
+        self.webhook.provider_config()?.check()?;
+        if let Some(email) = self.email.provider_config()? {
+            email.check()?;
+        }
+        self.charge.provider_config()?;
+        self.nats.provider_config()?;
+        self.amqp.provider_config()?;
+        self.kafka.provider_config()?;
+        self.health()?;
+        self.schedules()?;
+        self.check_schedule_payloads()?;
+        self.console.validate()?;
+        self.telemetry.settings()?;
+        self.validate_retention()?;
+        Ok(())
+    }
+
+    /// The retry settings: attempts, schedules and jitter.
+    fn validate_retry(&self) -> anyhow::Result<()> {
         let retry = &self.retry;
         for (name, o) in [
             (
@@ -272,6 +295,11 @@ impl Config {
         if !(0.0..=1.0).contains(&retry.jitter) {
             bail!("retry.jitter must be between 0.0 and 1.0");
         }
+        Ok(())
+    }
+
+    /// The webhook bounds and every provider's timeouts.
+    fn validate_timeouts(&self) -> anyhow::Result<()> {
         if self.webhook.max_in_flight_per_host == 0 {
             bail!("webhook.max_in_flight_per_host must be at least 1");
         }
@@ -295,21 +323,11 @@ impl Config {
                 bail!("{name} must be at least 100ms, not {:?}", d.0);
             }
         }
-        // what the providers would refuse: secrets, URLs, addresses
-        // (`engine::providers` builds them)
-        self.webhook.provider_config()?.check()?;
-        if let Some(email) = self.email.provider_config()? {
-            email.check()?;
-        }
-        self.charge.provider_config()?;
-        self.nats.provider_config()?;
-        self.amqp.provider_config()?;
-        self.kafka.provider_config()?;
-        self.health()?;
-        self.schedules()?;
-        self.check_schedule_payloads()?;
-        self.console.validate()?;
-        self.telemetry.settings()?;
+        Ok(())
+    }
+
+    /// Retention, and the lookup token.
+    fn validate_retention(&self) -> anyhow::Result<()> {
         let ret = &self.retention;
         if ret.ledger.0 < ret.intents.0 {
             bail!(
@@ -322,7 +340,7 @@ impl Config {
         if ret.interval.0 < Duration::from_secs(1) {
             bail!("retention.interval must be at least 1s");
         }
-        if let Some(token) = &r.lookup_token {
+        if let Some(token) = &self.relay.lookup_token {
             let token = token.expose();
             if !token.bytes().all(|b| b.is_ascii_graphic()) {
                 bail!(

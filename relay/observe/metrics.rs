@@ -99,7 +99,14 @@ fn zero() {
 }
 
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counters();
+    describe_gauges();
+    describe_histograms();
+}
+
+/// The counters' help texts.
+fn describe_counters() {
+    use metrics::describe_counter;
     describe_counter!(
         "outbox_delivered_total",
         "First confirmed effect of an intent, once each"
@@ -146,6 +153,11 @@ fn describe() {
         "outbox_destination_deferrals_total",
         "Deliveries held back by destination health (reason: paused, breaker, slow, limit)"
     );
+}
+
+/// The gauges' help texts.
+fn describe_gauges() {
+    use metrics::{describe_gauge, Unit};
     // outbox_destination_state and outbox_destination_pending: see
     // crate::observe::destination_gauges
     describe_gauge!("outbox_intents", "Intents by kind and state");
@@ -184,6 +196,11 @@ fn describe() {
         Unit::Seconds,
         "Age of the oldest due pending intent"
     );
+}
+
+/// The histograms' help texts.
+fn describe_histograms() {
+    use metrics::{describe_histogram, Unit};
     describe_histogram!(
         "outbox_attempt_duration_seconds",
         Unit::Seconds,
