@@ -218,159 +218,162 @@ fn reads_the_contract_keys() {
     );
 }
 
+/// Configurations with one fault each, and what the error must name.
+const ERRORS_BY_KEY: &[(&str, &str)] = &[
+    ("[relay]\nconcurency = 3", "concurency"),
+    (
+        "[relay]\nlease = \"5 parsecs\"",
+        "relay.lease: invalid duration \"5 parsecs\"",
+    ),
+    ("[relay]\nlease = 60", "duration must be a string"),
+    ("[relay]\nlease = \"9999999h\"", "longer than a year"),
+    ("[[schedule]]\nname = \"d\"\ncron = \"every day\"\nkind = \"email\"\npayload = {}", "cron \"every day\" is invalid"),
+    ("[[schedule]]\nname = \"d\"\ncron = \"* * * * * *\"\nkind = \"email\"\npayload = {}\n[[schedule]]\nname = \"d\"\ncron = \"* * * * * *\"\nkind = \"email\"\npayload = {}", "twice"),
+    ("[[schedule]]\nname = \"d\"\ncron = \"* * * * * *\"\nkind = \"email\"", "payload"),
+    ("[retention]\nintents = \"1h\"\nledger = \"30m\"", "retention.ledger"),
+    ("[relay]\nconcurrency = 0", "relay.concurrency"),
+    (
+        "[relay]\nlease = \"10s\"\n[webhook]\ntimeout = \"15s\"",
+        "relay.lease",
+    ),
+    ("[retry]\nschedule = []", "retry.schedule"),
+    (
+        "[retry.email]\nmax_attempts = 0",
+        "retry.email.max_attempts",
+    ),
+    (
+        "[webhook]\nallowed_networks = [\"nope\"]",
+        "webhook.allowed_networks",
+    ),
+    (
+        "[webhook]\nsigning_secrets = [\"plain\"]",
+        "webhook.signing_secrets",
+    ),
+    (
+        "[webhook.endpoints]\nx = \"ftp://a\"",
+        "webhook.endpoints.x",
+    ),
+    (
+        "[relay]\nmetrics_addr = \"localhost\"",
+        "relay.metrics_addr",
+    ),
+    ("nonsense = 1", "nonsense"),
+    (
+        "[email]\nsmtp_url = \"http://mail.example.com\"",
+        "not supported",
+    ),
+    (
+        "[email]\nsmtp_url = \"smtp://h\"\nfrom = \"nope\"",
+        "email.from",
+    ),
+    (
+        "[email]\nsmtp_url = \"smtp://h\"\ntimeout = \"90s\"",
+        "relay.lease",
+    ),
+    ("[email]\non_ambiguous = \"maybe\"", "maybe"),
+    (
+        "[charge]\napi_key = \"sk_test\"\napi_base = \"ftp://x\"",
+        "charge.api_base",
+    ),
+    ("[charge]\napi_key = \" \"", "is empty"),
+    ("[relay", "not valid TOML"),
+    // absurd values: each refused with the key named, none panics
+    ("[relay]\nlease = \"0s\"", "relay.lease must be at least 1s"),
+    ("[relay]\nlease = \"-5s\"", "relay.lease: invalid duration \"-5s\""),
+    (
+        "[relay]\nlease = \"99999999999999999999s\"",
+        "relay.lease: invalid duration \"99999999999999999999s\"",
+    ),
+    (
+        "[relay]\npoll_interval = \"0ms\"",
+        "relay.poll_interval must be at least 10ms",
+    ),
+    (
+        "[relay]\nconcurrency = 1000000000",
+        "relay.concurrency must be between 1 and 10000, not 1000000000",
+    ),
+    ("[relay]\nconcurrency = 1e9", "relay.concurrency: invalid type"),
+    ("[relay]\nconcurrency = -1", "relay.concurrency"),
+    (
+        "[relay]\nbatch_size = 0",
+        "relay.batch_size must be between 1 and 10000, not 0",
+    ),
+    (
+        "[retry]\nschedule = [\"-1s\"]",
+        "retry.schedule[0]: invalid duration \"-1s\"",
+    ),
+    (
+        "[retry.charge]\nschedule = []",
+        "retry.charge.schedule must list at least one delay",
+    ),
+    ("[retry]\njitter = 2.0", "retry.jitter must be between 0.0 and 1.0"),
+    ("[retry]\njitter = -1", "retry.jitter must be between 0.0 and 1.0"),
+    ("[retry]\njitter = nan", "retry.jitter must be between 0.0 and 1.0"),
+    (
+        "[retry]\nmax_attempts = 0",
+        "retry.max_attempts must be between 1 and 1000",
+    ),
+    (
+        "[retry]\nmax_attempts = 99999999999",
+        "retry.max_attempts: invalid value",
+    ),
+    (
+        "[retention]\ninterval = \"0s\"",
+        "retention.interval must be at least 1s",
+    ),
+    (
+        "[webhook]\ntimeout = \"0s\"",
+        "webhook.timeout must be at least 100ms",
+    ),
+    (
+        "[email]\nconnect_timeout = \"0s\"",
+        "email.connect_timeout must be at least 100ms",
+    ),
+    (
+        "[relay]\nmetrics_addr = \"nonsense\"",
+        "relay.metrics_addr \"nonsense\" is not an address",
+    ),
+    (
+        "[[schedule]]\nname = \"d\"\ncron = \"* * *\"\nkind = \"webhook\"\npayload = {}",
+        "schedule \"d\": cron \"* * *\" is invalid (too few fields)",
+    ),
+    (
+        "[[schedule]]\nname = \"d\"\ncron = \"61 * * * * *\"\nkind = \"webhook\"\npayload = {}",
+        "schedule \"d\": cron \"61 * * * * *\" is invalid (Seconds must be",
+    ),
+    (
+        "[[schedule]]\nname = \"d\"\ncron = \"not a cron\"\nkind = \"webhook\"\npayload = {}",
+        "schedule \"d\": cron \"not a cron\" is invalid (The 'Seconds' field",
+    ),
+    (
+        "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"sms\"\npayload = { to = \"+100\" }",
+        "schedule \"d\": kind \"sms\" is not one this relay delivers",
+    ),
+    (
+        "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"webhook\"\npayload = { body = 1 }",
+        "schedule \"d\": payload: webhook payload has no \"url\"",
+    ),
+    (
+        "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"webhook\"\npayload = { url = \"gopher://x\", body = 1 }",
+        "schedule \"d\": payload: webhook url scheme \"gopher\"",
+    ),
+    (
+        "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"email\"\npayload = { to = [\"a@\"], subject = \"s\", text = \"t\" }",
+        "schedule \"d\": payload: email \"to\" address \"a@\" is invalid",
+    ),
+    (
+        "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"charge\"\npayload = { amount = 0, currency = \"usd\", payment_method = \"pm\" }",
+        "schedule \"d\": payload: charge \"amount\" must be between 1 and 99999999",
+    ),
+    (
+        "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"webhook\"\npayload = \"x\"",
+        "schedule \"d\": payload must be a table",
+    ),
+];
+
 #[test]
 fn errors_name_the_key() {
-    for (text, needle) in [
-        ("[relay]\nconcurency = 3", "concurency"),
-        (
-            "[relay]\nlease = \"5 parsecs\"",
-            "relay.lease: invalid duration \"5 parsecs\"",
-        ),
-        ("[relay]\nlease = 60", "duration must be a string"),
-        ("[relay]\nlease = \"9999999h\"", "longer than a year"),
-        ("[[schedule]]\nname = \"d\"\ncron = \"every day\"\nkind = \"email\"\npayload = {}", "cron \"every day\" is invalid"),
-        ("[[schedule]]\nname = \"d\"\ncron = \"* * * * * *\"\nkind = \"email\"\npayload = {}\n[[schedule]]\nname = \"d\"\ncron = \"* * * * * *\"\nkind = \"email\"\npayload = {}", "twice"),
-        ("[[schedule]]\nname = \"d\"\ncron = \"* * * * * *\"\nkind = \"email\"", "payload"),
-        ("[retention]\nintents = \"1h\"\nledger = \"30m\"", "retention.ledger"),
-        ("[relay]\nconcurrency = 0", "relay.concurrency"),
-        (
-            "[relay]\nlease = \"10s\"\n[webhook]\ntimeout = \"15s\"",
-            "relay.lease",
-        ),
-        ("[retry]\nschedule = []", "retry.schedule"),
-        (
-            "[retry.email]\nmax_attempts = 0",
-            "retry.email.max_attempts",
-        ),
-        (
-            "[webhook]\nallowed_networks = [\"nope\"]",
-            "webhook.allowed_networks",
-        ),
-        (
-            "[webhook]\nsigning_secrets = [\"plain\"]",
-            "webhook.signing_secrets",
-        ),
-        (
-            "[webhook.endpoints]\nx = \"ftp://a\"",
-            "webhook.endpoints.x",
-        ),
-        (
-            "[relay]\nmetrics_addr = \"localhost\"",
-            "relay.metrics_addr",
-        ),
-        ("nonsense = 1", "nonsense"),
-        (
-            "[email]\nsmtp_url = \"http://mail.example.com\"",
-            "not supported",
-        ),
-        (
-            "[email]\nsmtp_url = \"smtp://h\"\nfrom = \"nope\"",
-            "email.from",
-        ),
-        (
-            "[email]\nsmtp_url = \"smtp://h\"\ntimeout = \"90s\"",
-            "relay.lease",
-        ),
-        ("[email]\non_ambiguous = \"maybe\"", "maybe"),
-        (
-            "[charge]\napi_key = \"sk_test\"\napi_base = \"ftp://x\"",
-            "charge.api_base",
-        ),
-        ("[charge]\napi_key = \" \"", "is empty"),
-        ("[relay", "not valid TOML"),
-        // absurd values: each refused with the key named, none panics
-        ("[relay]\nlease = \"0s\"", "relay.lease must be at least 1s"),
-        ("[relay]\nlease = \"-5s\"", "relay.lease: invalid duration \"-5s\""),
-        (
-            "[relay]\nlease = \"99999999999999999999s\"",
-            "relay.lease: invalid duration \"99999999999999999999s\"",
-        ),
-        (
-            "[relay]\npoll_interval = \"0ms\"",
-            "relay.poll_interval must be at least 10ms",
-        ),
-        (
-            "[relay]\nconcurrency = 1000000000",
-            "relay.concurrency must be between 1 and 10000, not 1000000000",
-        ),
-        ("[relay]\nconcurrency = 1e9", "relay.concurrency: invalid type"),
-        ("[relay]\nconcurrency = -1", "relay.concurrency"),
-        (
-            "[relay]\nbatch_size = 0",
-            "relay.batch_size must be between 1 and 10000, not 0",
-        ),
-        (
-            "[retry]\nschedule = [\"-1s\"]",
-            "retry.schedule[0]: invalid duration \"-1s\"",
-        ),
-        (
-            "[retry.charge]\nschedule = []",
-            "retry.charge.schedule must list at least one delay",
-        ),
-        ("[retry]\njitter = 2.0", "retry.jitter must be between 0.0 and 1.0"),
-        ("[retry]\njitter = -1", "retry.jitter must be between 0.0 and 1.0"),
-        ("[retry]\njitter = nan", "retry.jitter must be between 0.0 and 1.0"),
-        (
-            "[retry]\nmax_attempts = 0",
-            "retry.max_attempts must be between 1 and 1000",
-        ),
-        (
-            "[retry]\nmax_attempts = 99999999999",
-            "retry.max_attempts: invalid value",
-        ),
-        (
-            "[retention]\ninterval = \"0s\"",
-            "retention.interval must be at least 1s",
-        ),
-        (
-            "[webhook]\ntimeout = \"0s\"",
-            "webhook.timeout must be at least 100ms",
-        ),
-        (
-            "[email]\nconnect_timeout = \"0s\"",
-            "email.connect_timeout must be at least 100ms",
-        ),
-        (
-            "[relay]\nmetrics_addr = \"nonsense\"",
-            "relay.metrics_addr \"nonsense\" is not an address",
-        ),
-        (
-            "[[schedule]]\nname = \"d\"\ncron = \"* * *\"\nkind = \"webhook\"\npayload = {}",
-            "schedule \"d\": cron \"* * *\" is invalid (too few fields)",
-        ),
-        (
-            "[[schedule]]\nname = \"d\"\ncron = \"61 * * * * *\"\nkind = \"webhook\"\npayload = {}",
-            "schedule \"d\": cron \"61 * * * * *\" is invalid (Seconds must be",
-        ),
-        (
-            "[[schedule]]\nname = \"d\"\ncron = \"not a cron\"\nkind = \"webhook\"\npayload = {}",
-            "schedule \"d\": cron \"not a cron\" is invalid (The 'Seconds' field",
-        ),
-        (
-            "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"sms\"\npayload = { to = \"+100\" }",
-            "schedule \"d\": kind \"sms\" is not one this relay delivers",
-        ),
-        (
-            "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"webhook\"\npayload = { body = 1 }",
-            "schedule \"d\": payload: webhook payload has no \"url\"",
-        ),
-        (
-            "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"webhook\"\npayload = { url = \"gopher://x\", body = 1 }",
-            "schedule \"d\": payload: webhook url scheme \"gopher\"",
-        ),
-        (
-            "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"email\"\npayload = { to = [\"a@\"], subject = \"s\", text = \"t\" }",
-            "schedule \"d\": payload: email \"to\" address \"a@\" is invalid",
-        ),
-        (
-            "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"charge\"\npayload = { amount = 0, currency = \"usd\", payment_method = \"pm\" }",
-            "schedule \"d\": payload: charge \"amount\" must be between 1 and 99999999",
-        ),
-        (
-            "[[schedule]]\nname = \"d\"\ncron = \"0 0 9 * * *\"\nkind = \"webhook\"\npayload = \"x\"",
-            "schedule \"d\": payload must be a table",
-        ),
-    ] {
+    for (text, needle) in ERRORS_BY_KEY {
         let err = format!("{:#}", load_str(text, &[]).unwrap_err());
         assert!(err.contains(needle), "{text:?}: {err}");
     }
@@ -643,6 +646,64 @@ fn errors_from_the_environment_name_the_variable() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `[kafka]` sections with one fault each, and what the error must name.
+const KAFKA_ERRORS: &[(&str, &str)] = &[
+    ("brokers = \"\"", "kafka.brokers is empty"),
+    ("brokers = \"kafka://k1:9092\"", "without a scheme"),
+    ("brokers = \"k1\"", "must be host:port"),
+    ("brokers = \"k1:0\"", "must be host:port"),
+    (
+        "brokers = \"k1:9092\"\nsecurity_protocol = \"tls\"",
+        "kafka.security_protocol \"tls\"",
+    ),
+    (
+        "brokers = \"k1:9092\"\nsecurity_protocol = \"sasl_ssl\"",
+        "needs kafka.sasl_mechanism",
+    ),
+    (
+        "brokers = \"k1:9092\"\nsecurity_protocol = \"sasl_ssl\"\nsasl_mechanism = \"GSSAPI\"",
+        "kafka.sasl_mechanism \"GSSAPI\"",
+    ),
+    (
+        "brokers = \"k1:9092\"\nsasl_mechanism = \"PLAIN\"",
+        "kafka.security_protocol is \"plaintext\"",
+    ),
+    (
+        "brokers = \"k1:9092\"\nsecurity_protocol = \"sasl_ssl\"\nsasl_mechanism = \"PLAIN\"",
+        "needs kafka.user and a password",
+    ),
+    (
+        "brokers = \"k1:9092\"\nuser = \"relay\"",
+        "used only with security_protocol",
+    ),
+    (
+        "brokers = \"k1:9092\"\ntls_ca_file = \"/ca.pem\"",
+        "kafka.tls_ca_file is used only",
+    ),
+    (
+        "brokers = \"k1:9092\"\ncompression = \"brotli\"",
+        "kafka.compression \"brotli\"",
+    ),
+    (
+        "brokers = \"k1:9092\"\nlinger = \"6s\"",
+        "kafka.linger must be at most 5s",
+    ),
+    (
+        "brokers = \"k1:9092\"\ntimeout = \"1s\"\nlinger = \"600ms\"",
+        "shorter than half of kafka.timeout",
+    ),
+    (
+        "brokers = \"k1:9092\"\nreconcile_window = \"10ms\"",
+        "at least 1s",
+    ),
+    (
+        "brokers = \"k1:9092\"\ntimeout = \"50ms\"",
+        "kafka.timeout must be at least 100ms",
+    ),
+    ("brokers = \"k1:9092\"\ntimeout = \"60s\"", "relay.lease"),
+    ("brokers = \"k1:9092\"\nacks = \"0\"", "unknown field"),
+];
+
 #[test]
 fn the_kafka_section_is_checked_and_its_password_stays_secret() {
     // off without brokers; a password alone is a mistake
@@ -680,62 +741,7 @@ fn the_kafka_section_is_checked_and_its_password_stays_secret() {
         outbox_providers::AmbiguityPolicy::Redeliver
     );
 
-    for (text, needle) in [
-        ("brokers = \"\"", "kafka.brokers is empty"),
-        ("brokers = \"kafka://k1:9092\"", "without a scheme"),
-        ("brokers = \"k1\"", "must be host:port"),
-        ("brokers = \"k1:0\"", "must be host:port"),
-        (
-            "brokers = \"k1:9092\"\nsecurity_protocol = \"tls\"",
-            "kafka.security_protocol \"tls\"",
-        ),
-        (
-            "brokers = \"k1:9092\"\nsecurity_protocol = \"sasl_ssl\"",
-            "needs kafka.sasl_mechanism",
-        ),
-        (
-            "brokers = \"k1:9092\"\nsecurity_protocol = \"sasl_ssl\"\nsasl_mechanism = \"GSSAPI\"",
-            "kafka.sasl_mechanism \"GSSAPI\"",
-        ),
-        (
-            "brokers = \"k1:9092\"\nsasl_mechanism = \"PLAIN\"",
-            "kafka.security_protocol is \"plaintext\"",
-        ),
-        (
-            "brokers = \"k1:9092\"\nsecurity_protocol = \"sasl_ssl\"\nsasl_mechanism = \"PLAIN\"",
-            "needs kafka.user and a password",
-        ),
-        (
-            "brokers = \"k1:9092\"\nuser = \"relay\"",
-            "used only with security_protocol",
-        ),
-        (
-            "brokers = \"k1:9092\"\ntls_ca_file = \"/ca.pem\"",
-            "kafka.tls_ca_file is used only",
-        ),
-        (
-            "brokers = \"k1:9092\"\ncompression = \"brotli\"",
-            "kafka.compression \"brotli\"",
-        ),
-        (
-            "brokers = \"k1:9092\"\nlinger = \"6s\"",
-            "kafka.linger must be at most 5s",
-        ),
-        (
-            "brokers = \"k1:9092\"\ntimeout = \"1s\"\nlinger = \"600ms\"",
-            "shorter than half of kafka.timeout",
-        ),
-        (
-            "brokers = \"k1:9092\"\nreconcile_window = \"10ms\"",
-            "at least 1s",
-        ),
-        (
-            "brokers = \"k1:9092\"\ntimeout = \"50ms\"",
-            "kafka.timeout must be at least 100ms",
-        ),
-        ("brokers = \"k1:9092\"\ntimeout = \"60s\"", "relay.lease"),
-        ("brokers = \"k1:9092\"\nacks = \"0\"", "unknown field"),
-    ] {
+    for (text, needle) in KAFKA_ERRORS {
         let err = load_str(&format!("[kafka]\n{text}\n"), &[]).unwrap_err();
         assert!(format!("{err:#}").contains(needle), "{text}: {err:#}");
     }

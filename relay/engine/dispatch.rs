@@ -227,51 +227,7 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     async move {
         let started = Utc::now();
         let clock = Instant::now();
-        // A provider that panics must not kill the task silently: its claim
-        // would sit until the lease expired and be redelivered into the same
-        // panic, forever, and `run --once` would wait for it. Whether the
-        // effect happened is unknown: ambiguous, parked for an operator.
-        // The attempt and the settling of its outcome run inside one guard:
-        // an outcome that cannot be settled (a provider's absurd Retry-After)
-        // is as unknown as a provider that panicked.
-        let policy = d.settings.retry_policy(&claim.kind);
-        let guarded = AssertUnwindSafe(async {
-            let (outcome, on_ambiguous) = attempt(&d, &claim, no_room).await;
-            let completion = settle(
-                &claim,
-                &outcome,
-                policy,
-                on_ambiguous,
-                started,
-                Utc::now(),
-                fastrand::f64(),
-            );
-            (outcome, completion)
-        });
-        let (outcome, completion) = match guarded.catch_unwind().await {
-            Ok(done) => done,
-            Err(panic) => {
-                let what = outbox_providers::redact::urls_in(&panic_message(&*panic));
-                tracing::error!(panic = %what, "the provider panicked; parking the intent");
-                let outcome = Outcome::Ambiguous {
-                    reason: format!(
-                        "the {} provider panicked ({what}); whether the effect happened is unknown",
-                        claim.kind
-                    ),
-                    status: None,
-                };
-                let completion = settle(
-                    &claim,
-                    &outcome,
-                    policy,
-                    AmbiguityPolicy::Park,
-                    started,
-                    Utc::now(),
-                    0.0,
-                );
-                (outcome, completion)
-            }
-        };
+        let (outcome, completion) = attempt_guarded(&d, &claim, no_room, started).await;
         drop(slot);
         drop(room);
         let elapsed = clock.elapsed();
@@ -292,6 +248,60 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
     }
     .instrument(span)
     .await
+}
+
+/// The attempt and the settling of its outcome, inside one guard.
+///
+/// A provider that panics must not kill the task silently: its claim
+/// would sit until the lease expired and be redelivered into the same
+/// panic, forever, and `run --once` would wait for it. Whether the
+/// effect happened is unknown: ambiguous, parked for an operator. An
+/// outcome that cannot be settled (a provider's absurd Retry-After) is as
+/// unknown as a provider that panicked.
+async fn attempt_guarded(
+    d: &Deliverer,
+    claim: &Claimed,
+    no_room: Option<String>,
+    started: chrono::DateTime<Utc>,
+) -> (Outcome, Completion) {
+    let policy = d.settings.retry_policy(&claim.kind);
+    let guarded = AssertUnwindSafe(async {
+        let (outcome, on_ambiguous) = attempt(d, claim, no_room).await;
+        let completion = settle(
+            claim,
+            &outcome,
+            policy,
+            on_ambiguous,
+            started,
+            Utc::now(),
+            fastrand::f64(),
+        );
+        (outcome, completion)
+    });
+    match guarded.catch_unwind().await {
+        Ok(done) => done,
+        Err(panic) => {
+            let what = outbox_providers::redact::urls_in(&panic_message(&*panic));
+            tracing::error!(panic = %what, "the provider panicked; parking the intent");
+            let outcome = Outcome::Ambiguous {
+                reason: format!(
+                    "the {} provider panicked ({what}); whether the effect happened is unknown",
+                    claim.kind
+                ),
+                status: None,
+            };
+            let completion = settle(
+                claim,
+                &outcome,
+                policy,
+                AmbiguityPolicy::Park,
+                started,
+                Utc::now(),
+                0.0,
+            );
+            (outcome, completion)
+        }
+    }
 }
 
 /// Room for the claim at its destination, when its provider bounds the
@@ -499,40 +509,9 @@ async fn attempt_at(
         },
     };
     let policy = provider.on_ambiguous();
-    if let Some(previous) = &claim.recovered_from {
-        let span = d.tracer.reconcile(&who, previous);
-        let log = tracing::Span::current();
-        log.record("trace_id", span.trace_id());
-        log.record("span_id", span.span_id());
-        let recovered = tokio::time::timeout_at(
-            backstop,
-            reconcile::recover(provider.as_ref(), &delivery, previous),
-        )
-        .await
-        // no answer in time is no answer: the kind's policy decides
-        .unwrap_or_else(|_| reconcile::decide(policy, previous));
-        let recovered = match recovered {
-            Recovery::Settled(outcome) => Recovery::Settled(outcome.redacted()),
-            redeliver => redeliver,
-        };
-        match &recovered {
-            Recovery::Settled(outcome) => span.end_reconcile(outcome.class(), outcome.reason()),
-            Recovery::Redeliver { .. } => span.end_reconcile("redeliver", None),
-        }
-        match recovered {
-            Recovery::Settled(outcome) => {
-                metrics::counter!("outbox_reconcile_total", "kind" => kind_label(&claim.kind), "result" => outcome.class())
-                    .increment(1);
-                return (outcome, policy);
-            }
-            Recovery::Redeliver { replay } => {
-                if replay {
-                    metrics::counter!("outbox_replays_total", "kind" => kind_label(&claim.kind), "source" => "redelivery")
-                        .increment(1);
-                }
-                tracing::info!(previous_owner = %previous, "redelivering under the same key after an expired lease");
-            }
-        }
+    if let Some(settled) = reconcile_recovered(d, claim, provider, &who, &delivery, backstop).await
+    {
+        return (settled, policy);
     }
     if tokio::time::Instant::now() >= deadline {
         // nothing was sent: the reconcile used the whole budget
@@ -588,6 +567,55 @@ async fn attempt_at(
     }
     span.end(&outcome, http_status);
     (outcome, policy)
+}
+
+/// Reconcile a claim recovered from an expired lease, within the attempt's
+/// backstop: the outcome the provider settles it to, or `None` to deliver
+/// again under the same key.
+async fn reconcile_recovered(
+    d: &Deliverer,
+    claim: &Claimed,
+    provider: &Arc<dyn outbox_providers::Provider>,
+    who: &Identity<'_>,
+    delivery: &Delivery<'_>,
+    backstop: tokio::time::Instant,
+) -> Option<Outcome> {
+    let previous = claim.recovered_from.as_deref()?;
+    let policy = provider.on_ambiguous();
+    let span = d.tracer.reconcile(who, previous);
+    let log = tracing::Span::current();
+    log.record("trace_id", span.trace_id());
+    log.record("span_id", span.span_id());
+    let recovered = tokio::time::timeout_at(
+        backstop,
+        reconcile::recover(provider.as_ref(), delivery, previous),
+    )
+    .await
+    // no answer in time is no answer: the kind's policy decides
+    .unwrap_or_else(|_| reconcile::decide(policy, previous));
+    let recovered = match recovered {
+        Recovery::Settled(outcome) => Recovery::Settled(outcome.redacted()),
+        redeliver => redeliver,
+    };
+    match &recovered {
+        Recovery::Settled(outcome) => span.end_reconcile(outcome.class(), outcome.reason()),
+        Recovery::Redeliver { .. } => span.end_reconcile("redeliver", None),
+    }
+    match recovered {
+        Recovery::Settled(outcome) => {
+            metrics::counter!("outbox_reconcile_total", "kind" => kind_label(&claim.kind), "result" => outcome.class())
+                .increment(1);
+            Some(outcome)
+        }
+        Recovery::Redeliver { replay } => {
+            if replay {
+                metrics::counter!("outbox_replays_total", "kind" => kind_label(&claim.kind), "source" => "redelivery")
+                    .increment(1);
+            }
+            tracing::info!(previous_owner = %previous, "redelivering under the same key after an expired lease");
+            None
+        }
+    }
 }
 
 fn log_outcome(

@@ -294,12 +294,62 @@ impl Engine {
         services: Vec<Service>,
         health: Arc<Health>,
     ) -> anyhow::Result<()> {
-        let stop = self.stop_rx.clone();
-        let wake = Arc::new(Notify::new());
         if self.register().await {
             health.registered.store(true, Ordering::SeqCst);
         }
-        let mut sup = Supervisor::new(stop.clone());
+        let mut sup = Supervisor::new(self.stop_rx.clone());
+        self.start_tasks(&mut sup, &health);
+        for service in services {
+            sup.start(service);
+        }
+        tracing::info!(
+            owner = %self.cfg.owner,
+            kinds = %self.kinds.join(","),
+            concurrency = self.cfg.concurrency,
+            tasks = %sup.names().join(","),
+            "relay running"
+        );
+        let failure = tokio::select! {
+            _ = shutdown => None,
+            why = sup.failure() => Some(why),
+        };
+        match &failure {
+            Some(why) => {
+                health.fail(why);
+                tracing::error!(problem = %why, "the relay is broken: stopping (handing back what it can) and exiting non-zero");
+            }
+            None => {
+                tracing::info!("shutting down: no new claims; waiting for deliveries in flight")
+            }
+        }
+        health.shutting_down.store(true, Ordering::SeqCst);
+        let _ = self.stop_tx.send(true);
+        let deadline = self.cfg.shutdown_timeout;
+        let store = self.store.clone();
+        let owner = self.cfg.owner.clone();
+        self.finish().await;
+        let late = sup.join(deadline).await;
+        if !late.is_empty() {
+            tracing::warn!(tasks = %late.join(","), "tasks still running at the shutdown deadline were stopped");
+        }
+        if let Err(err) = store.deregister_relay(&owner).await {
+            tracing::debug!(error = %err, "could not mark this relay stopped in outbox.relays");
+        }
+        match failure {
+            Some(why) => Err(anyhow::anyhow!("the relay stopped because {why}")),
+            None => {
+                tracing::info!("stopped");
+                Ok(())
+            }
+        }
+    }
+
+    /// Start the relay's own tasks under `sup`: the listener, the sweeper,
+    /// the claim loop, the standby watcher, the heartbeat, the summary, and
+    /// the completer with its check.
+    fn start_tasks(&mut self, sup: &mut Supervisor, health: &Arc<Health>) {
+        let stop = self.stop_rx.clone();
+        let wake = Arc::new(Notify::new());
         sup.start(Service::new(
             "listener",
             claim::listen(
@@ -367,49 +417,6 @@ impl Engine {
                     })
             }),
         );
-        for service in services {
-            sup.start(service);
-        }
-        tracing::info!(
-            owner = %self.cfg.owner,
-            kinds = %self.kinds.join(","),
-            concurrency = self.cfg.concurrency,
-            tasks = %sup.names().join(","),
-            "relay running"
-        );
-        let failure = tokio::select! {
-            _ = shutdown => None,
-            why = sup.failure() => Some(why),
-        };
-        match &failure {
-            Some(why) => {
-                health.fail(why);
-                tracing::error!(problem = %why, "the relay is broken: stopping (handing back what it can) and exiting non-zero");
-            }
-            None => {
-                tracing::info!("shutting down: no new claims; waiting for deliveries in flight")
-            }
-        }
-        health.shutting_down.store(true, Ordering::SeqCst);
-        let _ = self.stop_tx.send(true);
-        let deadline = self.cfg.shutdown_timeout;
-        let store = self.store.clone();
-        let owner = self.cfg.owner.clone();
-        self.finish().await;
-        let late = sup.join(deadline).await;
-        if !late.is_empty() {
-            tracing::warn!(tasks = %late.join(","), "tasks still running at the shutdown deadline were stopped");
-        }
-        if let Err(err) = store.deregister_relay(&owner).await {
-            tracing::debug!(error = %err, "could not mark this relay stopped in outbox.relays");
-        }
-        match failure {
-            Some(why) => Err(anyhow::anyhow!("the relay stopped because {why}")),
-            None => {
-                tracing::info!("stopped");
-                Ok(())
-            }
-        }
     }
 
     /// Put this relay in `outbox.relays` (kinds it serves and knows).
