@@ -5,7 +5,7 @@
 //! derived from the intent, and drives every intent to an inspectable state.
 //!
 //! The modules, by role, lowest first; each imports only those before it
-//! (`tests/it/layout.rs` keeps it so):
+//! (`tests/it/layout/` keeps it so):
 //!
 //! - [`state`]: `IntentState` and `AttemptOutcome`, with their SQL spelling.
 //! - [`observe`]: logs, the Prometheus recorder and its labels, readiness.

@@ -209,7 +209,7 @@ impl Store {
 
     /// The connection pool, for the bench and the tests that read the
     /// database directly. The relay itself reaches the database only
-    /// through the store's methods (`tests/it/layout.rs` checks that no
+    /// through the store's methods (`tests/it/layout/` checks that no
     /// module outside `store` calls this).
     pub fn pool(&self) -> &PgPool {
         &self.pool
