@@ -57,7 +57,9 @@ pub async fn retry(store: &Store, a: RetryArgs) -> Outcome {
 /// `retry --state S [--kind K]`: the intents counted, and only those.
 async fn retry_by_state(store: &Store, a: &RetryArgs, how: RetryOptions, state: &str) -> Outcome {
     let filter = Filter {
-        state: IntentState::parse(state).expect("clap checks the state name"),
+        // clap accepts only the state names; a usage error all the same
+        state: IntentState::parse(state)
+            .ok_or_else(|| Failure::usage(format!("--state {state:?} is not a state")))?,
         kind: a.kind.clone(),
     };
     let total = store.count_matching(&filter).await?;

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::spaced;
 use crate::observe::metrics::kind_label;
 use crate::state::IntentState;
 use crate::store::Store;
@@ -67,20 +68,8 @@ pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// A refresh that took `d` is followed by a wait of at least `d` times
-/// this. The counts read the pending intents, so beside a large backlog the
-/// gauges refresh less often rather than spending more of the server: at
-/// most a twentieth of one connection's time, whatever the backlog.
-const REFRESH_SPACING: u32 = 20;
-
-/// How long to wait after a refresh that took `took`: `every`, or longer
-/// after a slow one.
-fn wait_after(every: Duration, took: Duration) -> Duration {
-    every.max(took.saturating_mul(REFRESH_SPACING))
-}
-
 /// Refresh the gauges every `every` (longer after a slow refresh, see
-/// [`wait_after`]) until `stop` turns true.
+/// [`spaced`]) until `stop` turns true.
 pub async fn gauges_loop(
     store: Store,
     every: Duration,
@@ -92,23 +81,8 @@ pub async fn gauges_loop(
             tracing::debug!(error = %err, "gauge refresh failed");
         }
         tokio::select! {
-            _ = tokio::time::sleep(wait_after(every, started.elapsed())) => {}
+            _ = tokio::time::sleep(spaced(every, started.elapsed())) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_slow_refresh_spaces_out_the_next() {
-        let every = Duration::from_secs(5);
-        assert_eq!(wait_after(every, Duration::from_millis(30)), every);
-        assert_eq!(
-            wait_after(every, Duration::from_millis(900)),
-            Duration::from_secs(18)
-        );
     }
 }

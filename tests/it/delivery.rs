@@ -406,13 +406,7 @@ async fn run_once_delivers_a_backlog_larger_than_its_claims() {
     let mut cfg = config();
     cfg.relay.concurrency = 2;
     cfg.relay.batch_size = 3;
-    tokio::time::timeout(
-        Duration::from_secs(60),
-        engine(db.store.clone(), &cfg).run_once(),
-    )
-    .await
-    .expect("run_once returns")
-    .unwrap();
+    run_once_within(&db, &cfg, Duration::from_secs(60)).await;
     assert_eq!(db.count("state = 'delivered'").await, 60);
     assert_eq!(db.count("attempts = 1").await, 60);
     assert_eq!(rx.requests().len(), 60);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{self, config, engine, Receiver, Reply, TestDb};
+use crate::common::{self, config, engine, run_once_within, Receiver, Reply, TestDb};
 
 /// Each log row's physical place: an update of any kind (HOT included)
 /// moves it.
@@ -38,13 +38,7 @@ async fn a_drain_writes_each_intent_once_and_keeps_no_finished_batch() {
     // claims no larger than the room at one receiver: none is deferred
     cfg.relay.concurrency = 8;
     cfg.relay.batch_size = 8;
-    tokio::time::timeout(
-        Duration::from_secs(60),
-        engine(db.store.clone(), &cfg).run_once(),
-    )
-    .await
-    .expect("run_once returns")
-    .unwrap();
+    run_once_within(&db, &cfg, Duration::from_secs(60)).await;
 
     assert_eq!(db.count("state = 'delivered' AND attempts = 1").await, 40);
     assert_eq!(rx.requests().len(), 40);

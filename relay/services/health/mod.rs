@@ -59,17 +59,11 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 /// How long destination events and idle closed destinations are kept.
 const HISTORY: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// The share of its time the backlog read may take: after a read that took
-/// `d`, the next waits at least `d` times this. The read counts the pending
-/// intents, so beside a large backlog it runs less often rather than
-/// spending more of the server (1.2 s a read beside 1,000,000 pending
-/// intents: every 24 s instead of 15, `bench/pgbench/periodic-work.sh`, 2026-12-04).
-const BACKLOG_READ_SPACING: u32 = 20;
-
 /// When the backlog read after one that ended at `now` and took `took` may
-/// run: its usual period, or longer after a slow read.
+/// run: its usual period, or longer after a slow read
+/// ([`crate::services::spaced`]).
 fn next_backlog_read(now: Instant, period: Duration, took: Duration) -> Instant {
-    now + period.max(took.saturating_mul(BACKLOG_READ_SPACING))
+    now + crate::services::spaced(period, took)
 }
 
 /// The destination gauges and the dead-count alert, every `every` until
