@@ -264,10 +264,17 @@ impl RabbitNode {
     }
 
     /// Kill the node (SIGKILL: no clean shutdown) and wait until it is gone.
+    ///
+    /// The topology the test declared is written to disk first. The broker
+    /// logs metadata (exchanges, queues, bindings) to Mnesia asynchronously,
+    /// so a SIGKILL soon after a declare can lose the last binding, and the
+    /// restarted broker answers NO_ROUTE for good. Messages are unaffected:
+    /// a persistent message is confirmed only once it is on disk.
     pub async fn kill(&self) {
         let Ok(pid) = std::fs::read_to_string(self.dir.join("pid")) else {
             return;
         };
+        self.dump_metadata_log();
         let pid = pid.trim().to_string();
         let _ = std::process::Command::new("kill")
             .args(["-KILL", &pid])
@@ -279,6 +286,23 @@ impl RabbitNode {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let _ = std::fs::remove_file(self.dir.join("pid"));
+    }
+
+    /// `mnesia:dump_log()` on the node, through rabbitmqctl (the node's
+    /// cookie is in its HOME).
+    fn dump_metadata_log(&self) {
+        let ctl = Self::server().with_file_name("rabbitmqctl");
+        let out = std::process::Command::new(&ctl)
+            .env("HOME", &self.dir)
+            .args(["-n", &self.name, "eval", "mnesia:dump_log()."])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", ctl.display()));
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("dumped"),
+            "rabbitmqctl eval mnesia:dump_log() failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     pub fn rabbit(&self) -> Rabbit {
