@@ -30,6 +30,7 @@ pub mod cli;
 pub mod config;
 pub mod console;
 pub mod engine;
+pub mod kinds;
 pub mod observe;
 pub mod services;
 pub mod state;

@@ -225,9 +225,3 @@ pub(crate) fn payload_body(
 /// The kinds this product knows about. An intent of another kind is rejected
 /// by the relay with a readable reason.
 pub const KNOWN_KINDS: &[&str] = &["webhook", "email", "charge", "nats", "amqp", "kafka"];
-
-/// Does this kind's `status` hold an HTTP status? (An email's is an SMTP
-/// reply code, where 5xx is a deliberate refusal, not a server error.)
-pub fn reports_http_status(kind: &str) -> bool {
-    matches!(kind, "webhook" | "charge")
-}

@@ -7,6 +7,7 @@ use serde_json::json;
 use super::output::{clip, clip_middle, json, opt, table, time};
 use super::{Failure, Outcome};
 use crate::config::Config;
+use crate::kinds::Kind;
 use crate::store::operator::{Attempt, Intent, Known, LedgerEntry};
 use crate::store::{NewIntent, Store, StoreError, STATES};
 
@@ -107,7 +108,7 @@ async fn kind_warning(store: &Store, kind: &str) -> Option<String> {
 
 fn kind_verdict(kind: &str, known: &[String], delivered: &[String]) -> Option<String> {
     let (known, whose): (Vec<&str>, &str) = if known.is_empty() {
-        (outbox_providers::KNOWN_KINDS.to_vec(), "this relay knows")
+        (Kind::names(), "this relay knows")
     } else {
         (
             known.iter().map(String::as_str).collect(),
@@ -217,7 +218,7 @@ pub async fn list(store: &Store, a: ListArgs) -> Outcome {
 /// is shown (`outbox_providers::redact`), an error written before the rule
 /// included.
 fn shown(mut intent: Intent) -> Intent {
-    if intent.kind == "webhook" {
+    if Kind::parse(&intent.kind) == Some(Kind::Webhook) {
         if let Some(serde_json::Value::String(url)) = intent.payload.0.get_mut("url") {
             *url = outbox_providers::redact::urls_in(url);
         }

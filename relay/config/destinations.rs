@@ -7,8 +7,15 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-/// The destinations that are not a URL's origin.
-pub const NAMED: &[&str] = &["smtp", "charge", "nats", "amqp", "kafka"];
+use crate::kinds::Kind;
+
+/// The destinations that are not a URL's origin (`smtp`, `charge`, ...).
+pub fn named() -> Vec<&'static str> {
+    Kind::ALL
+        .iter()
+        .filter_map(|k| k.fixed_destination())
+        .collect()
+}
 
 /// `scheme://host[:port]` of an http(s) URL, lowercase, without a
 /// default port, a domain without its trailing dot, an IPv4 address in
@@ -47,21 +54,13 @@ pub fn destination_of(
     payload: &Value,
     endpoints: &HashMap<String, String>,
 ) -> Option<String> {
-    match kind {
-        "webhook" => match destination {
-            Some(name) => endpoints.get(name).cloned(),
-            None => payload.get("url").and_then(Value::as_str).and_then(origin),
-        },
-        "email" => Some("smtp".into()),
-        "charge" | "nats" | "amqp" | "kafka" => Some(kind.into()),
-        _ => None,
-    }
+    crate::kinds::destination_of(kind, destination, payload, endpoints, origin)
 }
 
 /// A destination as an operator names it (an origin, an endpoint name,
 /// `smtp`, ...), as the relay names it.
 pub fn canonical(name: &str, endpoints: &HashMap<String, String>) -> Result<String, String> {
-    if NAMED.contains(&name) {
+    if named().contains(&name) {
         return Ok(name.to_string());
     }
     if let Some(o) = endpoints.get(name) {
@@ -71,7 +70,7 @@ pub fn canonical(name: &str, endpoints: &HashMap<String, String>) -> Result<Stri
         Some(o) if name.contains("://") => Ok(o),
         _ => Err(format!(
             "{name:?} is not a destination: give an origin (https://host[:port]), a webhook endpoint name, or one of {}",
-            NAMED.join(", ")
+            named().join(", ")
         )),
     }
 }

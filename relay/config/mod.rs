@@ -15,6 +15,8 @@ use anyhow::{bail, Context};
 use outbox_providers::Secret;
 use serde::Deserialize;
 
+use crate::kinds::Kind;
+
 mod amqp;
 mod charge;
 pub mod console;
@@ -100,37 +102,40 @@ impl Config {
 
     /// The budget of one attempt of `kind`: every provider call it makes
     /// (a charge may search, reconcile, before and after its POST) runs
-    /// within it, and dispatch enforces it.
+    /// within it, and dispatch enforces it. A kind this relay does not
+    /// know gets the webhook's.
     pub fn attempt_time(&self, kind: &str) -> Duration {
-        match kind {
-            "email" => self.email.timeout.0,
-            "charge" => self.charge.timeout.0,
-            "nats" => self.nats.timeout.0,
-            "amqp" => self.amqp.timeout.0,
-            "kafka" => self.kafka.timeout.0,
-            _ => self.webhook.timeout.0,
+        match Kind::parse(kind).unwrap_or(Kind::Webhook) {
+            Kind::Webhook => self.webhook.timeout.0,
+            Kind::Email => self.email.timeout.0,
+            Kind::Charge => self.charge.timeout.0,
+            Kind::Nats => self.nats.timeout.0,
+            Kind::Amqp => self.amqp.timeout.0,
+            Kind::Kafka => self.kafka.timeout.0,
         }
     }
 
-    /// The longest time one attempt may take, over the enabled kinds.
+    /// Does this relay serve `kind`? Webhook always; the others when their
+    /// section says where to deliver.
+    pub fn serves(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Webhook => true,
+            Kind::Email => self.email.smtp_url.is_some(),
+            Kind::Charge => self.charge.api_key.is_some(),
+            Kind::Nats => self.nats.url.is_some(),
+            Kind::Amqp => self.amqp.url.is_some(),
+            Kind::Kafka => self.kafka.brokers.is_some(),
+        }
+    }
+
+    /// The longest time one attempt may take, over the kinds served.
     pub fn longest_attempt(&self) -> Duration {
-        let mut longest = self.attempt_time("webhook");
-        if self.email.smtp_url.is_some() {
-            longest = longest.max(self.attempt_time("email"));
-        }
-        if self.charge.api_key.is_some() {
-            longest = longest.max(self.attempt_time("charge"));
-        }
-        if self.nats.url.is_some() {
-            longest = longest.max(self.attempt_time("nats"));
-        }
-        if self.amqp.url.is_some() {
-            longest = longest.max(self.attempt_time("amqp"));
-        }
-        if self.kafka.brokers.is_some() {
-            longest = longest.max(self.attempt_time("kafka"));
-        }
-        longest
+        Kind::ALL
+            .into_iter()
+            .filter(|k| self.serves(*k))
+            .map(|k| self.attempt_time(k.name()))
+            .max()
+            .unwrap_or_default()
     }
 
     /// Load from an optional file plus `OUTBOX_RELAY__*` variables, and validate.
@@ -178,7 +183,7 @@ impl Config {
         }
         if let Some((_, key)) = env.iter().find(|(k, _)| k == "STRIPE_API_KEY") {
             let charge = table
-                .entry("charge")
+                .entry(Kind::Charge.name())
                 .or_insert_with(|| toml::Value::Table(toml::Table::new()));
             if let Some(t) = charge.as_table_mut() {
                 if !t.contains_key("api_key") {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::duration::Dur;
+use crate::kinds::Kind;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -42,14 +43,15 @@ impl Default for RetrySection {
 impl RetrySection {
     /// The retry policy for one kind: the kind's overrides over the defaults.
     pub fn policy(&self, kind: &str) -> RetryPolicy {
-        let o = match kind {
-            "webhook" => &self.webhook,
-            "email" => &self.email,
-            "charge" => &self.charge,
-            _ => &RetryOverride {
-                max_attempts: None,
-                schedule: None,
-            },
+        let none = RetryOverride {
+            max_attempts: None,
+            schedule: None,
+        };
+        let o = match Kind::parse(kind) {
+            Some(Kind::Webhook) => &self.webhook,
+            Some(Kind::Email) => &self.email,
+            Some(Kind::Charge) => &self.charge,
+            Some(Kind::Nats | Kind::Amqp | Kind::Kafka) | None => &none,
         };
         RetryPolicy {
             max_attempts: o.max_attempts.unwrap_or(self.max_attempts),

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::Config;
+use crate::kinds::{Check, Kind};
 
 /// `[[schedule]]`: one intent per tick, key `schedule:<name>:<tick>`.
 #[derive(Debug, Clone, Deserialize)]
@@ -38,47 +39,24 @@ impl Config {
     /// `email.from` where email is configured (elsewhere another relay's
     /// `email.from` applies).
     pub(super) fn check_schedule_payloads(&self) -> anyhow::Result<()> {
-        use outbox_providers::{amqp, charge, email, kafka, nats, webhook, KNOWN_KINDS};
+        let email = self.email.provider_config()?;
         for s in &self.schedules {
-            let checked = match s.kind.as_str() {
-                "webhook" => webhook::request::parse(
-                    &s.payload,
-                    None,
-                    s.destination.as_deref(),
-                    &self.webhook.endpoints,
-                )
-                .map(drop),
-                "email" => {
-                    let from = match self.email.provider_config()? {
-                        Some(c) => c.from,
-                        None => Some("schedule-check@example.invalid".parse().expect("valid")),
-                    };
-                    outbox_providers::refuse_destination("email", s.destination.as_deref())
-                        .and_then(|()| {
-                            email::message::prepare(&s.payload, "schedule-check", 0, from.as_ref())
-                        })
-                        .map(drop)
-                }
-                "charge" => {
-                    outbox_providers::refuse_destination("charge", s.destination.as_deref())
-                        .and_then(|()| charge::request::form(&s.payload, "schedule-check", 0))
-                        .map(drop)
-                }
-                "nats" => outbox_providers::refuse_destination("nats", s.destination.as_deref())
-                    .and_then(|()| nats::request::parse(&s.payload, None))
-                    .map(drop),
-                "amqp" => outbox_providers::refuse_destination("amqp", s.destination.as_deref())
-                    .and_then(|()| amqp::request::parse(&s.payload, None))
-                    .map(drop),
-                "kafka" => outbox_providers::refuse_destination("kafka", s.destination.as_deref())
-                    .and_then(|()| kafka::request::parse(&s.payload, None, None))
-                    .map(drop),
-                other => bail!(
-                    "schedule {:?}: kind {other:?} is not one this relay delivers ({})",
+            let Some(kind) = Kind::parse(&s.kind) else {
+                bail!(
+                    "schedule {:?}: kind {:?} is not one this relay delivers ({})",
                     s.name,
-                    KNOWN_KINDS.join(", ")
-                ),
+                    s.kind,
+                    Kind::names().join(", ")
+                );
             };
+            let checked = kind.check(
+                &s.payload,
+                &Check {
+                    destination: s.destination.as_deref(),
+                    endpoints: &self.webhook.endpoints,
+                    email_from: email.as_ref().map(|c| c.from.as_ref()),
+                },
+            );
             checked.map_err(|e| anyhow::anyhow!("schedule {:?}: payload: {e}", s.name))?;
         }
         Ok(())

@@ -53,6 +53,7 @@ pub use crate::config::console::{ConsoleSection, ConsoleUser, Role};
 
 use crate::config::HealthSettings;
 use crate::config::{Config, Schedule};
+use crate::kinds::Kind;
 use crate::store::console::Bucket;
 use crate::store::operator::Intent;
 use crate::store::Store;
@@ -100,7 +101,7 @@ impl App {
     /// and API answer shows it.
     pub(crate) fn masked(&self, mut intent: Intent) -> Intent {
         intent.payload.0 = view::mask(&intent.payload.0, self.mask());
-        if intent.kind == "webhook" {
+        if Kind::parse(&intent.kind) == Some(Kind::Webhook) {
             view::redact_url(&mut intent.payload.0);
         }
         intent.last_error = intent

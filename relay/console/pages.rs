@@ -16,6 +16,7 @@ use super::auth::User;
 use super::params::FilterParams;
 use super::view::{self, Chart};
 use super::{App, Caller, Refusal};
+use crate::kinds::Kind;
 use crate::store::console::{FailureGroup, Page, SCAN_WINDOW};
 use crate::store::operator::{Action, Attempt, Intent, Known};
 use crate::store::{IntentState, STATES};
@@ -331,25 +332,9 @@ impl IntentPage {
 
 /// The key the provider sees for this intent, as the provider names it.
 pub fn provider_key(intent: &Intent) -> String {
-    use outbox_providers::keys;
-    let (key, generation) = (intent.key.as_str(), intent.key_generation);
-    match intent.kind.as_str() {
-        "webhook" => format!("webhook-id {}", keys::webhook_id(key, generation)),
-        "email" => format!(
-            "Message-ID <{}@…>",
-            &keys::effect_key(key, "email", generation)[..32]
-        ),
-        "charge" => format!(
-            "Idempotency-Key {}",
-            keys::effect_key(key, "charge", generation)
-        ),
-        "nats" => format!("Nats-Msg-Id {}", keys::effect_key(key, "nats", generation)),
-        "amqp" => format!("message_id {}", keys::effect_key(key, "amqp", generation)),
-        "kafka" => format!(
-            "outbox-effect-key {}",
-            keys::effect_key(key, "kafka", generation)
-        ),
-        _ => "— (no relay delivers this kind)".into(),
+    match Kind::parse(&intent.kind) {
+        Some(kind) => kind.provider_key(&intent.key, intent.key_generation),
+        None => "— (no relay delivers this kind)".into(),
     }
 }
 

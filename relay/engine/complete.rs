@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::kinds::Kind;
 use crate::observe::metrics::kind_label;
 use crate::state::IntentState;
 use crate::store::{sqlstate, Completion, Store, Written};
@@ -458,7 +459,7 @@ fn record_metrics(
     // A 5xx is never terminal, but only an HTTP status is an HTTP status:
     // an SMTP 550 is a deliberate "no such mailbox".
     if matches!(c.state, IntentState::Delivered | IntentState::Rejected)
-        && outbox_providers::reports_http_status(&c.kind)
+        && Kind::parse(&c.kind).is_some_and(Kind::reports_http_status)
         && c.status.is_some_and(|s| s >= 500)
     {
         metrics::counter!("outbox_invariant_violations_total", "kind" => kind).increment(1);

@@ -25,6 +25,7 @@ use crate::engine::room::{self, Rooms};
 use crate::engine::settle::settle;
 use crate::engine::standbys::Standbys;
 use crate::engine::supervisor::panic_message;
+use crate::kinds::Kind;
 use crate::observe::metrics::kind_label;
 use crate::observe::trace::{Identity, IntentContext, Tracer};
 use crate::services::health::{Admit, Gate};
@@ -532,7 +533,7 @@ async fn attempt_at(
         trace: span.headers(),
         ..delivery
     };
-    let http_status = outbox_providers::reports_http_status(&claim.kind);
+    let http_status = Kind::parse(&claim.kind).is_some_and(Kind::reports_http_status);
     let attempted_at = std::time::SystemTime::now();
     // a reason is recorded, logged and exported with its URLs redacted,
     // whichever provider wrote it

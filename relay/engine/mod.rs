@@ -32,10 +32,11 @@ use outbox_providers::email::EmailProvider;
 use outbox_providers::kafka::KafkaProvider;
 use outbox_providers::nats::NatsProvider;
 use outbox_providers::webhook::WebhookProvider;
-use outbox_providers::{ProviderSet, KNOWN_KINDS};
+use outbox_providers::ProviderSet;
 use tokio::sync::{watch, Notify};
 
 use crate::config::{Config, RetrySection};
+use crate::kinds::Kind;
 use crate::observe::readiness::Health;
 use crate::store::{ClaimQuery, Store};
 use budget::ClaimBudget;
@@ -123,8 +124,8 @@ impl EngineConfig {
             shutdown_timeout: r.shutdown_timeout.0,
             summary_interval: r.summary_interval.0,
             max_attempt_time: config.longest_attempt(),
-            attempt_times: KNOWN_KINDS
-                .iter()
+            attempt_times: Kind::names()
+                .into_iter()
                 .map(|k| (k.to_string(), config.attempt_time(k)))
                 .collect(),
             retry: config.retry.clone(),
@@ -171,8 +172,8 @@ pub struct Engine {
 impl Engine {
     pub fn new(store: Store, providers: ProviderSet, cfg: EngineConfig) -> Engine {
         let kinds = providers.kinds();
-        let unserved: Vec<String> = KNOWN_KINDS
-            .iter()
+        let unserved: Vec<String> = Kind::names()
+            .into_iter()
             .filter(|k| !kinds.contains(k))
             .map(|k| k.to_string())
             .collect();
@@ -189,8 +190,8 @@ impl Engine {
             lease: cfg.lease,
             max_attempt_time: cfg.max_attempt_time,
             attempt_times: cfg.attempt_times.clone(),
-            policies: KNOWN_KINDS
-                .iter()
+            policies: Kind::names()
+                .into_iter()
                 .map(|k| (k.to_string(), cfg.retry.policy(k)))
                 .collect::<HashMap<_, _>>(),
             default_policy: cfg.retry.policy("*"),
@@ -423,7 +424,7 @@ impl Engine {
     async fn register(&self) -> bool {
         match self
             .store
-            .register_relay(&self.cfg.owner, VERSION, &self.kinds, KNOWN_KINDS)
+            .register_relay(&self.cfg.owner, VERSION, &self.kinds, &Kind::names())
             .await
         {
             Ok(()) => true,
@@ -547,7 +548,7 @@ async fn heartbeat(
         }
         let beat = async {
             store
-                .register_relay(&owner, VERSION, &kinds, KNOWN_KINDS)
+                .register_relay(&owner, VERSION, &kinds, &Kind::names())
                 .await?;
             health.registered.store(true, Ordering::SeqCst);
             store.forget_silent_relays().await

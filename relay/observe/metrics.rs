@@ -13,6 +13,7 @@ use std::sync::{Mutex, OnceLock};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::kinds::Kind;
 use crate::state::AttemptOutcome;
 
 /// The process-wide recorder (installed once).
@@ -45,11 +46,7 @@ pub fn recorder() -> PrometheusHandle {
 /// The `kind` label for an intent's kind: a kind this product knows, or
 /// `other`. Applications choose kind names; labels must stay bounded.
 pub fn kind_label(kind: &str) -> &'static str {
-    outbox_providers::KNOWN_KINDS
-        .iter()
-        .find(|k| **k == kind)
-        .copied()
-        .unwrap_or("other")
+    Kind::parse(kind).map_or("other", Kind::name)
 }
 
 /// How many distinct `client` label values (the enqueue's `p_source`) are
@@ -79,7 +76,7 @@ pub fn client_label(source: Option<&str>) -> String {
 fn zero() {
     metrics::counter!("outbox_fencing_rejections_total").absolute(0);
     metrics::counter!("outbox_spans_dropped_total").absolute(0);
-    for kind in outbox_providers::KNOWN_KINDS {
+    for kind in &Kind::names() {
         metrics::counter!("outbox_invariant_violations_total", "kind" => *kind).absolute(0);
         metrics::counter!("outbox_delivered_total", "kind" => *kind).absolute(0);
         for source in ["enqueue", "provider", "redelivery", "operator"] {

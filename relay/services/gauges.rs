@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::spaced;
+use crate::kinds::Kind;
 use crate::observe::metrics::kind_label;
 use crate::state::IntentState;
 use crate::store::Store;
@@ -30,10 +31,7 @@ pub async fn refresh_gauges(store: &Store) -> Result<(), sqlx::Error> {
     metrics::gauge!("outbox_blocked_ordering_keys").set(s.blocked as f64);
     metrics::gauge!("outbox_stranded_ordering_intents").set(s.stranded as f64);
     // known kinds by name, every other kind summed as `other`
-    let labels = outbox_providers::KNOWN_KINDS
-        .iter()
-        .copied()
-        .chain(["other"]);
+    let labels = Kind::names().into_iter().chain(["other"]);
     for label in labels {
         for state in GAUGED_STATES {
             let n: i64 = s

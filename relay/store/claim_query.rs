@@ -2,6 +2,8 @@
 //! cap and the kinds it leaves alone written in, so that Postgres plans
 //! each once per connection.
 
+use crate::kinds::Kind;
+
 /// What a claim returns of each row, the claim's and the sweeper's alike.
 pub(super) const CLAIMED_COLUMNS: &str =
     "i.id, i.key, i.kind, i.destination, i.payload::text AS payload, i.attempts, \
@@ -95,7 +97,7 @@ impl ClaimQuery {
             format!("AND kind <> ALL({})", text_array_literal(unserved_kinds))
         };
         let known = text_array_literal(
-            &outbox_providers::KNOWN_KINDS
+            &Kind::names()
                 .iter()
                 .map(|k| k.to_string())
                 .collect::<Vec<_>>(),

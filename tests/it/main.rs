@@ -38,6 +38,7 @@ mod health;
 mod intent_log;
 mod kafka;
 mod kafka_drill;
+mod kind_schemas;
 mod layout;
 mod lifecycle;
 mod lookup;

@@ -12,7 +12,7 @@ mod smtp;
 
 use std::time::Duration;
 
-use lettre::message::Mailbox;
+pub use lettre::message::Mailbox;
 
 use crate::{AmbiguityPolicy, Delivery, Outcome, Provider, Secret, SpanShape};
 pub use smtp::{Security, SmtpTarget};

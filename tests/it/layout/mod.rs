@@ -14,6 +14,7 @@ use syn::visit::Visit;
 
 use crate::common::files_under;
 
+mod kinds;
 mod lengths;
 mod walls;
 
@@ -24,7 +25,7 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// The services run beside the engine without knowing it; the engine asks
 /// one of them (destination health) before each attempt.
 const ROLES: &[&str] = &[
-    "state", "observe", "config", "store", "services", "engine", "console", "cli",
+    "state", "kinds", "observe", "config", "store", "services", "engine", "console", "cli",
 ];
 
 const MAX_LINES: usize = 800;

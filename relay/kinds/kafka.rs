@@ -1,0 +1,19 @@
+//! `kafka`: a record from the idempotent producer, carrying the
+//! outbox-effect-key header consumers dedupe on.
+
+use outbox_providers::kafka::request;
+
+use super::{Destination, Kind, Spec};
+
+pub(super) const SPEC: Spec = Spec {
+    schema: include_str!("../../schema/kinds/kafka.json"),
+    destination: Destination::OwnName,
+    http_status: false,
+    check: |payload, _| request::parse(payload, None, None).map(drop),
+    provider_key: |key, generation| {
+        format!(
+            "outbox-effect-key {}",
+            Kind::Kafka.effect_key(key, generation)
+        )
+    },
+};

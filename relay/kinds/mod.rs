@@ -1,0 +1,213 @@
+//! The delivery kinds, each in one module: how its payload is checked
+//! before anything is sent (and the JSON Schema the clients build it by),
+//! which destination it goes to, and the key its provider sees. The rest
+//! of the relay names a kind only through [`Kind`].
+//!
+//! Adding a kind: a module here with its [`Spec`], a variant and a line in
+//! [`KINDS`], its provider in `outbox-providers`, and its payload's schema
+//! in `schema/kinds/`. Kind names are written here and nowhere else in the
+//! relay.
+
+mod amqp;
+mod charge;
+mod email;
+mod kafka;
+mod nats;
+mod webhook;
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde_json::Value;
+
+/// A kind this relay delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Webhook,
+    Email,
+    Charge,
+    Nats,
+    Amqp,
+    Kafka,
+}
+
+/// Each kind: its variant, the `kind` an intent names it by, and its
+/// module's [`Spec`]. In the order of [`Kind`]'s variants.
+const KINDS: [(Kind, &str, &Spec); 6] = [
+    (Kind::Webhook, "webhook", &webhook::SPEC),
+    (Kind::Email, "email", &email::SPEC),
+    (Kind::Charge, "charge", &charge::SPEC),
+    (Kind::Nats, "nats", &nats::SPEC),
+    (Kind::Amqp, "amqp", &amqp::SPEC),
+    (Kind::Kafka, "kafka", &kafka::SPEC),
+];
+
+/// Where a kind's effects go, as destination health names it.
+pub enum Destination {
+    /// The origin of the payload's URL, or the named endpoint's.
+    Payload,
+    /// One destination, named as the kind is (`charge`, `kafka`).
+    OwnName,
+    /// One destination of this name (`smtp` for email).
+    Named(&'static str),
+}
+
+/// What one kind is. Each kind's module holds one.
+pub struct Spec {
+    /// Its payload's JSON Schema (`schema/kinds/<name>.json`).
+    pub schema: &'static str,
+    pub destination: Destination,
+    /// Does an attempt's `status` hold an HTTP status? (An email's is an
+    /// SMTP reply code, where 5xx is a deliberate refusal.)
+    pub http_status: bool,
+    /// The payload checked as its provider will check it, before any
+    /// network call.
+    pub check: fn(&Value, &Check) -> Result<(), String>,
+    /// The key the provider sees for (intent key, key generation), as the
+    /// provider names it.
+    pub provider_key: fn(&str, i32) -> String,
+}
+
+/// What a payload check may need beside the payload.
+pub struct Check<'a> {
+    /// The intent's named destination.
+    pub destination: Option<&'a str>,
+    /// `[webhook.endpoints]`: name → URL.
+    pub endpoints: &'a HashMap<String, String>,
+    /// Where email is configured, its `email.from` (None: a payload must
+    /// give `from`); None where it is not, and another relay's applies.
+    pub email_from: Option<Option<&'a outbox_providers::email::Mailbox>>,
+}
+
+impl Kind {
+    /// Every kind, in the order pages and metrics list them.
+    pub const ALL: [Kind; 6] = [
+        Kind::Webhook,
+        Kind::Email,
+        Kind::Charge,
+        Kind::Nats,
+        Kind::Amqp,
+        Kind::Kafka,
+    ];
+
+    fn spec(self) -> &'static Spec {
+        KINDS[self as usize].2
+    }
+
+    /// The kind an intent's `kind` names, if this relay knows it.
+    pub fn parse(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Every kind's name.
+    pub fn names() -> Vec<&'static str> {
+        Kind::ALL.iter().map(|k| k.name()).collect()
+    }
+
+    pub fn name(self) -> &'static str {
+        KINDS[self as usize].1
+    }
+
+    /// The payload's JSON Schema.
+    pub fn schema(self) -> &'static str {
+        self.spec().schema
+    }
+
+    /// The destination every intent of this kind goes to (`smtp`,
+    /// `charge`, ...); None for a webhook, whose payload names it.
+    pub fn fixed_destination(self) -> Option<&'static str> {
+        match self.spec().destination {
+            Destination::Payload => None,
+            Destination::OwnName => Some(self.name()),
+            Destination::Named(name) => Some(name),
+        }
+    }
+
+    pub fn reports_http_status(self) -> bool {
+        self.spec().http_status
+    }
+
+    /// Check a payload as the kind's provider will, before anything is
+    /// sent: the reason it would be `rejected`, if it would.
+    pub fn check(self, payload: &Value, check: &Check) -> Result<(), String> {
+        if self != Kind::Webhook {
+            outbox_providers::refuse_destination(self.name(), check.destination)?;
+        }
+        (self.spec().check)(payload, check)
+    }
+
+    /// The key the provider sees, as the provider names it
+    /// (`webhook-id msg_…`, `Idempotency-Key …`).
+    pub fn provider_key(self, key: &str, generation: i32) -> String {
+        (self.spec().provider_key)(key, generation)
+    }
+
+    /// The effect key derived for this kind (the step is the kind's name).
+    pub fn effect_key(self, key: &str, generation: i32) -> String {
+        outbox_providers::keys::effect_key(key, self.name(), generation)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where an intent's effect goes, or None when the payload does not say
+/// (the provider will refuse it) or the kind is not one this relay knows.
+/// `origin` names a URL's destination (`config::destinations::origin`).
+pub fn destination_of(
+    kind: &str,
+    destination: Option<&str>,
+    payload: &Value,
+    endpoints: &HashMap<String, String>,
+    origin: fn(&str) -> Option<String>,
+) -> Option<String> {
+    let kind = Kind::parse(kind)?;
+    if let Some(fixed) = kind.fixed_destination() {
+        return Some(fixed.into());
+    }
+    match destination {
+        Some(name) => endpoints.get(name).cloned(),
+        None => payload.get("url").and_then(Value::as_str).and_then(origin),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_name_and_schema() {
+        let mut names = Kind::names();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Kind::ALL.len());
+        for (i, k) in Kind::ALL.into_iter().enumerate() {
+            assert_eq!(KINDS[i].0, k, "KINDS is in the order of Kind's variants");
+            assert_eq!(Kind::parse(k.name()), Some(k));
+            let schema: Value = serde_json::from_str(k.schema()).expect("the schema is JSON");
+            assert_eq!(
+                schema["title"],
+                k.name(),
+                "{k}'s schema is titled by its name"
+            );
+        }
+        assert_eq!(Kind::parse("fax"), None);
+    }
+
+    #[test]
+    fn each_kind_shows_the_key_its_provider_sees() {
+        use outbox_providers::keys;
+        assert_eq!(
+            Kind::Webhook.provider_key("k", 0),
+            format!("webhook-id {}", keys::webhook_id("k", 0))
+        );
+        assert!(Kind::Email.provider_key("k", 1).starts_with("Message-ID <"));
+        assert_eq!(
+            Kind::Kafka.provider_key("k", 2),
+            format!("outbox-effect-key {}", keys::effect_key("k", "kafka", 2))
+        );
+    }
+}
