@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from conftest import Db, Receiver, Relay, Unique
-from outbox_relay import JSON, Amqp, Charge, Email, Nats, Webhook, enqueue
+from outbox_relay import JSON, Amqp, Charge, Email, Kafka, Nats, Webhook, enqueue
 
 
 def test_the_payloads_are_the_kinds_own() -> None:
@@ -84,6 +84,16 @@ def test_the_payloads_are_the_kinds_own() -> None:
         "body": [1],
         "headers": {"n": 1, "b": True},
     }
+    assert Kafka(topic="orders.v1", body=None).payload() == {"topic": "orders.v1", "body": None}
+    assert Kafka(
+        topic="orders.v1", key="acct-1", body={"id": 1}, headers={"source": "shop"}, partition=2
+    ).payload() == {
+        "topic": "orders.v1",
+        "key": "acct-1",
+        "body": {"id": 1},
+        "headers": {"source": "shop"},
+        "partition": 2,
+    }
 
 
 def test_a_builder_refuses_what_its_kind_cannot_take() -> None:
@@ -101,6 +111,10 @@ def test_a_builder_refuses_what_its_kind_cannot_take() -> None:
         Amqp(exchange="", routing_key="q", body=1, headers={"x": 1.5})  # type: ignore[dict-item]
     with pytest.raises(TypeError):
         Webhook(url="https://h/x")  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="partition"):
+        Kafka(topic="t", body=1, partition=-1)
+    with pytest.raises(TypeError, match="key"):
+        Kafka(topic="t", body=1, key=5)  # type: ignore[arg-type]
 
 
 @dataclass

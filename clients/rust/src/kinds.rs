@@ -294,6 +294,57 @@ impl Intent for Amqp {
     }
 }
 
+/// A Kafka record: `{"topic", "key"?, "body", "headers"?, "partition"?}`.
+/// Without a `key`, the record's key is the intent's ordering key, if it
+/// has one; without a `partition`, the producer's partitioner chooses.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Kafka {
+    pub topic: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub body: Value,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+}
+
+impl Kafka {
+    pub fn new(topic: impl Into<String>, body: Value) -> Kafka {
+        Kafka {
+            topic: topic.into(),
+            key: None,
+            body,
+            headers: BTreeMap::new(),
+            partition: None,
+        }
+    }
+    /// The record's key (it decides the partition).
+    pub fn key(mut self, key: impl Into<String>) -> Kafka {
+        self.key = Some(key.into());
+        self
+    }
+    /// A header; its value is text. `outbox-effect-key` is the relay's.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Kafka {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+    /// A partition of the topic (at most 2147483647, as Kafka counts).
+    pub fn partition(mut self, partition: u32) -> Kafka {
+        self.partition = Some(partition);
+        self
+    }
+}
+
+impl Intent for Kafka {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+    fn payload(&self) -> Value {
+        to_value(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,6 +391,21 @@ mod tests {
                 "amqp",
                 json!({"exchange": "orders", "routing_key": "created", "body": 1, "headers": {"ok": true, "v": 2}})
             )
+        );
+        let record = Kafka::new("orders.v1", json!({"id": 1}))
+            .key("acct-1")
+            .header("source", "shop")
+            .partition(2);
+        assert_eq!(
+            (record.kind(), record.payload()),
+            (
+                "kafka",
+                json!({"topic": "orders.v1", "key": "acct-1", "body": {"id": 1}, "headers": {"source": "shop"}, "partition": 2})
+            )
+        );
+        assert_eq!(
+            Kafka::new("orders.v1", json!(null)).payload(),
+            json!({"topic": "orders.v1", "body": null})
         );
     }
 }

@@ -19,7 +19,8 @@
 //! it typed.
 //!
 //! - [`kinds`]: the builders [`Webhook`], [`Email`], [`Charge`], [`Nats`],
-//!   [`Amqp`], each making exactly its kind's payload.
+//!   [`Amqp`], [`Kafka`], each making exactly its kind's payload, as
+//!   `schema/kinds/<kind>.json` describes it.
 //! - [`NewIntent`]: one intent and its options; [`enqueue`] and
 //!   [`enqueue_many`] write them; [`Enqueued`] is the answer.
 //! - [`EnqueueError`]: a conflict ([`EnqueueError::Conflict`], with the
@@ -39,4 +40,4 @@ mod trace;
 
 pub use enqueue::{enqueue, enqueue_many, Enqueued, NewIntent};
 pub use error::EnqueueError;
-pub use kinds::{Amqp, Charge, Email, Intent, Nats, Webhook};
+pub use kinds::{Amqp, Charge, Email, Intent, Kafka, Nats, Webhook};

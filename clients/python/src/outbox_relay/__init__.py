@@ -12,7 +12,7 @@ transaction, and imports no driver: it uses the connection it is given.
 
 from ._api import Enqueued, Item, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from ._errors import Conflict, OutboxError
-from ._intents import JSON, Amqp, Charge, Email, IntentLike, Nats, Webhook
+from ._intents import JSON, Amqp, Charge, Email, IntentLike, Kafka, Nats, Webhook
 from ._sql import RunAfter
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "Enqueued",
     "IntentLike",
     "Item",
+    "Kafka",
     "Nats",
     "OutboxError",
     "RunAfter",

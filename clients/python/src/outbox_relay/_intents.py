@@ -231,3 +231,45 @@ class Amqp:
         if self.headers:
             p["headers"] = self._headers()
         return p
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kafka:
+    """A record produced to `topic`: `body` (any JSON) as its value, an optional
+    `key` (else the intent's ordering key, if any), text `headers`, and an optional
+    `partition` (else the producer's partitioner chooses)."""
+
+    topic: str
+    body: JSON
+    key: str | None = None
+    headers: Mapping[str, str] | None = None
+    partition: int | None = None
+
+    def __post_init__(self) -> None:
+        _text("kafka", "topic", self.topic)
+        _text("kafka", "key", self.key, optional=True)
+        _string_map("kafka", "headers", self.headers)
+        if self.partition is not None and (
+            isinstance(self.partition, bool)
+            or not isinstance(self.partition, int)
+            or not 0 <= self.partition <= 2**31 - 1
+        ):
+            raise ValueError(
+                "kafka 'partition' must be a whole number from 0 to 2147483647, "
+                f"not {self.partition!r}"
+            )
+
+    @property
+    def kind(self) -> str:
+        return "kafka"
+
+    def payload(self) -> dict[str, JSON]:
+        p: dict[str, JSON] = {"topic": self.topic}
+        if self.key is not None:
+            p["key"] = self.key
+        p["body"] = self.body
+        if self.headers:
+            p["headers"] = _string_map("kafka", "headers", self.headers)
+        if self.partition is not None:
+            p["partition"] = self.partition
+        return p
