@@ -132,6 +132,40 @@ export function amqp(spec: AmqpSpec): Intent<"amqp", AmqpPayload> {
   return { kind: "amqp", payload };
 }
 
+/**
+ * `{"topic", "key"?, "body", "headers"?, "partition"?}`, a Kafka record. Without
+ * `key`, the record's key is the intent's ordering key, if any; without
+ * `partition`, the producer's partitioner chooses.
+ */
+export type KafkaPayload = {
+  topic: string;
+  key?: string;
+  body: Json;
+  headers?: Headers;
+  partition?: number;
+};
+export type KafkaSpec = Pick<KafkaPayload, "topic" | "body"> &
+  Maybe<Pick<KafkaPayload, "key" | "headers" | "partition">>;
+
+export function kafka(spec: KafkaSpec): Intent<"kafka", KafkaPayload> {
+  const { partition } = spec;
+  if (
+    partition !== undefined &&
+    !(Number.isInteger(partition) && partition >= 0 && partition <= 2147483647)
+  ) {
+    throw new TypeError(`kafka partition must be a whole number from 0 to 2147483647, never ${partition}`);
+  }
+  const payload: KafkaPayload = optional(
+    { topic: str(spec.topic, "kafka topic"), body: need(spec, "kafka", "body") },
+    {
+      key: spec.key === undefined ? undefined : str(spec.key, "kafka key"),
+      headers: headers(spec.headers, "kafka", ["string"]),
+      partition,
+    },
+  );
+  return { kind: "kafka", payload };
+}
+
 /** `required` with each field of `optional` that is not undefined. */
 function optional<R extends object, O extends object>(
   required: R,

@@ -3,7 +3,7 @@
 // outbox.enqueue_many) is the source of truth; this package only calls it.
 
 export { enqueue, enqueueMany } from "./enqueue.js";
-export { amqp, charge, email, nats, webhook } from "./builders.js";
+export { amqp, charge, email, kafka, nats, webhook } from "./builders.js";
 export type {
   AmqpPayload,
   AmqpSpec,
@@ -11,6 +11,8 @@ export type {
   ChargeSpec,
   EmailPayload,
   EmailSpec,
+  KafkaPayload,
+  KafkaSpec,
   NatsPayload,
   NatsSpec,
   WebhookPayload,

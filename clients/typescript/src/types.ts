@@ -7,7 +7,7 @@ export type JsonObject = { readonly [key: string]: Json | undefined };
 
 /**
  * What to do: a kind and its payload, as the builders (`webhook`, `email`,
- * `charge`, `nats`, `amqp`) make them. A kind without a builder is written
+ * `charge`, `nats`, `amqp`, `kafka`) make them. A kind without a builder is written
  * as `{ kind: "…", payload: { … } }`.
  */
 export interface Intent<K extends string = string, P extends JsonObject = JsonObject> {

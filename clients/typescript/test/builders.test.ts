@@ -6,7 +6,7 @@ import { after, before, test } from "node:test";
 
 import type pg from "pg";
 
-import { amqp, charge, email, enqueueMany, nats, webhook, type Intent } from "../src/index.js";
+import { amqp, charge, email, enqueueMany, kafka, nats, webhook, type Intent } from "../src/index.js";
 import { connect, stored, unique } from "./harness.js";
 
 let db: pg.Client;
@@ -103,6 +103,20 @@ const cases: [string, Intent, Intent][] = [
       payload: { exchange: "", routing_key: "orders", body: [1, "two"], headers: { n: 3, ok: true, t: "x" } },
     },
   ],
+  [
+    "kafka",
+    kafka({ topic: "orders.v1", key: "acct-1", body: { id: 1 }, headers: { source: "shop" }, partition: 2 }),
+    {
+      kind: "kafka",
+      payload: {
+        topic: "orders.v1",
+        key: "acct-1",
+        body: { id: 1 },
+        headers: { source: "shop" },
+        partition: 2,
+      },
+    },
+  ],
 ];
 
 test("each builder makes exactly its kind's payload, and that is what is stored", async () => {
@@ -160,4 +174,7 @@ test("a builder refuses what its kind could never deliver, and so do its types",
   refuses(() => nats({ body: 1 }), /subject must be a string/);
   // @ts-expect-error: a webhook header is text
   refuses(() => webhook({ url: "https://h/", body: 1, headers: { n: 1 } }), /never/);
+  refuses(() => kafka({ topic: "t", body: 1, partition: -1 }), /partition must be a whole number/);
+  // @ts-expect-error: topic is required
+  refuses(() => kafka({ body: 1 }), /topic must be a string/);
 });
