@@ -63,8 +63,7 @@ async fn run_traced(
 ) -> Outcome {
     if once {
         let providers = prepare(&store, config).await?;
-        let mut engine_config = EngineConfig::from_config(config);
-        engine_config.tracer = tracer;
+        let engine_config = EngineConfig::from_config(config).with_tracer(tracer);
         let engine = Engine::new(store, providers, engine_config);
         engine.run_once().await?;
         return Ok(());
@@ -72,9 +71,8 @@ async fn run_traced(
     let shutdown = shutdown.unwrap_or_else(shutdown_signal);
     let providers = prepare(&store, config).await?;
     let health = Arc::new(Health::default());
-    let mut engine_config = EngineConfig::from_config(config);
-    engine_config.tracer = tracer;
-    let owner = engine_config.owner.clone();
+    let engine_config = EngineConfig::from_config(config).with_tracer(tracer);
+    let owner = engine_config.owner().to_string();
     let engine = Engine::new(store.clone(), providers, engine_config);
     let stop = engine.stop_signal();
     let mut services = Vec::new();

@@ -61,16 +61,16 @@ use auth::{Auth, User};
 
 /// What every handler is handed.
 pub struct App {
-    pub store: Store,
+    store: Store,
     /// `[console]`.
-    pub console: ConsoleSection,
+    console: ConsoleSection,
     /// The configured schedules, parsed.
-    pub schedules: Vec<Schedule>,
-    pub health: HealthSettings,
-    pub auth: Auth,
-    pub jobs: jobs::Jobs,
-    pub selections: selections::Selections,
-    pub charts: charts::ChartCache,
+    schedules: Vec<Schedule>,
+    health: HealthSettings,
+    auth: Auth,
+    jobs: jobs::Jobs,
+    selections: selections::Selections,
+    charts: charts::ChartCache,
 }
 
 impl App {

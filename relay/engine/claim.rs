@@ -31,20 +31,20 @@ pub enum Mode {
 
 /// The claim loop: owns its statement and what it is handed.
 pub struct Claimer {
-    pub store: Store,
+    pub(super) store: Store,
     /// Built once: a claim takes at most `batch_size`.
-    pub query: ClaimQuery,
+    pub(super) query: ClaimQuery,
     /// Written on every claim.
-    pub owner: String,
-    pub lease: Duration,
-    pub poll_interval: Duration,
+    pub(super) owner: String,
+    pub(super) lease: Duration,
+    pub(super) poll_interval: Duration,
     /// Known kinds this relay has no provider for (for the next-due query).
-    pub unserved: Vec<String>,
-    pub budget: Arc<ClaimBudget>,
-    pub deliverer: Arc<Deliverer>,
-    pub batches: Arc<BatchCounts>,
+    pub(super) unserved: Vec<String>,
+    pub(super) budget: Arc<ClaimBudget>,
+    pub(super) deliverer: Arc<Deliverer>,
+    pub(super) batches: Arc<BatchCounts>,
     /// Held up while standbys lag (`relay.wait_for_standbys`).
-    pub standbys: Arc<Standbys>,
+    pub(super) standbys: Arc<Standbys>,
 }
 
 impl Claimer {

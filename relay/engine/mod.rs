@@ -80,34 +80,34 @@ pub fn providers(config: &Config) -> anyhow::Result<ProviderSet> {
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Written on every claim; appears in `outbox.attempts.owner`.
-    pub owner: String,
-    pub concurrency: usize,
-    pub batch_size: usize,
-    pub lease: Duration,
-    pub poll_interval: Duration,
+    owner: String,
+    concurrency: usize,
+    batch_size: usize,
+    lease: Duration,
+    poll_interval: Duration,
     /// LISTEN for enqueue notifications (else poll only).
-    pub listen: bool,
-    pub sweep_interval: Duration,
-    pub shutdown_timeout: Duration,
+    listen: bool,
+    sweep_interval: Duration,
+    shutdown_timeout: Duration,
     /// How often the daemon logs its summary line (zero: never).
-    pub summary_interval: Duration,
+    summary_interval: Duration,
     /// The longest one attempt may take (the providers' timeouts): a claim
     /// with less lease than this left is handed back rather than started.
-    pub max_attempt_time: Duration,
+    max_attempt_time: Duration,
     /// Each kind's attempt budget (its provider timeout; reconcile
     /// searches run within it).
-    pub attempt_times: HashMap<String, Duration>,
-    pub retry: RetrySection,
+    attempt_times: HashMap<String, Duration>,
+    retry: RetrySection,
     /// Rate limits, breakers and alerts per destination.
-    pub health: crate::config::HealthSettings,
+    health: crate::config::HealthSettings,
     /// Spans of attempts (off unless the daemon starts an export).
-    pub tracer: crate::observe::trace::Tracer,
+    tracer: crate::observe::trace::Tracer,
     /// Standbys that must have flushed an intent's commit before its
     /// effect (0: off).
-    pub wait_for_standbys: usize,
+    wait_for_standbys: usize,
     /// The standbys that count, by application_name (`relay.standby_names`;
     /// None: every walsender but an archiver's or a base backup's).
-    pub standby_names: Option<Vec<String>>,
+    standby_names: Option<Vec<String>>,
 }
 
 impl EngineConfig {
@@ -138,6 +138,25 @@ impl EngineConfig {
             wait_for_standbys: r.wait_for_standbys as usize,
             standby_names: r.standby_names.clone(),
         }
+    }
+
+    /// With a span of every attempt exported through `tracer` (the
+    /// daemon's `[telemetry]`); without, no spans.
+    pub fn with_tracer(mut self, tracer: crate::observe::trace::Tracer) -> Self {
+        self.tracer = tracer;
+        self
+    }
+
+    /// With this bound on one attempt instead of the providers' longest
+    /// timeout: a claim with less lease left is handed back, not started.
+    pub fn with_max_attempt_time(mut self, max: Duration) -> Self {
+        self.max_attempt_time = max;
+        self
+    }
+
+    /// The name this relay writes on its claims.
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 }
 

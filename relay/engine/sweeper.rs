@@ -23,15 +23,15 @@ const RECHECK_BATCH: i32 = 500;
 
 /// The sweeper: owns its settings and is handed the budget and deliverer.
 pub struct Sweeper {
-    pub store: Store,
+    pub(super) store: Store,
     /// Written on every reclaim.
-    pub owner: String,
-    pub lease: Duration,
+    pub(super) owner: String,
+    pub(super) lease: Duration,
     /// Known kinds this relay has no provider for: left for other relays.
-    pub unserved: Vec<String>,
-    pub interval: Duration,
-    pub budget: Arc<ClaimBudget>,
-    pub deliverer: Arc<Deliverer>,
+    pub(super) unserved: Vec<String>,
+    pub(super) interval: Duration,
+    pub(super) budget: Arc<ClaimBudget>,
+    pub(super) deliverer: Arc<Deliverer>,
 }
 
 impl Sweeper {

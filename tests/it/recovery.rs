@@ -36,8 +36,8 @@ async fn a_late_completion_after_the_lease_moved_on_changes_nothing_and_is_count
     cfg_a.relay.sweep_interval = Dur(Duration::from_secs(3600));
     cfg_a.relay.name = Some("relay-a".into());
     // and as if stalled: it starts the attempt whatever is left of its lease
-    let mut engine_a = outbox_relay::EngineConfig::from_config(&cfg_a);
-    engine_a.max_attempt_time = Duration::ZERO;
+    let engine_a =
+        outbox_relay::EngineConfig::from_config(&cfg_a).with_max_attempt_time(Duration::ZERO);
     let (stop_a, stopped_a) = tokio::sync::oneshot::channel::<()>();
     let a = tokio::spawn(
         outbox_relay::Engine::new(

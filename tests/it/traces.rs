@@ -38,8 +38,7 @@ fn traced_engine(db: &TestDb, tracer: &Tracer) -> Engine {
 
 /// An engine of `config` whose attempts are spans of `tracer`.
 pub(crate) fn traced_engine_with(db: &TestDb, config: &Config, tracer: &Tracer) -> Engine {
-    let mut cfg = EngineConfig::from_config(config);
-    cfg.tracer = tracer.clone();
+    let cfg = EngineConfig::from_config(config).with_tracer(tracer.clone());
     Engine::new(
         db.store.clone(),
         outbox_relay::engine::providers(config).unwrap(),
@@ -739,8 +738,7 @@ async fn a_provider_panic_ends_its_span_as_an_error_that_says_so() {
     )
     .await;
     let tracer = Tracer::start(&export(&collector, Protocol::HttpProtobuf, 64)).unwrap();
-    let mut cfg = EngineConfig::from_config(&config());
-    cfg.tracer = tracer.clone();
+    let cfg = EngineConfig::from_config(&config()).with_tracer(tracer.clone());
     let engine = Engine::new(
         db.store.clone(),
         outbox_providers::ProviderSet::new().with(std::sync::Arc::new(Panics)),

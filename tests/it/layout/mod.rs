@@ -14,6 +14,7 @@ use syn::visit::Visit;
 
 use crate::common::files_under;
 
+mod fields;
 mod kinds;
 mod lengths;
 mod walls;
