@@ -8,6 +8,9 @@
 //! (`tests/it/layout/` keeps it so):
 //!
 //! - [`state`]: `IntentState` and `AttemptOutcome`, with their SQL spelling.
+//! - [`kinds`]: the delivery kinds, one module each (the payload's check and
+//!   JSON Schema, its destination, the key its provider sees) and the one
+//!   list of them; the rest of the crate names a kind only through `Kind`.
 //! - [`observe`]: logs, the Prometheus recorder and its labels, readiness.
 //! - [`config`]: TOML + environment configuration, one file per section,
 //!   validated once; it imports no feature.
@@ -19,7 +22,9 @@
 //! - [`engine`]: the hot path (claim → dispatch → complete, the sweeper,
 //!   reconcile, the claim budget) under one supervisor.
 //! - [`console`]: `outbox-relay console`, the operator web UI and its JSON API.
-//! - [`cli`]: the `outbox-relay` command, which starts all of the above.
+//! - [`cli`]: the `outbox-relay` command, which starts all of the above;
+//!   `cli/run.rs` builds the daemon from the configuration and hands each
+//!   task and service its parts through constructors.
 //!
 //! Effects themselves live in the `outbox-providers` crate, which never
 //! touches Postgres; this crate never builds an HTTP request. The benchmark
