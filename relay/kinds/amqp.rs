@@ -7,6 +7,7 @@ use super::{Destination, Kind, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     schema: include_str!("../../schema/kinds/amqp.json"),
+    docs: "guides/brokers.md",
     destination: Destination::OwnName,
     http_status: false,
     check: |payload, _| request::parse(payload, None).map(drop),

@@ -6,6 +6,7 @@ use super::{Destination, Kind, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     schema: include_str!("../../schema/kinds/charge.json"),
+    docs: "guides/kinds.md",
     destination: Destination::OwnName,
     http_status: true,
     check: |payload, _| request::form(payload, "payload-check", 0).map(drop),

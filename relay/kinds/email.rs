@@ -6,6 +6,7 @@ use super::{Check, Destination, Kind, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     schema: include_str!("../../schema/kinds/email.json"),
+    docs: "guides/kinds.md",
     destination: Destination::Named("smtp"),
     http_status: false,
     check,

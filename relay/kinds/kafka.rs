@@ -7,6 +7,7 @@ use super::{Destination, Kind, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     schema: include_str!("../../schema/kinds/kafka.json"),
+    docs: "guides/kafka.md",
     destination: Destination::OwnName,
     http_status: false,
     check: |payload, _| request::parse(payload, None, None).map(drop),

@@ -56,6 +56,8 @@ pub enum Destination {
 pub struct Spec {
     /// Its payload's JSON Schema (`schema/kinds/<name>.json`).
     pub schema: &'static str,
+    /// The book's page on it, under `docs/`.
+    pub docs: &'static str,
     pub destination: Destination,
     /// Does an attempt's `status` hold an HTTP status? (An email's is an
     /// SMTP reply code, where 5xx is a deliberate refusal.)
@@ -111,6 +113,11 @@ impl Kind {
     /// The payload's JSON Schema.
     pub fn schema(self) -> &'static str {
         self.spec().schema
+    }
+
+    /// The book's page on the kind (a path under `docs/`).
+    pub fn docs(self) -> &'static str {
+        self.spec().docs
     }
 
     /// The destination every intent of this kind goes to (`smtp`,
@@ -192,6 +199,16 @@ mod tests {
                 schema["title"],
                 k.name(),
                 "{k}'s schema is titled by its name"
+            );
+            let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("docs")
+                .join(k.docs());
+            let text = std::fs::read_to_string(&page)
+                .unwrap_or_else(|e| panic!("{k}'s page {}: {e}", page.display()));
+            assert!(
+                text.contains(&format!("`{k}`")),
+                "{} describes the `{k}` kind",
+                page.display()
             );
         }
         assert_eq!(Kind::parse("fax"), None);

@@ -7,6 +7,7 @@ use super::{Destination, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     schema: include_str!("../../schema/kinds/webhook.json"),
+    docs: "guides/kinds.md",
     destination: Destination::Payload,
     http_status: true,
     check: |payload, c| request::parse(payload, None, c.destination, c.endpoints).map(drop),
