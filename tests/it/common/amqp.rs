@@ -59,20 +59,28 @@ impl Rabbit {
     }
 
     /// A connection of the test's own, with a clear failure when there is
-    /// no broker.
+    /// no broker, or one that does not answer within 30 s.
     pub async fn connect(&self) -> Connection {
         let url = format!(
             "amqp://{}:{}@{}:{}/%2f",
             self.user, self.password, self.host, self.port
         );
-        Connection::connect(&url, ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "no RabbitMQ at {}:{} ({e}); run the suite with tests/run.sh, which installs and starts one",
-                    self.host, self.port
-                )
-            })
+        match tokio::time::timeout(
+            Duration::from_secs(30),
+            Connection::connect(&url, ConnectionProperties::default()),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => panic!(
+                "no RabbitMQ at {}:{} ({e}); run the suite with tests/run.sh, which installs and starts one",
+                self.host, self.port
+            ),
+            Err(_) => panic!(
+                "RabbitMQ at {}:{} took the connection but did not open it within 30s",
+                self.host, self.port
+            ),
+        }
     }
 
     /// A fresh direct exchange with `routing_key` bound to an exclusive
@@ -247,7 +255,16 @@ impl RabbitNode {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port);
         loop {
-            match Connection::connect(&url, ConnectionProperties::default()).await {
+            // a node still booting may take the TCP connection and not
+            // answer on it: each try is bounded
+            let tried = tokio::time::timeout(
+                Duration::from_secs(5),
+                Connection::connect(&url, ConnectionProperties::default()),
+            )
+            .await
+            .map_err(|_| "no answer within 5s".to_string())
+            .and_then(|c| c.map_err(|e| e.to_string()));
+            match tried {
                 Ok(c) => {
                     let _ = c.close(200, "up".into()).await;
                     break;
@@ -294,7 +311,7 @@ impl RabbitNode {
         let ctl = Self::server().with_file_name("rabbitmqctl");
         let out = std::process::Command::new(&ctl)
             .env("HOME", &self.dir)
-            .args(["-n", &self.name, "eval", "mnesia:dump_log()."])
+            .args(["-n", &self.name, "-t", "30", "eval", "mnesia:dump_log()."])
             .output()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", ctl.display()));
         assert!(
@@ -317,6 +334,17 @@ impl RabbitNode {
 
 impl Drop for RabbitNode {
     fn drop(&mut self) {
+        // a test that failed shows what the broker logged
+        if std::thread::panicking() {
+            for log in super::files_under(&self.dir.join("log"), "log") {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(60).collect();
+                eprintln!("--- the last lines of {}:", log.display());
+                for line in tail.into_iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
         if let Ok(pid) = std::fs::read_to_string(self.dir.join("pid")) {
             let _ = std::process::Command::new("kill")
                 .args(["-KILL", pid.trim()])
