@@ -61,3 +61,19 @@ impl AmqpSection {
         Ok(Some(config))
     }
 }
+
+impl crate::kinds::Section for AmqpSection {
+    fn serves(&self) -> bool {
+        self.url.is_some()
+    }
+
+    fn attempt_time(&self) -> std::time::Duration {
+        self.timeout.0
+    }
+
+    fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
+        self.provider_config()?
+            .map(crate::kinds::amqp::provider)
+            .transpose()
+    }
+}

@@ -59,3 +59,19 @@ impl ChargeSection {
         }))
     }
 }
+
+impl crate::kinds::Section for ChargeSection {
+    fn serves(&self) -> bool {
+        self.api_key.is_some()
+    }
+
+    fn attempt_time(&self) -> std::time::Duration {
+        self.timeout.0
+    }
+
+    fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
+        self.provider_config()?
+            .map(crate::kinds::charge::provider)
+            .transpose()
+    }
+}

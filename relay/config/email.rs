@@ -68,3 +68,19 @@ impl EmailSection {
         }))
     }
 }
+
+impl crate::kinds::Section for EmailSection {
+    fn serves(&self) -> bool {
+        self.smtp_url.is_some()
+    }
+
+    fn attempt_time(&self) -> std::time::Duration {
+        self.timeout.0
+    }
+
+    fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
+        self.provider_config()?
+            .map(crate::kinds::email::provider)
+            .transpose()
+    }
+}

@@ -90,3 +90,19 @@ impl KafkaSection {
         Ok(Some(config))
     }
 }
+
+impl crate::kinds::Section for KafkaSection {
+    fn serves(&self) -> bool {
+        self.brokers.is_some()
+    }
+
+    fn attempt_time(&self) -> std::time::Duration {
+        self.timeout.0
+    }
+
+    fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
+        self.provider_config()?
+            .map(crate::kinds::kafka::provider)
+            .transpose()
+    }
+}

@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use outbox_providers::Secret;
 use serde::Deserialize;
 
-use crate::kinds::Kind;
+use crate::kinds::{Kind, Section};
 
 mod amqp;
 mod charge;
@@ -100,32 +100,32 @@ impl Config {
             .collect()
     }
 
+    /// The section of `kind` (`[webhook]`, `[email]`, ...): the one place
+    /// a kind is mapped to its section.
+    pub fn section(&self, kind: Kind) -> &dyn Section {
+        match kind {
+            Kind::Webhook => &self.webhook,
+            Kind::Email => &self.email,
+            Kind::Charge => &self.charge,
+            Kind::Nats => &self.nats,
+            Kind::Amqp => &self.amqp,
+            Kind::Kafka => &self.kafka,
+        }
+    }
+
     /// The budget of one attempt of `kind`: every provider call it makes
     /// (a charge may search, reconcile, before and after its POST) runs
     /// within it, and dispatch enforces it. A kind this relay does not
     /// know gets the webhook's.
     pub fn attempt_time(&self, kind: &str) -> Duration {
-        match Kind::parse(kind).unwrap_or(Kind::Webhook) {
-            Kind::Webhook => self.webhook.timeout.0,
-            Kind::Email => self.email.timeout.0,
-            Kind::Charge => self.charge.timeout.0,
-            Kind::Nats => self.nats.timeout.0,
-            Kind::Amqp => self.amqp.timeout.0,
-            Kind::Kafka => self.kafka.timeout.0,
-        }
+        self.section(Kind::parse(kind).unwrap_or(Kind::Webhook))
+            .attempt_time()
     }
 
     /// Does this relay serve `kind`? Webhook always; the others when their
     /// section says where to deliver.
     pub fn serves(&self, kind: Kind) -> bool {
-        match kind {
-            Kind::Webhook => true,
-            Kind::Email => self.email.smtp_url.is_some(),
-            Kind::Charge => self.charge.api_key.is_some(),
-            Kind::Nats => self.nats.url.is_some(),
-            Kind::Amqp => self.amqp.url.is_some(),
-            Kind::Kafka => self.kafka.brokers.is_some(),
-        }
+        self.section(kind).serves()
     }
 
     /// The longest time one attempt may take, over the kinds served.

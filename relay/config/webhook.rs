@@ -64,3 +64,19 @@ impl WebhookSection {
         })
     }
 }
+
+impl crate::kinds::Section for WebhookSection {
+    fn serves(&self) -> bool {
+        true
+    }
+
+    fn attempt_time(&self) -> std::time::Duration {
+        self.timeout.0
+    }
+
+    fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
+        Ok(Some(crate::kinds::webhook::provider(
+            self.provider_config()?,
+        )?))
+    }
+}

@@ -26,12 +26,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_providers::amqp::AmqpProvider;
-use outbox_providers::charge::ChargeProvider;
-use outbox_providers::email::EmailProvider;
-use outbox_providers::kafka::KafkaProvider;
-use outbox_providers::nats::NatsProvider;
-use outbox_providers::webhook::WebhookProvider;
 use outbox_providers::ProviderSet;
 use tokio::sync::{watch, Notify};
 
@@ -49,29 +43,16 @@ use sweeper::Sweeper;
 
 pub use complete::{BatchCounts, Batches};
 
-/// The providers `config` enables: webhook always; email when
-/// `email.smtp_url` is set; charge when an API key is; nats and amqp
-/// when their `url` is; kafka when `kafka.brokers` is. Built here, where
-/// the engine is wired; the configuration only describes and validates
-/// them. An [`outbox_providers::Error::Config`] in the error chain means the
-/// configuration is at fault.
+/// The providers of the kinds `config` serves (webhook always; each other
+/// kind when its section says where to deliver), each built by its kind's
+/// module. An [`outbox_providers::Error::Config`] in the error chain means
+/// the configuration is at fault.
 pub fn providers(config: &Config) -> anyhow::Result<ProviderSet> {
-    let webhook = WebhookProvider::new(config.webhook.provider_config()?)?;
-    let mut set = ProviderSet::new().with(Arc::new(webhook));
-    if let Some(email) = config.email.provider_config()? {
-        set = set.with(Arc::new(EmailProvider::new(email)?));
-    }
-    if let Some(charge) = config.charge.provider_config()? {
-        set = set.with(Arc::new(ChargeProvider::new(charge)?));
-    }
-    if let Some(nats) = config.nats.provider_config()? {
-        set = set.with(Arc::new(NatsProvider::new(nats)?));
-    }
-    if let Some(amqp) = config.amqp.provider_config()? {
-        set = set.with(Arc::new(AmqpProvider::new(amqp)?));
-    }
-    if let Some(kafka) = config.kafka.provider_config()? {
-        set = set.with(Arc::new(KafkaProvider::new(kafka)?));
+    let mut set = ProviderSet::new();
+    for kind in Kind::ALL {
+        if let Some(provider) = config.section(kind).provider()? {
+            set = set.with(provider);
+        }
     }
     Ok(set)
 }

@@ -1,22 +1,28 @@
 //! The delivery kinds, each in one module: how its payload is checked
 //! before anything is sent (and the JSON Schema the clients build it by),
-//! which destination it goes to, and the key its provider sees. The rest
-//! of the relay names a kind only through [`Kind`].
+//! which destination it goes to, the key its provider sees, its page in
+//! the book, and the constructor of its provider. The rest of the relay
+//! names a kind only through [`Kind`], and reads its configuration section
+//! through [`Section`].
 //!
 //! Adding a kind: a module here with its [`Spec`], a variant and a line in
 //! [`KINDS`], its provider in `outbox-providers`, and its payload's schema
 //! in `schema/kinds/`. Kind names are written here and nowhere else in the
 //! relay.
 
-mod amqp;
-mod charge;
-mod email;
-mod kafka;
-mod nats;
-mod webhook;
+pub mod amqp;
+pub mod charge;
+pub mod email;
+pub mod kafka;
+pub mod nats;
+pub mod webhook;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_providers::Provider;
 
 use serde_json::Value;
 
@@ -68,6 +74,24 @@ pub struct Spec {
     /// The key the provider sees for (intent key, key generation), as the
     /// provider names it.
     pub provider_key: fn(&str, i32) -> String,
+}
+
+/// A kind's configuration section (`[webhook]`, `[email]`, ...) as the
+/// relay reads it. `config/<kind>.rs` defines each section, with its
+/// defaults and checks, and implements this; `Config::section` is the one
+/// place that maps a kind to its section.
+pub trait Section {
+    /// Is the kind served by this relay: does its section say where to
+    /// deliver? (A webhook's payload says where: always.)
+    fn serves(&self) -> bool;
+    /// The budget of one attempt (every provider call it makes runs within
+    /// it): the provider's timeout.
+    fn attempt_time(&self) -> Duration;
+    /// The kind's provider, built by its module here from the section's
+    /// settings; None when the kind is not served. An
+    /// `outbox_providers::Error::Config` in the chain is the
+    /// configuration's fault.
+    fn provider(&self) -> anyhow::Result<Option<Arc<dyn Provider>>>;
 }
 
 /// What a payload check may need beside the payload.
