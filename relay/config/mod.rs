@@ -132,8 +132,9 @@ impl Config {
     pub fn longest_attempt(&self) -> Duration {
         Kind::ALL
             .into_iter()
-            .filter(|k| self.serves(*k))
-            .map(|k| self.attempt_time(k.name()))
+            .map(|k| self.section(k))
+            .filter(|s| s.serves())
+            .map(|s| s.attempt_time())
             .max()
             .unwrap_or_default()
     }

@@ -5,10 +5,12 @@
 //! names a kind only through [`Kind`], and reads its configuration section
 //! through [`Section`].
 //!
-//! Adding a kind: a module here with its [`Spec`], a variant and a line in
-//! [`KINDS`], its provider in `outbox-providers`, and its payload's schema
-//! in `schema/kinds/`. Kind names are written here and nowhere else in the
-//! relay.
+//! Adding a kind: a module here with its [`Spec`] and its provider's
+//! constructor, a variant and a line in [`KINDS`], its configuration
+//! section (`config/<kind>.rs`, implementing [`Section`], a field of
+//! `Config` and a line in `Config::section`), its provider in
+//! `outbox-providers`, and its payload's schema in `schema/kinds/`. Kind
+//! names are written here and nowhere else in the relay.
 
 pub mod amqp;
 pub mod charge;
@@ -23,7 +25,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_providers::Provider;
-
 use serde_json::Value;
 
 /// A kind this relay delivers.
@@ -64,6 +65,7 @@ pub struct Spec {
     pub schema: &'static str,
     /// The book's page on it, under `docs/`.
     pub docs: &'static str,
+    /// Where its effects go.
     pub destination: Destination,
     /// Does an attempt's `status` hold an HTTP status? (An email's is an
     /// SMTP reply code, where 5xx is a deliberate refusal.)
