@@ -8,9 +8,11 @@
 //! (`tests/it/layout/` keeps it so):
 //!
 //! - [`state`]: `IntentState` and `AttemptOutcome`, with their SQL spelling.
+//! - [`units`]: durations as the configuration writes them.
 //! - [`kinds`]: the delivery kinds, one module each (the payload's check and
-//!   JSON Schema, its destination, the key its provider sees) and the one
-//!   list of them; the rest of the crate names a kind only through `Kind`.
+//!   JSON Schema, its destination, the key its provider sees, its provider's
+//!   constructor, its configuration section) and the one list of them; the
+//!   rest of the crate names a kind only through `Kind`.
 //! - [`observe`]: logs, the Prometheus recorder and its labels, readiness.
 //! - [`config`]: TOML + environment configuration, one file per section,
 //!   validated once; it imports no feature.
@@ -40,6 +42,7 @@ pub mod observe;
 pub mod services;
 pub mod state;
 pub mod store;
+pub mod units;
 
 pub use engine::{Engine, EngineConfig};
 pub use store::Store;

@@ -8,7 +8,7 @@ use argon2::Argon2;
 use outbox_providers::Secret;
 use serde::Deserialize;
 
-use super::duration::Dur;
+use crate::units::Dur;
 
 /// `[console]`.
 #[derive(Debug, Clone, Deserialize)]

@@ -8,8 +8,8 @@ use anyhow::bail;
 use serde::Deserialize;
 
 use super::destinations::{canonical, origin};
-use super::duration::{dur, Dur};
 use super::Config;
+use crate::units::{dur, Dur};
 
 /// `[breaker]`: circuit breakers per destination, shared by all relays.
 #[derive(Debug, Clone, Deserialize)]

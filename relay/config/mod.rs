@@ -17,16 +17,10 @@ use serde::Deserialize;
 
 use crate::kinds::{Kind, Section};
 
-mod amqp;
-mod charge;
 pub mod console;
 pub mod destinations;
-mod duration;
-mod email;
 mod env;
 pub mod health;
-mod kafka;
-mod nats;
 mod relay;
 mod retention;
 mod retry;
@@ -34,51 +28,60 @@ pub mod schedule;
 mod telemetry;
 #[cfg(test)]
 mod tests;
-mod webhook;
 
-pub use amqp::AmqpSection;
-pub use charge::ChargeSection;
+pub use crate::units::{parse_duration, Dur};
 pub use console::{ConsoleSection, ConsoleUser, Role};
-pub use duration::{parse_duration, Dur};
-pub use email::EmailSection;
 use env::{apply_env, EnvSources};
 pub use env::{read_secret_file, read_secret_files, LOOKUP_TOKEN_VAR};
 pub use health::{AlertsSection, BreakerOverride, BreakerSection, HealthSettings};
-pub use kafka::KafkaSection;
-pub use nats::NatsSection;
 pub use relay::RelaySection;
 pub use retention::RetentionSection;
 pub use retry::{RetryOverride, RetryPolicy, RetrySection};
 pub use schedule::{Schedule, ScheduleEntry};
 pub use telemetry::TelemetrySection;
-pub use webhook::WebhookSection;
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
-    /// Overridden by --database-url / DATABASE_URL. Kept secret: it may carry a password.
-    pub database_url: Option<Secret>,
-    pub relay: RelaySection,
-    pub retry: RetrySection,
-    pub webhook: WebhookSection,
-    pub email: EmailSection,
-    pub charge: ChargeSection,
-    pub nats: NatsSection,
-    pub amqp: AmqpSection,
-    pub kafka: KafkaSection,
-    /// `[limits]`: destination → rate, e.g. `"https://api.partner.example"
-    /// = "50/s"`, `"smtp" = "20/s"`, held across all relays.
-    pub limits: HashMap<String, String>,
-    pub breaker: BreakerSection,
-    pub alerts: AlertsSection,
-    pub retention: RetentionSection,
-    /// `[console]`: the operator web UI (`outbox-relay console`).
-    pub console: ConsoleSection,
-    /// `[telemetry]`: trace spans of attempts, over OTLP.
-    pub telemetry: TelemetrySection,
-    #[serde(rename = "schedule")]
-    pub schedules: Vec<ScheduleEntry>,
+/// The configuration, with a section per kind from the kinds' list
+/// (`kinds::kinds!`), and `Config::section`, the one map from a kind to its
+/// section.
+macro_rules! config_with_kinds {
+    ($($variant:ident $module:ident $section:ident,)*) => {
+        #[derive(Debug, Clone, Default, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct Config {
+            /// Overridden by --database-url / DATABASE_URL. Kept secret: it may carry a password.
+            pub database_url: Option<Secret>,
+            pub relay: RelaySection,
+            pub retry: RetrySection,
+            $(
+                #[doc = concat!("`[", stringify!($module), "]`: the `", stringify!($module),
+                                "` kind's section (relay/kinds/", stringify!($module), ").")]
+                pub $module: crate::kinds::$module::$section,
+            )*
+            /// `[limits]`: destination → rate, e.g. `"https://api.partner.example"
+            /// = "50/s"`, `"smtp" = "20/s"`, held across all relays.
+            pub limits: HashMap<String, String>,
+            pub breaker: BreakerSection,
+            pub alerts: AlertsSection,
+            pub retention: RetentionSection,
+            /// `[console]`: the operator web UI (`outbox-relay console`).
+            pub console: ConsoleSection,
+            /// `[telemetry]`: trace spans of attempts, over OTLP.
+            pub telemetry: TelemetrySection,
+            #[serde(rename = "schedule")]
+            pub schedules: Vec<ScheduleEntry>,
+        }
+
+        impl Config {
+            /// The section of `kind` (`[webhook]`, `[email]`, ...).
+            pub fn section(&self, kind: Kind) -> &dyn Section {
+                match kind {
+                    $(Kind::$variant => &self.$module,)*
+                }
+            }
+        }
+    };
 }
+crate::kinds::kinds!(config_with_kinds);
 
 impl Config {
     /// Destination health (limits, breakers, alerts), checked.
@@ -98,19 +101,6 @@ impl Config {
                 Schedule::from_entry(e).map_err(anyhow::Error::msg)
             })
             .collect()
-    }
-
-    /// The section of `kind` (`[webhook]`, `[email]`, ...): the one place
-    /// a kind is mapped to its section.
-    pub fn section(&self, kind: Kind) -> &dyn Section {
-        match kind {
-            Kind::Webhook => &self.webhook,
-            Kind::Email => &self.email,
-            Kind::Charge => &self.charge,
-            Kind::Nats => &self.nats,
-            Kind::Amqp => &self.amqp,
-            Kind::Kafka => &self.kafka,
-        }
     }
 
     /// The budget of one attempt of `kind`: every provider call it makes

@@ -6,7 +6,7 @@ use anyhow::bail;
 use outbox_providers::Secret;
 use serde::Deserialize;
 
-use super::duration::{dur, Dur};
+use crate::units::{dur, Dur};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

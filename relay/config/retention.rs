@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use super::duration::{dur, Dur};
+use crate::units::{dur, Dur};
 
 /// `[retention]`: how long terminal intents and their keys are kept. The
 /// ledger retention is the client's retry deadline.

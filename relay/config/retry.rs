@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::duration::Dur;
 use crate::kinds::Kind;
+use crate::units::Dur;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]

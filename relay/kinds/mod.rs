@@ -5,12 +5,12 @@
 //! names a kind only through [`Kind`], and reads its configuration section
 //! through [`Section`].
 //!
-//! Adding a kind: a module here with its [`Spec`] and its provider's
-//! constructor, a variant and a line in [`KINDS`], its configuration
-//! section (`config/<kind>.rs`, implementing [`Section`], a field of
-//! `Config` and a line in `Config::section`), its provider in
-//! `outbox-providers`, and its payload's schema in `schema/kinds/`. Kind
-//! names are written here and nowhere else in the relay.
+//! Adding a kind to the relay is a module here, named as the kind, holding
+//! its [`Spec`], its provider's constructor and its configuration section
+//! (which implements [`Section`]), and a line in the list of [`kinds!`];
+//! beside the relay, its provider in `outbox-providers`, its payload's
+//! schema in `schema/kinds/` and a builder in each client. Kind names are
+//! written in that list and nowhere else in the relay.
 
 pub mod amqp;
 pub mod charge;
@@ -27,27 +27,49 @@ use std::time::Duration;
 use outbox_providers::Provider;
 use serde_json::Value;
 
-/// A kind this relay delivers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
-    Webhook,
-    Email,
-    Charge,
-    Nats,
-    Amqp,
-    Kafka,
+/// The one list of kinds. Each line: the kind's variant, its module here
+/// (whose name is the kind's: an intent's `kind` and its configuration
+/// section's `[name]`), and its section's type. `kinds!(m)` hands the list
+/// to the macro `m`: [`Kind`] and its table are made from it below, and
+/// `Config`'s section fields and `Config::section` in `config`.
+macro_rules! kinds {
+    ($then:ident) => {
+        $then! {
+            Webhook webhook WebhookSection,
+            Email email EmailSection,
+            Charge charge ChargeSection,
+            Nats nats NatsSection,
+            Amqp amqp AmqpSection,
+            Kafka kafka KafkaSection,
+        }
+    };
 }
+pub(crate) use kinds;
 
-/// Each kind: its variant, the `kind` an intent names it by, and its
-/// module's [`Spec`]. In the order of [`Kind`]'s variants.
-const KINDS: [(Kind, &str, &Spec); 6] = [
-    (Kind::Webhook, "webhook", &webhook::SPEC),
-    (Kind::Email, "email", &email::SPEC),
-    (Kind::Charge, "charge", &charge::SPEC),
-    (Kind::Nats, "nats", &nats::SPEC),
-    (Kind::Amqp, "amqp", &amqp::SPEC),
-    (Kind::Kafka, "kafka", &kafka::SPEC),
-];
+macro_rules! define_kinds {
+    ($($variant:ident $module:ident $section:ident,)*) => {
+        /// A kind this relay delivers.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Kind {
+            $($variant,)*
+        }
+
+        /// How many kinds there are.
+        const COUNT: usize = [$(stringify!($variant)),*].len();
+
+        /// Each kind: its variant, its name, and its module's [`Spec`], in
+        /// the order of [`Kind`]'s variants.
+        const KINDS: [(Kind, &str, &Spec); COUNT] = [
+            $((Kind::$variant, stringify!($module), &$module::SPEC),)*
+        ];
+
+        impl Kind {
+            /// Every kind, in the order pages and metrics list them.
+            pub const ALL: [Kind; COUNT] = [$(Kind::$variant,)*];
+        }
+    };
+}
+kinds!(define_kinds);
 
 /// Where a kind's effects go, as destination health names it.
 pub enum Destination {
@@ -79,9 +101,9 @@ pub struct Spec {
 }
 
 /// A kind's configuration section (`[webhook]`, `[email]`, ...) as the
-/// relay reads it. `config/<kind>.rs` defines each section, with its
-/// defaults and checks, and implements this; `Config::section` is the one
-/// place that maps a kind to its section.
+/// relay reads it. Each kind's module defines its section, with its
+/// defaults and checks, and implements this; `Config::section` maps a kind
+/// to its section.
 pub trait Section {
     /// Is the kind served by this relay: does its section say where to
     /// deliver? (A webhook's payload says where: always.)
@@ -108,16 +130,6 @@ pub struct Check<'a> {
 }
 
 impl Kind {
-    /// Every kind, in the order pages and metrics list them.
-    pub const ALL: [Kind; 6] = [
-        Kind::Webhook,
-        Kind::Email,
-        Kind::Charge,
-        Kind::Nats,
-        Kind::Amqp,
-        Kind::Kafka,
-    ];
-
     fn spec(self) -> &'static Spec {
         KINDS[self as usize].2
     }
@@ -219,6 +231,7 @@ mod tests {
         assert_eq!(names.len(), Kind::ALL.len());
         for (i, k) in Kind::ALL.into_iter().enumerate() {
             assert_eq!(KINDS[i].0, k, "KINDS is in the order of Kind's variants");
+            assert_eq!(k as usize, i);
             assert_eq!(Kind::parse(k.name()), Some(k));
             let schema: Value = serde_json::from_str(k.schema()).expect("the schema is JSON");
             assert_eq!(

@@ -26,7 +26,7 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// The services run beside the engine without knowing it; the engine asks
 /// one of them (destination health) before each attempt.
 const ROLES: &[&str] = &[
-    "state", "kinds", "observe", "config", "store", "services", "engine", "console", "cli",
+    "state", "units", "kinds", "observe", "config", "store", "services", "engine", "console", "cli",
 ];
 
 const MAX_LINES: usize = 800;

@@ -1,11 +1,15 @@
 //! `email`: a message sent over SMTP, its Message-ID derived from the key.
 
+mod section;
+
+pub use section::EmailSection;
+
 use outbox_providers::email::message;
 
 use super::{Check, Destination, Kind, Spec};
 
 pub(super) const SPEC: Spec = Spec {
-    schema: include_str!("../../schema/kinds/email.json"),
+    schema: include_str!("../../../schema/kinds/email.json"),
     docs: "guides/kinds.md",
     destination: Destination::Named("smtp"),
     http_status: false,

@@ -6,7 +6,7 @@ use outbox_providers::AmbiguityPolicy;
 use outbox_providers::Secret;
 use serde::Deserialize;
 
-use super::duration::{dur, Dur};
+use crate::units::{dur, Dur};
 
 /// `[charge]`: the charge provider is enabled when an API key is set
 /// (STRIPE_API_KEY in the environment, preferably).
@@ -70,8 +70,6 @@ impl crate::kinds::Section for ChargeSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        self.provider_config()?
-            .map(crate::kinds::charge::provider)
-            .transpose()
+        self.provider_config()?.map(super::provider).transpose()
     }
 }

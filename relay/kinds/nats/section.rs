@@ -5,7 +5,7 @@ use outbox_providers::AmbiguityPolicy;
 use outbox_providers::Secret;
 use serde::Deserialize;
 
-use super::duration::{dur, Dur};
+use crate::units::{dur, Dur};
 
 /// `[nats]`: the `nats` kind (JetStream) is enabled when `url` is set.
 /// Credentials (one of `token`, `user` + `password`, `nkey`,
@@ -80,8 +80,6 @@ impl crate::kinds::Section for NatsSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        self.provider_config()?
-            .map(crate::kinds::nats::provider)
-            .transpose()
+        self.provider_config()?.map(super::provider).transpose()
     }
 }

@@ -1,4 +1,5 @@
-//! Durations as the configuration writes them: "200ms", "5s", "1h 30m".
+//! Units of the configuration: durations as it writes them, "200ms", "5s",
+//! "1h 30m".
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@ use outbox_providers::AmbiguityPolicy;
 use outbox_providers::Secret;
 use serde::Deserialize;
 
-use super::duration::{dur, Dur};
+use crate::units::{dur, Dur};
 
 /// `[email]`: the email provider is enabled when `smtp_url` is set.
 #[derive(Debug, Clone, Deserialize)]
@@ -79,8 +79,6 @@ impl crate::kinds::Section for EmailSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        self.provider_config()?
-            .map(crate::kinds::email::provider)
-            .transpose()
+        self.provider_config()?.map(super::provider).transpose()
     }
 }

@@ -6,7 +6,7 @@ use outbox_providers::AmbiguityPolicy;
 use outbox_providers::Secret;
 use serde::Deserialize;
 
-use super::duration::{dur, Dur};
+use crate::units::{dur, Dur};
 
 /// `[amqp]`: the `amqp` kind (RabbitMQ, AMQP 0-9-1) is enabled when `url`
 /// is set. The URL names the user and vhost but no password: that belongs
@@ -72,8 +72,6 @@ impl crate::kinds::Section for AmqpSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        self.provider_config()?
-            .map(crate::kinds::amqp::provider)
-            .transpose()
+        self.provider_config()?.map(super::provider).transpose()
     }
 }

@@ -1,12 +1,16 @@
 //! `kafka`: a record from the idempotent producer, carrying the
 //! outbox-effect-key header consumers dedupe on.
 
+mod section;
+
+pub use section::KafkaSection;
+
 use outbox_providers::kafka::request;
 
 use super::{Destination, Kind, Spec};
 
 pub(super) const SPEC: Spec = Spec {
-    schema: include_str!("../../schema/kinds/kafka.json"),
+    schema: include_str!("../../../schema/kinds/kafka.json"),
     docs: "guides/kafka.md",
     destination: Destination::OwnName,
     http_status: false,

@@ -7,7 +7,7 @@ use outbox_providers::Secret;
 use outbox_providers::{guard, AmbiguityPolicy};
 use serde::Deserialize;
 
-use super::duration::Dur;
+use crate::units::Dur;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -75,8 +75,6 @@ impl crate::kinds::Section for WebhookSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        Ok(Some(crate::kinds::webhook::provider(
-            self.provider_config()?,
-        )?))
+        Ok(Some(super::provider(self.provider_config()?)?))
     }
 }

@@ -6,7 +6,7 @@ use outbox_providers::AmbiguityPolicy;
 use outbox_providers::Secret;
 use serde::Deserialize;
 
-use super::duration::{dur, Dur};
+use crate::units::{dur, Dur};
 
 /// `[kafka]`: the `kafka` kind is enabled when `brokers` is set. A SASL
 /// password belongs in the environment (`OUTBOX_RELAY__KAFKA__PASSWORD`, or
@@ -101,8 +101,6 @@ impl crate::kinds::Section for KafkaSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        self.provider_config()?
-            .map(crate::kinds::kafka::provider)
-            .transpose()
+        self.provider_config()?.map(super::provider).transpose()
     }
 }

@@ -1,11 +1,15 @@
 //! `charge`: a Stripe-compatible PaymentIntent, keyed by Idempotency-Key.
 
+mod section;
+
+pub use section::ChargeSection;
+
 use outbox_providers::charge::request;
 
 use super::{Destination, Kind, Spec};
 
 pub(super) const SPEC: Spec = Spec {
-    schema: include_str!("../../schema/kinds/charge.json"),
+    schema: include_str!("../../../schema/kinds/charge.json"),
     docs: "guides/kinds.md",
     destination: Destination::OwnName,
     http_status: true,
