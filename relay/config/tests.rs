@@ -741,6 +741,22 @@ fn the_kafka_section_is_checked_and_its_password_stays_secret() {
         outbox_providers::AmbiguityPolicy::Redeliver
     );
 
+    // `username`, as the contract names it, is `user`, in the file and in
+    // the environment
+    let sasl = "[kafka]\nbrokers = \"k1:9093\"\nsecurity_protocol = \"sasl_ssl\"\n\
+                sasl_mechanism = \"PLAIN\"\n";
+    let password = ("OUTBOX_RELAY__KAFKA__PASSWORD", "pw");
+    for (text, env) in [
+        (format!("{sasl}username = \"relay\"\n"), vec![password]),
+        (
+            sasl.to_string(),
+            vec![password, ("OUTBOX_RELAY__KAFKA__USERNAME", "relay")],
+        ),
+    ] {
+        let c = load_str(&text, &env).unwrap();
+        assert_eq!(c.kafka.user.as_deref(), Some("relay"), "{text} {env:?}");
+    }
+
     for (text, needle) in KAFKA_ERRORS {
         let err = load_str(&format!("[kafka]\n{text}\n"), &[]).unwrap_err();
         assert!(format!("{err:#}").contains(needle), "{text}: {err:#}");

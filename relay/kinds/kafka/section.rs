@@ -19,6 +19,8 @@ pub struct KafkaSection {
     pub client_id: String,
     pub security_protocol: String,
     pub sasl_mechanism: Option<String>,
+    /// The SASL user name; `username` is the same key.
+    #[serde(alias = "username")]
     pub user: Option<String>,
     pub password: Option<Secret>,
     pub tls_ca_file: Option<std::path::PathBuf>,
