@@ -14,8 +14,9 @@
 //!   constructor, its configuration section) and the one list of them; the
 //!   rest of the crate names a kind only through `Kind`.
 //! - [`observe`]: logs, the Prometheus recorder and its labels, readiness.
-//! - [`config`]: TOML + environment configuration, one file per section,
-//!   validated once; it imports no feature.
+//! - [`config`]: TOML + environment configuration, one file per section
+//!   (each kind's section is in its module under [`kinds`]), validated
+//!   once; it imports no feature.
 //! - [`store`]: every SQL statement: claims, fenced completions, operator
 //!   reads and changes, destination health, the Rust enqueue helper.
 //! - [`services`]: what runs beside the engine without knowing it:

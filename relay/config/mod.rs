@@ -45,6 +45,7 @@ pub use telemetry::TelemetrySection;
 /// section.
 macro_rules! config_with_kinds {
     ($($variant:ident $module:ident $section:ident,)*) => {
+        /// The relay's configuration: a field per section, each optional.
         #[derive(Debug, Clone, Default, Deserialize)]
         #[serde(deny_unknown_fields, default)]
         pub struct Config {
