@@ -104,21 +104,6 @@ impl Config {
             .collect()
     }
 
-    /// The budget of one attempt of `kind`: every provider call it makes
-    /// (a charge may search, reconcile, before and after its POST) runs
-    /// within it, and dispatch enforces it. A kind this relay does not
-    /// know gets the webhook's.
-    pub fn attempt_time(&self, kind: &str) -> Duration {
-        self.section(Kind::parse(kind).unwrap_or(Kind::Webhook))
-            .attempt_time()
-    }
-
-    /// Does this relay serve `kind`? Webhook always; the others when their
-    /// section says where to deliver.
-    pub fn serves(&self, kind: Kind) -> bool {
-        self.section(kind).serves()
-    }
-
     /// The longest time one attempt may take, over the kinds served.
     pub fn longest_attempt(&self) -> Duration {
         Kind::ALL

@@ -105,9 +105,11 @@ impl EngineConfig {
             shutdown_timeout: r.shutdown_timeout.0,
             summary_interval: r.summary_interval.0,
             max_attempt_time: config.longest_attempt(),
-            attempt_times: Kind::names()
+            // every provider call of an attempt (a charge may search,
+            // reconcile, before and after its POST) runs within its kind's
+            attempt_times: Kind::ALL
                 .into_iter()
-                .map(|k| (k.to_string(), config.attempt_time(k)))
+                .map(|k| (k.name().to_string(), config.section(k).attempt_time()))
                 .collect(),
             retry: config.retry.clone(),
             // checked when the configuration was loaded

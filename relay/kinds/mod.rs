@@ -1,13 +1,13 @@
 //! The delivery kinds, each in one module: how its payload is checked
 //! before anything is sent (and the JSON Schema the clients build it by),
 //! which destination it goes to, the key its provider sees, its page in
-//! the book, and the constructor of its provider. The rest of the relay
+//! the book, and its configuration section, which builds its provider. The rest of the relay
 //! names a kind only through [`Kind`], and reads its configuration section
 //! through [`Section`].
 //!
 //! Adding a kind to the relay is a module here, named as the kind, holding
-//! its [`Spec`], its provider's constructor and its configuration section
-//! (which implements [`Section`]), and a line in the list of [`kinds!`];
+//! its [`Spec`] and its configuration section (which implements
+//! [`Section`] and builds its provider), and a line in the list of [`kinds!`];
 //! beside the relay, its provider in `outbox-providers`, its payload's
 //! schema in `schema/kinds/` and a builder in each client. Kind names are
 //! written in that list and nowhere else in the relay.
@@ -111,11 +111,23 @@ pub trait Section {
     /// The budget of one attempt (every provider call it makes runs within
     /// it): the provider's timeout.
     fn attempt_time(&self) -> Duration;
-    /// The kind's provider, built by its module here from the section's
-    /// settings; None when the kind is not served. An
+    /// The kind's provider, built from the section's settings ([`build`]);
+    /// None when the kind is not served. An
     /// `outbox_providers::Error::Config` in the chain is the
     /// configuration's fault.
     fn provider(&self) -> anyhow::Result<Option<Arc<dyn Provider>>>;
+}
+
+/// A kind's provider, built by its constructor from its section's
+/// settings; None when the section gives none (the kind is not served).
+pub(crate) fn build<C, P: Provider + 'static>(
+    settings: Option<C>,
+    new: fn(C) -> Result<P, outbox_providers::Error>,
+) -> anyhow::Result<Option<Arc<dyn Provider>>> {
+    match settings {
+        None => Ok(None),
+        Some(settings) => Ok(Some(Arc::new(new(settings)?))),
+    }
 }
 
 /// What a payload check may need beside the payload.

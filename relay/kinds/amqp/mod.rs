@@ -19,12 +19,3 @@ pub(super) const SPEC: Spec = Spec {
         format!("message_id {}", Kind::Amqp.effect_key(key, generation))
     },
 };
-
-/// The provider, from the `[amqp]` section's settings.
-pub fn provider(
-    config: outbox_providers::amqp::AmqpConfig,
-) -> anyhow::Result<std::sync::Arc<dyn outbox_providers::Provider>> {
-    Ok(std::sync::Arc::new(
-        outbox_providers::amqp::AmqpProvider::new(config)?,
-    ))
-}

@@ -21,12 +21,3 @@ pub(super) const SPEC: Spec = Spec {
         )
     },
 };
-
-/// The provider, from the `[charge]` section's settings.
-pub fn provider(
-    config: outbox_providers::charge::ChargeConfig,
-) -> anyhow::Result<std::sync::Arc<dyn outbox_providers::Provider>> {
-    Ok(std::sync::Arc::new(
-        outbox_providers::charge::ChargeProvider::new(config)?,
-    ))
-}

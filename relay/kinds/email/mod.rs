@@ -31,12 +31,3 @@ fn check(payload: &serde_json::Value, c: &Check) -> Result<(), String> {
     let from = c.email_from.unwrap_or(Some(&stand_in));
     message::prepare(payload, "payload-check", 0, from).map(drop)
 }
-
-/// The provider, from the `[email]` section's settings.
-pub fn provider(
-    config: outbox_providers::email::EmailConfig,
-) -> anyhow::Result<std::sync::Arc<dyn outbox_providers::Provider>> {
-    Ok(std::sync::Arc::new(
-        outbox_providers::email::EmailProvider::new(config)?,
-    ))
-}

@@ -79,6 +79,9 @@ impl crate::kinds::Section for EmailSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        self.provider_config()?.map(super::provider).transpose()
+        crate::kinds::build(
+            self.provider_config()?,
+            outbox_providers::email::EmailProvider::new,
+        )
     }
 }

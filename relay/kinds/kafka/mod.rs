@@ -22,12 +22,3 @@ pub(super) const SPEC: Spec = Spec {
         )
     },
 };
-
-/// The provider, from the `[kafka]` section's settings.
-pub fn provider(
-    config: outbox_providers::kafka::KafkaConfig,
-) -> anyhow::Result<std::sync::Arc<dyn outbox_providers::Provider>> {
-    Ok(std::sync::Arc::new(
-        outbox_providers::kafka::KafkaProvider::new(config)?,
-    ))
-}

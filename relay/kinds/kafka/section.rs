@@ -103,6 +103,9 @@ impl crate::kinds::Section for KafkaSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        self.provider_config()?.map(super::provider).transpose()
+        crate::kinds::build(
+            self.provider_config()?,
+            outbox_providers::kafka::KafkaProvider::new,
+        )
     }
 }

@@ -18,12 +18,3 @@ pub(super) const SPEC: Spec = Spec {
         format!("Nats-Msg-Id {}", Kind::Nats.effect_key(key, generation))
     },
 };
-
-/// The provider, from the `[nats]` section's settings.
-pub fn provider(
-    config: outbox_providers::nats::NatsConfig,
-) -> anyhow::Result<std::sync::Arc<dyn outbox_providers::Provider>> {
-    Ok(std::sync::Arc::new(
-        outbox_providers::nats::NatsProvider::new(config)?,
-    ))
-}

@@ -80,6 +80,9 @@ impl crate::kinds::Section for NatsSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        self.provider_config()?.map(super::provider).transpose()
+        crate::kinds::build(
+            self.provider_config()?,
+            outbox_providers::nats::NatsProvider::new,
+        )
     }
 }

@@ -17,12 +17,3 @@ pub(super) const SPEC: Spec = Spec {
     check: |payload, c| request::parse(payload, None, c.destination, c.endpoints).map(drop),
     provider_key: |key, generation| format!("webhook-id {}", keys::webhook_id(key, generation)),
 };
-
-/// The provider, from the `[webhook]` section's settings.
-pub fn provider(
-    config: outbox_providers::webhook::WebhookConfig,
-) -> anyhow::Result<std::sync::Arc<dyn outbox_providers::Provider>> {
-    Ok(std::sync::Arc::new(
-        outbox_providers::webhook::WebhookProvider::new(config)?,
-    ))
-}

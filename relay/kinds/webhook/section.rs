@@ -75,6 +75,9 @@ impl crate::kinds::Section for WebhookSection {
     }
 
     fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
-        Ok(Some(super::provider(self.provider_config()?)?))
+        crate::kinds::build(
+            Some(self.provider_config()?),
+            outbox_providers::webhook::WebhookProvider::new,
+        )
     }
 }
