@@ -214,6 +214,7 @@ CREATE FUNCTION outbox.destination_of(p_kind text, p_destination text, p_payload
     SELECT CASE p_kind
         WHEN 'webhook' THEN coalesce(
             p_destination,
+            p_payload->>'subscription',
             CASE WHEN p_payload->>'url' ~ ('^https?://'
                     '((([a-z0-9-]+\.)*[a-z-][a-z0-9-]*)'
                     '|((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}'
@@ -718,6 +719,73 @@ $$;
 
 
 --
+-- Name: event_type_matches(text[], text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.event_type_matches(p_patterns text[], p_type text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT cardinality(p_patterns) = 0
+        OR EXISTS (SELECT 1 FROM unnest(p_patterns) AS p(pattern)
+                    WHERE p.pattern = p_type
+                       OR (right(p.pattern, 2) = '.*'
+                           AND starts_with(p_type, left(p.pattern, -1))))
+$$;
+
+
+--
+-- Name: expand_event(bigint); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.expand_event(p_event bigint) RETURNS TABLE(matched integer, created integer)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    v_event outbox.intent_log;
+BEGIN
+    SELECT * INTO v_event FROM outbox.intent_log l WHERE l.id = p_event AND l.kind = 'event';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'outbox.expand_event: no event has id %', p_event USING ERRCODE = 'P0002';
+    END IF;
+    RETURN QUERY
+    WITH subs AS (
+             SELECT s.id, outbox.derive_key(v_event.key, 'subscription ' || s.id) AS key
+               FROM outbox.subscriptions s
+              WHERE s.disabled_at IS NULL
+                AND s.tenant IS NOT DISTINCT FROM (v_event.payload->>'tenant')
+                AND outbox.event_type_matches(s.event_types, v_event.payload->>'type')),
+         fresh AS (
+             SELECT s.id, s.key FROM subs s
+              WHERE NOT EXISTS (SELECT 1 FROM outbox.event_deliveries d
+                                 WHERE d.event_id = p_event AND d.subscription_id = s.id)
+                AND NOT EXISTS (SELECT 1 FROM outbox.ledger g WHERE g.key = s.key)),
+         logged AS (
+             INSERT INTO outbox.intent_log (key, kind, payload, source, traceparent, tracestate)
+             SELECT f.key, 'webhook',
+                    jsonb_build_object(
+                        'subscription', f.id,
+                        'body', jsonb_build_object(
+                            'type', v_event.payload->>'type',
+                            'timestamp', to_char(v_event.created_at AT TIME ZONE 'UTC',
+                                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                            'data', v_event.payload->'data')),
+                    'event ' || p_event, v_event.traceparent, v_event.tracestate
+               FROM fresh f
+             ON CONFLICT (key) DO NOTHING
+             RETURNING intent_log.id, intent_log.key),
+         linked AS (
+             INSERT INTO outbox.event_deliveries (event_id, subscription_id, intent_id)
+             SELECT p_event, f.id, g.id FROM fresh f JOIN logged g ON g.key = f.key
+             ON CONFLICT ON CONSTRAINT event_deliveries_pkey DO NOTHING
+             RETURNING 1)
+    SELECT (SELECT count(*) FROM subs)::integer, (SELECT count(*) FROM linked)::integer;
+END
+$$;
+
+
+--
 -- Name: expire_probes(); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -1034,6 +1102,85 @@ CREATE FUNCTION outbox.prune_destinations(p_keep interval) RETURNS void
     DELETE FROM outbox.destination_events WHERE at < now() - p_keep AND (event <> 'paused' OR alerted);
     DELETE FROM outbox.destinations
      WHERE state = 'closed' AND failures = 0 AND updated_at < now() - p_keep;
+$$;
+
+
+--
+-- Name: publish(text, text, jsonb, text, text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.publish(p_key text, p_event_type text, p_payload jsonb, p_tenant text DEFAULT NULL::text, p_traceparent text DEFAULT NULL::text) RETURNS TABLE(id bigint, duplicate boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    IF NOT outbox.valid_event_type(p_event_type) THEN
+        RAISE EXCEPTION 'outbox.publish: event type % is not a dotted name (letters, digits, _ and -, at most 200 characters)',
+            quote_nullable(p_event_type) USING ERRCODE = '22023';
+    END IF;
+    IF p_tenant IS NOT NULL AND (length(p_tenant) = 0 OR length(p_tenant) > 200) THEN
+        RAISE EXCEPTION 'outbox.publish: tenant must be 1 to 200 characters, or NULL for none'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_payload IS NULL THEN
+        RAISE EXCEPTION 'outbox.publish: payload must not be NULL (key %)', p_key
+            USING ERRCODE = '22023';
+    END IF;
+    IF coalesce(current_setting('outbox.require_transaction', true), '') NOT IN ('', 'off') THEN
+        PERFORM outbox.require_transaction('outbox.publish', current_setting('outbox.require_transaction'));
+    END IF;
+    RETURN QUERY
+    SELECT e.id, e.duplicate
+      FROM outbox.enqueue(p_key, 'event',
+                          jsonb_build_object('type', p_event_type, 'tenant', p_tenant,
+                                             'data', p_payload),
+                          NULL, now(), NULL, NULL, p_traceparent, NULL) e;
+END
+$$;
+
+
+--
+-- Name: publish_many(text[], text[], jsonb[], text[], text[]); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.publish_many(p_keys text[], p_event_types text[], p_payloads jsonb[], p_tenants text[] DEFAULT NULL::text[], p_traceparents text[] DEFAULT NULL::text[]) RETURNS TABLE(ord integer, id bigint, duplicate boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    v_n   integer := coalesce(cardinality(p_keys), 0);
+    v_bad integer;
+BEGIN
+    IF coalesce(cardinality(p_event_types), 0) <> v_n OR coalesce(cardinality(p_payloads), 0) <> v_n
+       OR (p_tenants IS NOT NULL AND cardinality(p_tenants) <> v_n)
+       OR (p_traceparents IS NOT NULL AND cardinality(p_traceparents) <> v_n) THEN
+        RAISE EXCEPTION 'outbox.publish_many: the arrays must have one element per event (% keys)', v_n
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT min(t.i) INTO v_bad
+      FROM generate_subscripts(p_event_types, 1) AS t(i)
+     WHERE NOT outbox.valid_event_type(p_event_types[t.i])
+        OR (p_tenants IS NOT NULL AND p_tenants[t.i] IS NOT NULL
+            AND (length(p_tenants[t.i]) = 0 OR length(p_tenants[t.i]) > 200))
+        OR p_payloads[t.i] IS NULL;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox.publish_many: event % (key %) has an event type that is not a dotted name, a tenant of 0 or over 200 characters, or a NULL payload',
+            v_bad, quote_nullable(p_keys[v_bad]) USING ERRCODE = '22023';
+    END IF;
+    IF coalesce(current_setting('outbox.require_transaction', true), '') NOT IN ('', 'off') THEN
+        PERFORM outbox.require_transaction('outbox.publish_many', current_setting('outbox.require_transaction'));
+    END IF;
+    RETURN QUERY
+    SELECT e.ord, e.id, e.duplicate
+      FROM outbox.enqueue_many(
+               p_keys,
+               array_fill('event'::text, ARRAY[v_n]),
+               ARRAY(SELECT jsonb_build_object('type', p_event_types[t.i],
+                                               'tenant', p_tenants[t.i],
+                                               'data', p_payloads[t.i])
+                       FROM generate_subscripts(p_keys, 1) AS t(i) ORDER BY t.i),
+               NULL, NULL, NULL, NULL, p_traceparents, NULL) e;
+END
 $$;
 
 
@@ -1717,6 +1864,19 @@ $_$;
 
 
 --
+-- Name: valid_event_type(text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.valid_event_type(p_type text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+    SELECT p_type IS NOT NULL AND length(p_type) <= 200
+       AND p_type ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$'
+$_$;
+
+
+--
 -- Name: valid_traceparent(text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -1997,6 +2157,18 @@ ALTER TABLE outbox.enqueue_duplicates ALTER COLUMN id ADD GENERATED ALWAYS AS ID
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+
+--
+-- Name: event_deliveries; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.event_deliveries (
+    event_id bigint NOT NULL,
+    subscription_id text NOT NULL,
+    intent_id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 
@@ -2283,6 +2455,36 @@ CREATE TABLE outbox.schedules (
 
 
 --
+-- Name: subscriptions; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.subscriptions (
+    id text NOT NULL,
+    tenant text,
+    event_types text[] DEFAULT '{}'::text[] NOT NULL,
+    url text NOT NULL,
+    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    rate double precision,
+    description text,
+    secret bytea NOT NULL,
+    previous_secret bytea,
+    previous_until timestamp with time zone,
+    disabled_at timestamp with time zone,
+    disabled_reason text,
+    failing_since timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT subscriptions_description_check CHECK (((description IS NULL) OR (length(description) <= 1000))),
+    CONSTRAINT subscriptions_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
+    CONSTRAINT subscriptions_id_check CHECK ((id ~ '^sub_[A-Za-z0-9]{8,64}$'::text)),
+    CONSTRAINT subscriptions_previous CHECK (((previous_secret IS NULL) = (previous_until IS NULL))),
+    CONSTRAINT subscriptions_rate_check CHECK (((rate IS NULL) OR (rate > (0)::double precision))),
+    CONSTRAINT subscriptions_tenant_check CHECK (((tenant IS NULL) OR ((length(tenant) >= 1) AND (length(tenant) <= 200)))),
+    CONSTRAINT subscriptions_url_check CHECK ((url ~ '^https?://'::text))
+);
+
+
+--
 -- Name: totals; Type: TABLE; Schema: outbox; Owner: -
 --
 
@@ -2426,6 +2628,14 @@ ALTER TABLE ONLY outbox.enqueue_duplicates
 
 
 --
+-- Name: event_deliveries event_deliveries_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.event_deliveries
+    ADD CONSTRAINT event_deliveries_pkey PRIMARY KEY (event_id, subscription_id);
+
+
+--
 -- Name: intent_log intent_log_key_unique; Type: CONSTRAINT; Schema: outbox; Owner: -
 --
 
@@ -2530,6 +2740,14 @@ ALTER TABLE ONLY outbox.schedules
 
 
 --
+-- Name: subscriptions subscriptions_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.subscriptions
+    ADD CONSTRAINT subscriptions_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: totals totals_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
 --
 
@@ -2563,6 +2781,20 @@ CREATE INDEX destinations_unhealthy ON outbox.destinations USING btree (name) WH
 --
 
 CREATE INDEX enqueue_duplicates_intent ON outbox.enqueue_duplicates USING btree (intent_id);
+
+
+--
+-- Name: event_deliveries_intent; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX event_deliveries_intent ON outbox.event_deliveries USING btree (intent_id);
+
+
+--
+-- Name: event_deliveries_subscription; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX event_deliveries_subscription ON outbox.event_deliveries USING btree (subscription_id, event_id);
 
 
 --
@@ -2654,6 +2886,13 @@ CREATE INDEX log_batches_leases ON outbox.log_batches USING btree (lease_expires
 --
 
 CREATE INDEX operator_actions_intent ON outbox.operator_actions USING btree (intent_id);
+
+
+--
+-- Name: subscriptions_tenant; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX subscriptions_tenant ON outbox.subscriptions USING btree (tenant) WHERE (disabled_at IS NULL);
 
 
 --
@@ -2903,6 +3142,22 @@ CREATE TRIGGER outbox_insert INSTEAD OF INSERT ON outbox.outbox FOR EACH ROW EXE
 
 ALTER TABLE ONLY outbox.attempts
     ADD CONSTRAINT attempts_intent_id_fkey FOREIGN KEY (intent_id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
+
+
+--
+-- Name: event_deliveries event_deliveries_event_id_fkey; Type: FK CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.event_deliveries
+    ADD CONSTRAINT event_deliveries_event_id_fkey FOREIGN KEY (event_id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
+
+
+--
+-- Name: event_deliveries event_deliveries_intent_id_fkey; Type: FK CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.event_deliveries
+    ADD CONSTRAINT event_deliveries_intent_id_fkey FOREIGN KEY (intent_id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
 
 
 --

@@ -247,7 +247,10 @@ async fn measure(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let engine = Engine::new(
         store.clone(),
-        outbox_relay::engine::providers(&cfg)?,
+        outbox_relay::engine::providers(
+            &cfg,
+            &outbox_relay::services::subscriptions::context(store, &cfg)?,
+        )?,
         EngineConfig::from_config(&cfg),
     );
     let batches = engine.batch_counts();

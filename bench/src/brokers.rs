@@ -85,7 +85,10 @@ async fn drain(store: &Store, cfg: &Config, prefix: &str, n: usize) -> anyhow::R
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let engine = Engine::new(
         store.clone(),
-        outbox_relay::engine::providers(cfg)?,
+        outbox_relay::engine::providers(
+            cfg,
+            &outbox_relay::services::subscriptions::context(store, cfg)?,
+        )?,
         EngineConfig::from_config(cfg),
     );
     let t = Instant::now();

@@ -40,6 +40,14 @@ GRANT EXECUTE ON FUNCTION
     TO outbox_app, outbox_relay;
 -- the insertable outbox (0006): INSERT only, for ORMs; it reads nothing
 GRANT INSERT ON outbox.outbox TO outbox_app;
+-- (0029) events: published as the application enqueues
+GRANT EXECUTE ON FUNCTION outbox.publish(text, text, jsonb, text, text),
+                          outbox.publish_many(text[], text[], jsonb[], text[], text[])
+    TO outbox_app, outbox_relay;
+GRANT EXECUTE ON FUNCTION outbox.expand_event(bigint),
+                          outbox.event_type_matches(text[], text),
+                          outbox.valid_event_type(text)
+    TO outbox_relay;
 GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_relay, outbox_operator;
 GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
 -- the claim asks it whose turn it is within an ordering key (0005)

@@ -18,6 +18,7 @@ mod intents;
 mod operate;
 mod output;
 mod run;
+mod subscriptions;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -84,6 +85,9 @@ enum Command {
     /// Destination health: breaker state, failures, next probe, backlog and
     /// rate limit of each destination; `pause` and `resume` override it.
     Destinations(destinations::DestinationsArgs),
+    /// Subscriptions: the webhook endpoints that receive the events
+    /// applications publish (outbox.publish), each signed with its own secret.
+    Subscriptions(subscriptions::SubscriptionsArgs),
     /// Serve the operator console: a web UI and a JSON API (/api/v1/) for
     /// intents, failures, destinations and schedules, with bulk actions.
     Console(console::ConsoleArgs),
@@ -98,6 +102,7 @@ impl Command {
             | Command::Schedules(_)
             | Command::Health(_)
             | Command::Destinations(_)
+            | Command::Subscriptions(_)
             | Command::Console(_) => true,
             Command::Migrate
             | Command::Enqueue(_)
@@ -344,6 +349,7 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Purge(args) => operate::purge(&store, args).await,
         Command::Schedules(args) => intents::schedules(&store, &config, args).await,
         Command::Destinations(args) => destinations::destinations(&store, &config, args).await,
+        Command::Subscriptions(args) => subscriptions::subscriptions(&store, &config, args).await,
         Command::Console(args) => console::console(store, config, args).await,
         Command::Health(_) => unreachable!("answered before connecting"),
     }

@@ -128,7 +128,12 @@ async fn run_traced(
 /// rights runs against a schema its owner migrated) and build the providers.
 async fn prepare(store: &Store, config: &Config) -> Result<outbox_providers::ProviderSet, Failure> {
     store.migrate().await?;
-    crate::engine::providers(config).map_err(|e| {
+    crate::services::subscriptions::check_key(store, config)
+        .await
+        .map_err(|e| Failure::new(2, format!("{e:#}")))?;
+    let cx = crate::services::subscriptions::context(store, config)
+        .map_err(|e| Failure::new(2, format!("{e:#}")))?;
+    crate::engine::providers(config, &cx).map_err(|e| {
         // the operator's configuration (exit 2), or this machine (exit 1)
         let setup = matches!(
             e.downcast_ref::<outbox_providers::Error>(),

@@ -78,7 +78,7 @@ pub fn read_secret_file(var: &str, path: &str) -> anyhow::Result<String> {
 fn is_secret_key(key: &str) -> bool {
     matches!(
         key,
-        "password" | "api_key" | "database_url" | "lookup_token"
+        "password" | "api_key" | "database_url" | "lookup_token" | "secret_key"
     )
 }
 

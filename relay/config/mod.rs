@@ -25,6 +25,7 @@ mod relay;
 mod retention;
 mod retry;
 pub mod schedule;
+pub mod subscriptions;
 mod telemetry;
 #[cfg(test)]
 mod tests;
@@ -38,6 +39,7 @@ pub use relay::RelaySection;
 pub use retention::RetentionSection;
 pub use retry::{RetryOverride, RetryPolicy, RetrySection};
 pub use schedule::{Schedule, ScheduleEntry};
+pub use subscriptions::{SealingKey, SubscriptionsSection};
 pub use telemetry::TelemetrySection;
 
 /// The configuration, with a section per kind from the kinds' list
@@ -64,6 +66,8 @@ macro_rules! config_with_kinds {
             pub breaker: BreakerSection,
             pub alerts: AlertsSection,
             pub retention: RetentionSection,
+            /// `[subscriptions]`: the key that seals subscriptions' secrets.
+            pub subscriptions: SubscriptionsSection,
             /// `[console]`: the operator web UI (`outbox-relay console`).
             pub console: ConsoleSection,
             /// `[telemetry]`: trace spans of attempts, over OTLP.
@@ -249,6 +253,10 @@ impl Config {
         self.console.validate()?;
         self.telemetry.settings()?;
         self.validate_retention()?;
+        self.subscriptions.key()?;
+        if self.subscriptions.disable_after.0.is_zero() {
+            bail!("subscriptions.disable_after must be longer than 0s");
+        }
         Ok(())
     }
 

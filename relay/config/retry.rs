@@ -51,7 +51,7 @@ impl RetrySection {
             Some(Kind::Webhook) => &self.webhook,
             Some(Kind::Email) => &self.email,
             Some(Kind::Charge) => &self.charge,
-            Some(Kind::Nats | Kind::Amqp | Kind::Kafka) | None => &none,
+            Some(Kind::Nats | Kind::Amqp | Kind::Kafka | Kind::Event) | None => &none,
         };
         RetryPolicy {
             max_attempts: o.max_attempts.unwrap_or(self.max_attempts),

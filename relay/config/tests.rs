@@ -509,12 +509,15 @@ fn environment_overrides_the_file() {
     assert_eq!(c.webhook.allowed_networks, ["127.0.0.1/32"]);
     let c = load_str("", &[("STRIPE_API_KEY", "sk_test_123")]).unwrap();
     assert_eq!(c.charge.api_key.as_ref().unwrap().expose(), "sk_test_123");
-    assert!(crate::engine::providers(&c)
+    assert!(crate::engine::providers(&c, &Default::default())
         .unwrap()
         .get("charge")
         .is_some());
     assert!(
-        crate::engine::providers(&c).unwrap().get("email").is_none(),
+        crate::engine::providers(&c, &Default::default())
+            .unwrap()
+            .get("email")
+            .is_none(),
         "email needs smtp_url"
     );
     let err = load_str("", &[("OUTBOX_RELAY__RELAY__TYPO", "1")]).unwrap_err();

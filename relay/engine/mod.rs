@@ -43,14 +43,16 @@ use sweeper::Sweeper;
 
 pub use complete::{BatchCounts, Batches};
 
-/// The providers of the kinds `config` serves (webhook always; each other
-/// kind when its section says where to deliver), each built by its kind's
-/// module. An [`outbox_providers::Error::Config`] in the error chain means
-/// the configuration is at fault.
-pub fn providers(config: &Config) -> anyhow::Result<ProviderSet> {
+/// The providers of the kinds `config` serves (webhook and event always;
+/// each other kind when its section says where to deliver), each built by
+/// its kind's module with what `cx` gives it of the database
+/// (`services::subscriptions::context`). An
+/// [`outbox_providers::Error::Config`] in the error chain means the
+/// configuration is at fault.
+pub fn providers(config: &Config, cx: &crate::kinds::Context) -> anyhow::Result<ProviderSet> {
     let mut set = ProviderSet::new();
     for kind in Kind::ALL {
-        if let Some(provider) = config.section(kind).provider()? {
+        if let Some(provider) = config.section(kind).provider(cx)? {
             set = set.with(provider);
         }
     }

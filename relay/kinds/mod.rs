@@ -15,6 +15,7 @@
 pub mod amqp;
 pub mod charge;
 pub mod email;
+pub mod event;
 pub mod kafka;
 pub mod nats;
 pub mod webhook;
@@ -41,6 +42,7 @@ macro_rules! kinds {
             Nats nats NatsSection,
             Amqp amqp AmqpSection,
             Kafka kafka KafkaSection,
+            Event event EventSection,
         }
     };
 }
@@ -115,7 +117,18 @@ pub trait Section {
     /// None when the kind is not served. An
     /// `outbox_providers::Error::Config` in the chain is the
     /// configuration's fault.
-    fn provider(&self) -> anyhow::Result<Option<Arc<dyn Provider>>>;
+    fn provider(&self, cx: &Context) -> anyhow::Result<Option<Arc<dyn Provider>>>;
+}
+
+/// What a kind's provider may need of the relay beyond its section: the
+/// parts that read the database, which the kinds do not.
+#[derive(Clone, Default)]
+pub struct Context {
+    /// Expands an event into its deliveries (the `event` kind's effect).
+    pub events: Option<Arc<dyn event::Expand>>,
+    /// A subscription's URL, headers and signing secrets, for its
+    /// deliveries (None: no `[subscriptions] secret_key` here).
+    pub subscriptions: Option<Arc<dyn outbox_providers::webhook::subscription::Directory>>,
 }
 
 /// A kind's provider, built by its constructor from its section's
@@ -227,7 +240,11 @@ pub fn destination_of(
     }
     match destination {
         Some(name) => endpoints.get(name).cloned(),
-        None => payload.get("url").and_then(Value::as_str).and_then(origin),
+        // a subscription's delivery goes to the subscription
+        None => match payload.get("subscription").and_then(Value::as_str) {
+            Some(subscription) => Some(subscription.into()),
+            None => payload.get("url").and_then(Value::as_str).and_then(origin),
+        },
     }
 }
 

@@ -10,6 +10,7 @@ pub mod health;
 pub mod lookup;
 pub mod retention;
 pub mod schedule;
+pub mod subscriptions;
 
 use std::time::Duration;
 

@@ -24,6 +24,7 @@ pub mod schedules;
 pub mod standbys;
 pub mod stats;
 pub mod storable;
+pub mod subscriptions;
 
 use std::time::Duration;
 

@@ -547,7 +547,8 @@ async fn a_retry_after_an_attempt_that_sent_nothing_does_not_search() {
     let (broker, proxy) = proxied().await;
     let cfg = kafka_config(broker.brokers());
     // one relay, both attempts: it knows attempt 1 sent nothing
-    let providers = outbox_relay::engine::providers(&cfg).unwrap();
+    let providers =
+        outbox_relay::engine::providers(&cfg, &crate::common::context(&db.store, &cfg)).unwrap();
     let relay = || {
         outbox_relay::Engine::new(
             db.store.clone(),

@@ -29,6 +29,7 @@ mod email;
 mod enqueue;
 mod enqueue_many;
 mod enqueue_many_equivalence;
+mod events;
 mod failover;
 mod first_steps;
 mod fleet;

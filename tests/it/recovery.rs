@@ -42,7 +42,8 @@ async fn a_late_completion_after_the_lease_moved_on_changes_nothing_and_is_count
     let a = tokio::spawn(
         outbox_relay::Engine::new(
             db.store.clone(),
-            outbox_relay::engine::providers(&cfg_a).unwrap(),
+            outbox_relay::engine::providers(&cfg_a, &crate::common::context(&db.store, &cfg_a))
+                .unwrap(),
             engine_a,
         )
         .run(async {

@@ -41,7 +41,8 @@ pub(crate) fn traced_engine_with(db: &TestDb, config: &Config, tracer: &Tracer) 
     let cfg = EngineConfig::from_config(config).with_tracer(tracer.clone());
     Engine::new(
         db.store.clone(),
-        outbox_relay::engine::providers(config).unwrap(),
+        outbox_relay::engine::providers(config, &crate::common::context(&db.store, config))
+            .unwrap(),
         cfg,
     )
 }

@@ -9,6 +9,7 @@ mod hosts;
 pub mod request;
 mod resolve;
 pub mod sign;
+pub mod subscription;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,6 +47,16 @@ pub struct WebhookConfig {
     /// Requests in flight to one origin (scheme, host, port) at most; more
     /// are deferred without spending an attempt.
     pub max_in_flight_per_host: usize,
+    /// Where a subscription's delivery finds its URL, headers and secrets;
+    /// None where this relay has no `[subscriptions] secret_key` (such a
+    /// delivery is then refused, never sent unsigned).
+    pub subscriptions: Option<Arc<dyn subscription::Directory>>,
+}
+
+impl std::fmt::Debug for dyn subscription::Directory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Directory")
+    }
 }
 
 impl Default for WebhookConfig {
@@ -60,6 +71,7 @@ impl Default for WebhookConfig {
             max_retry_after: Duration::from_secs(3600),
             on_ambiguous: AmbiguityPolicy::Redeliver,
             max_in_flight_per_host: 32,
+            subscriptions: None,
         }
     }
 }
@@ -124,14 +136,22 @@ impl WebhookProvider {
             Ok(r) => r,
             Err(reason) => return Outcome::invalid(reason),
         };
+        let (url, mut headers, keys) = match req.to {
+            request::To::Url(url) => (url, req.headers, None),
+            request::To::Subscription(id) => match self.subscription(&id).await {
+                Ok(target) => target,
+                Err(outcome) => return outcome,
+            },
+        };
+        let keys = keys.as_deref().unwrap_or(&self.keys);
         // IP literals (including numeric forms like http://2130706433/, which
         // the URL parser normalizes) never reach the resolver: check them here.
-        if let Some(ip) = resolve::literal_ip(&req.url) {
+        if let Some(ip) = resolve::literal_ip(&url) {
             if let Err(reason) = crate::guard::check(ip, &self.config.allowed_networks) {
                 return Outcome::invalid(reason);
             }
         }
-        let origin = hosts::origin(&req.url);
+        let origin = hosts::origin(&url);
         let Some(_slot) = self.hosts.try_acquire(&origin) else {
             return Outcome::Deferred {
                 reason: format!(
@@ -146,13 +166,12 @@ impl WebhookProvider {
             .duration_since(UNIX_EPOCH)
             .map(|t| t.as_secs() as i64)
             .unwrap_or(0);
-        let mut headers = req.headers;
         if let Some(trace) = d.trace {
             set_trace_headers(&mut headers, trace);
         }
         let mut builder = self
             .client
-            .post(req.url.clone())
+            .post(url.clone())
             .headers(headers)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .header(
@@ -162,10 +181,10 @@ impl WebhookProvider {
             .header("webhook-id", &id)
             .header("webhook-timestamp", timestamp.to_string())
             .header("idempotency-key", &id);
-        if !self.keys.is_empty() {
+        if !keys.is_empty() {
             builder = builder.header(
                 "webhook-signature",
-                sign::signature_header(&self.keys, &id, timestamp, &req.body),
+                sign::signature_header(keys, &id, timestamp, &req.body),
             );
         }
         // one timer for the attempt: the request's own, cut to the attempt's
@@ -173,8 +192,69 @@ impl WebhookProvider {
         let timeout = d.time_left(self.config.timeout);
         match builder.body(req.body).timeout(timeout).send().await {
             Ok(resp) => classify::response(resp, id, &self.config).await,
-            Err(err) => classify::error(&err, &crate::redact::redacted_url(&req.url), timeout),
+            Err(err) => classify::error(&err, &crate::redact::redacted_url(&url), timeout),
         }
+    }
+
+    /// A subscription's URL, headers and signing keys, or the outcome that
+    /// ends the attempt: never a delivery without its signature.
+    async fn subscription(
+        &self,
+        id: &str,
+    ) -> Result<
+        (
+            reqwest::Url,
+            reqwest::header::HeaderMap,
+            Option<Vec<SigningKey>>,
+        ),
+        Outcome,
+    > {
+        use subscription::Refusal;
+        let Some(directory) = &self.config.subscriptions else {
+            return Err(Outcome::Misconfigured {
+                reason: format!(
+                    "subscription {id}: this relay has no [subscriptions] secret_key, and a subscription's delivery is never sent unsigned"
+                ),
+                status: None,
+            });
+        };
+        let target = match directory.target(id).await {
+            Ok(target) => target,
+            Err(Refusal::Gone(reason)) => return Err(Outcome::invalid(reason)),
+            Err(Refusal::Unavailable(reason)) => {
+                return Err(Outcome::Transient {
+                    reason,
+                    status: None,
+                    retry_after: None,
+                })
+            }
+            Err(Refusal::Unsigned(reason)) => {
+                return Err(Outcome::Misconfigured {
+                    reason,
+                    status: None,
+                })
+            }
+        };
+        let url = request::parse_url(&target.url)
+            .map_err(|e| Outcome::invalid(format!("subscription {id}: {e}")))?;
+        let headers = request::header_map(&target.headers)
+            .map_err(|e| Outcome::invalid(format!("subscription {id}: {e}")))?;
+        let keys = target
+            .secrets
+            .iter()
+            .map(SigningKey::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Outcome::Misconfigured {
+                reason: format!("subscription {id}: {e}"),
+                status: None,
+            })?;
+        if keys.is_empty() {
+            return Err(Outcome::Misconfigured {
+                reason: format!("subscription {id} has no signing secret"),
+                status: None,
+            });
+        }
+        Ok((url, headers, Some(keys)))
     }
 }
 

@@ -26,15 +26,26 @@ const HOP_BY_HOP: &[&str] = &["keep-alive", "proxy-connection", "te", "trailer",
 /// A webhook ready to send: where, what, and the caller's extra headers.
 #[derive(Debug)]
 pub struct WebhookRequest {
-    pub url: reqwest::Url,
+    pub to: To,
     /// The JSON body, serialized once; identical bytes on every attempt
     /// because the payload comes from jsonb (canonical key order).
     pub body: Vec<u8>,
     pub headers: HeaderMap,
 }
 
-/// Parse `{"url": "...", "body": <json>, "headers": {...}?}`, or a payload
-/// without `url` whose `destination` names a configured endpoint.
+/// Where a webhook goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum To {
+    /// The payload's `url`, or the configured endpoint its destination names.
+    Url(reqwest::Url),
+    /// A subscription, by id: its URL, headers and signing secrets are the
+    /// subscription's at the time of sending ([`super::subscription`]).
+    Subscription(String),
+}
+
+/// Parse `{"url": "...", "body": <json>, "headers": {...}?}`, a payload
+/// without `url` whose `destination` names a configured endpoint, or a
+/// subscription's delivery `{"subscription": "sub_...", "body": <json>}`.
 /// `raw_body` is the body's stored JSON text ([`raw_body`]), sent as it
 /// stands; without it the parsed body is serialized.
 pub fn parse(
@@ -51,43 +62,41 @@ pub fn parse(
     })?;
     if let Some(unknown) = obj
         .keys()
-        .find(|k| !matches!(k.as_str(), "url" | "body" | "headers"))
+        .find(|k| !matches!(k.as_str(), "url" | "body" | "headers" | "subscription"))
     {
         return Err(format!(
-            "webhook payload has an unknown field {unknown:?} (expected url, body, headers)"
+            "webhook payload has an unknown field {unknown:?} (expected url, body, headers, subscription)"
         ));
     }
-    let url = url_of(obj, destination, endpoints)?;
+    let to = match obj.get("subscription") {
+        None => To::Url(url_of(obj, destination, endpoints)?),
+        Some(Value::String(id)) => {
+            if let Some(field) = ["url", "headers"]
+                .into_iter()
+                .find(|f| obj.contains_key(*f))
+            {
+                return Err(format!(
+                    "webhook payload names subscription {id:?} and has {field:?}: a subscription's delivery takes its URL and headers from the subscription"
+                ));
+            }
+            if let Some(name) = destination {
+                return Err(format!(
+                    "webhook payload names subscription {id:?} and the intent names destination {name:?}: use one or the other"
+                ));
+            }
+            To::Subscription(id.clone())
+        }
+        Some(other) => {
+            return Err(format!(
+                "webhook \"subscription\" must be a string, not {}",
+                type_name(other)
+            ))
+        }
+    };
     let body = crate::payload_body("webhook", obj, raw_body)?;
     let headers = match obj.get("headers") {
         None | Some(Value::Null) => HeaderMap::new(),
-        Some(Value::Object(map)) => {
-            let mut headers = HeaderMap::new();
-            for (name, value) in map {
-                let lname = name.to_ascii_lowercase();
-                if RESERVED.contains(&lname.as_str()) {
-                    return Err(format!(
-                        "webhook header {name:?} is set by the relay and cannot be overridden"
-                    ));
-                }
-                if HOP_BY_HOP.contains(&lname.as_str()) {
-                    return Err(format!(
-                        "webhook header {name:?} is a hop-by-hop header and cannot be set by a payload"
-                    ));
-                }
-                let Value::String(value) = value else {
-                    return Err(format!("webhook header {name:?} must be a string"));
-                };
-                let hname = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                    format!("webhook header name {name:?} is not a valid HTTP header name")
-                })?;
-                let hvalue = HeaderValue::from_str(value).map_err(|_| {
-                    format!("webhook header {name:?} has a value with control characters")
-                })?;
-                headers.append(hname, hvalue);
-            }
-            headers
-        }
+        Some(Value::Object(map)) => header_map(map)?,
         Some(other) => {
             return Err(format!(
                 "webhook \"headers\" must be an object, not {}",
@@ -95,7 +104,35 @@ pub fn parse(
             ))
         }
     };
-    Ok(WebhookRequest { url, body, headers })
+    Ok(WebhookRequest { to, body, headers })
+}
+
+/// Headers a payload or a subscription adds, each checked: a string value,
+/// a valid name, none the relay sets itself, no hop-by-hop header.
+pub fn header_map(map: &serde_json::Map<String, Value>) -> Result<HeaderMap, String> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in map {
+        let lname = name.to_ascii_lowercase();
+        if RESERVED.contains(&lname.as_str()) {
+            return Err(format!(
+                "webhook header {name:?} is set by the relay and cannot be overridden"
+            ));
+        }
+        if HOP_BY_HOP.contains(&lname.as_str()) {
+            return Err(format!(
+                "webhook header {name:?} is a hop-by-hop header and cannot be set by a payload"
+            ));
+        }
+        let Value::String(value) = value else {
+            return Err(format!("webhook header {name:?} must be a string"));
+        };
+        let hname = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("webhook header name {name:?} is not a valid HTTP header name"))?;
+        let hvalue = HeaderValue::from_str(value)
+            .map_err(|_| format!("webhook header {name:?} has a value with control characters"))?;
+        headers.append(hname, hvalue);
+    }
+    Ok(headers)
 }
 
 /// Where a webhook goes: the payload's `url`, or the configured endpoint its
@@ -205,6 +242,43 @@ mod tests {
         parse(&v, None, None, &HashMap::new())
     }
 
+    fn url(r: &WebhookRequest) -> &str {
+        match &r.to {
+            To::Url(u) => u.as_str(),
+            To::Subscription(id) => panic!("a subscription's delivery: {id}"),
+        }
+    }
+
+    #[test]
+    fn a_subscription_delivery_takes_nothing_of_where_from_the_payload() {
+        let r = p(json!({"subscription": "sub_abcdefgh", "body": {"type": "a.b"}})).unwrap();
+        assert_eq!(r.to, To::Subscription("sub_abcdefgh".into()));
+        assert!(r.headers.is_empty());
+        for (payload, says) in [
+            (
+                json!({"subscription": "sub_abcdefgh", "url": "https://e.com", "body": 1}),
+                "has \"url\"",
+            ),
+            (
+                json!({"subscription": "sub_abcdefgh", "headers": {}, "body": 1}),
+                "has \"headers\"",
+            ),
+            (json!({"subscription": 7, "body": 1}), "must be a string"),
+        ] {
+            let err = p(payload).unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
+        let endpoints = HashMap::from([("b".to_string(), "https://e.com/b".to_string())]);
+        let err = parse(
+            &json!({"subscription": "sub_abcdefgh", "body": 1}),
+            None,
+            Some("b"),
+            &endpoints,
+        )
+        .unwrap_err();
+        assert!(err.contains("use one or the other"), "{err}");
+    }
+
     #[test]
     fn accepts_the_contract_shape() {
         let r = p(
@@ -212,7 +286,7 @@ mod tests {
                          "headers": {"X-Tenant": "t1"}}),
         )
         .unwrap();
-        assert_eq!(r.url.as_str(), "https://example.com/hook?x=1");
+        assert_eq!(url(&r), "https://example.com/hook?x=1");
         assert_eq!(r.body, br#"{"a":[1],"b":1}"#);
         assert_eq!(r.headers["x-tenant"], "t1");
     }
@@ -222,7 +296,7 @@ mod tests {
         let endpoints =
             HashMap::from([("billing".to_string(), "https://example.com/b".to_string())]);
         let r = parse(&json!({"body": null}), None, Some("billing"), &endpoints).unwrap();
-        assert_eq!(r.url.as_str(), "https://example.com/b");
+        assert_eq!(url(&r), "https://example.com/b");
         assert_eq!(r.body, b"null");
         let err = parse(&json!({"body": 1}), None, Some("nope"), &endpoints).unwrap_err();
         assert!(

@@ -102,7 +102,10 @@ impl crate::kinds::Section for KafkaSection {
         self.timeout.0
     }
 
-    fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
+    fn provider(
+        &self,
+        _cx: &crate::kinds::Context,
+    ) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
         crate::kinds::build(
             self.provider_config()?,
             outbox_providers::kafka::KafkaProvider::new,

@@ -61,6 +61,7 @@ impl WebhookSection {
             max_retry_after: self.max_retry_after.0,
             on_ambiguous: self.on_ambiguous,
             max_in_flight_per_host: self.max_in_flight_per_host,
+            subscriptions: None,
         })
     }
 }
@@ -74,9 +75,14 @@ impl crate::kinds::Section for WebhookSection {
         self.timeout.0
     }
 
-    fn provider(&self) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
+    fn provider(
+        &self,
+        cx: &crate::kinds::Context,
+    ) -> anyhow::Result<Option<std::sync::Arc<dyn outbox_providers::Provider>>> {
+        let mut config = self.provider_config()?;
+        config.subscriptions = cx.subscriptions.clone();
         crate::kinds::build(
-            Some(self.provider_config()?),
+            Some(config),
             outbox_providers::webhook::WebhookProvider::new,
         )
     }

@@ -263,10 +263,16 @@ pub fn config() -> Config {
     c
 }
 
+/// What the providers of `config` read of the database `store` holds
+/// (events' expansion, subscriptions' secrets).
+pub fn context(store: &Store, config: &Config) -> outbox_relay::kinds::Context {
+    outbox_relay::services::subscriptions::context(store, config).expect("providers' context")
+}
+
 pub fn engine(store: Store, config: &Config) -> Engine {
     Engine::new(
-        store,
-        outbox_relay::engine::providers(config).expect("providers"),
+        store.clone(),
+        outbox_relay::engine::providers(config, &context(&store, config)).expect("providers"),
         EngineConfig::from_config(config),
     )
 }

@@ -1,0 +1,182 @@
+//! `[subscriptions]`: the key that seals subscriptions' signing secrets,
+//! and when a failing subscription is disabled.
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
+use chacha20poly1305::XChaCha20Poly1305;
+use outbox_providers::Secret;
+use serde::Deserialize;
+
+use crate::units::{dur, Dur};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SubscriptionsSection {
+    /// 32 random bytes in base64 (`openssl rand -base64 32`): seals every
+    /// subscription's signing secret in the database. Also
+    /// `OUTBOX_RELAY__SUBSCRIPTIONS__SECRET_KEY` or its `_FILE`.
+    pub secret_key: Option<Secret>,
+    /// A subscription whose deliveries have failed without a success for
+    /// this long is disabled.
+    pub disable_after: Dur,
+}
+
+impl Default for SubscriptionsSection {
+    fn default() -> Self {
+        SubscriptionsSection {
+            secret_key: None,
+            disable_after: dur("5d"),
+        }
+    }
+}
+
+impl SubscriptionsSection {
+    /// The sealing key, checked; None when none is configured.
+    pub fn key(&self) -> anyhow::Result<Option<SealingKey>> {
+        self.secret_key
+            .as_ref()
+            .map(SealingKey::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("subscriptions.secret_key: {e}"))
+    }
+
+    /// The sealing key, or the error that says how to configure one.
+    pub fn require_key(&self) -> anyhow::Result<SealingKey> {
+        self.key()?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "subscriptions need [subscriptions] secret_key (or \
+                 OUTBOX_RELAY__SUBSCRIPTIONS__SECRET_KEY, or its _FILE): 32 random bytes in \
+                 base64, e.g. from `openssl rand -base64 32`; it seals the subscriptions' \
+                 signing secrets, and every relay and CLI that signs or creates them needs the same one"
+            )
+        })
+    }
+}
+
+/// The key that seals subscriptions' signing secrets: XChaCha20-Poly1305,
+/// a random nonce per secret, the subscription's id as associated data (a
+/// sealed secret moved to another subscription does not open).
+#[derive(Clone)]
+pub struct SealingKey(XChaCha20Poly1305);
+
+impl std::fmt::Debug for SealingKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SealingKey(<redacted>)")
+    }
+}
+
+/// Nonce length of XChaCha20-Poly1305.
+const NONCE: usize = 24;
+
+impl SealingKey {
+    /// From 32 bytes in base64. The error never contains the key.
+    pub fn parse(secret: &Secret) -> Result<SealingKey, String> {
+        let bytes = B64
+            .decode(secret.expose().trim())
+            .map_err(|_| "must be 32 random bytes in base64 (openssl rand -base64 32)")?;
+        if bytes.len() != 32 {
+            return Err(format!(
+                "must be 32 bytes in base64 (openssl rand -base64 32), not {}",
+                bytes.len()
+            ));
+        }
+        XChaCha20Poly1305::new_from_slice(&bytes)
+            .map(SealingKey)
+            .map_err(|_| "must be 32 bytes".to_string())
+    }
+
+    /// `secret` sealed for subscription `id`: nonce, then ciphertext.
+    pub fn seal(&self, id: &str, secret: &Secret) -> Vec<u8> {
+        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let sealed = self
+            .0
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: secret.expose().as_bytes(),
+                    aad: id.as_bytes(),
+                },
+            )
+            .expect("XChaCha20-Poly1305 seals any message that fits in memory");
+        let mut out = nonce.to_vec();
+        out.extend(sealed);
+        out
+    }
+
+    /// The secret sealed for subscription `id`, or an error that says the
+    /// key does not open it (another key sealed it, or the bytes changed).
+    pub fn open(&self, id: &str, sealed: &[u8]) -> Result<Secret, String> {
+        let wrong = || {
+            format!(
+                "subscriptions.secret_key does not open subscription {id}'s signing secret: \
+                 it was sealed with another key"
+            )
+        };
+        if sealed.len() < NONCE {
+            return Err(wrong());
+        }
+        let (nonce, ciphertext) = sealed.split_at(NONCE);
+        let plain = self
+            .0
+            .decrypt(
+                nonce.into(),
+                Payload {
+                    msg: ciphertext,
+                    aad: id.as_bytes(),
+                },
+            )
+            .map_err(|_| wrong())?;
+        String::from_utf8(plain)
+            .map(Secret::new)
+            .map_err(|_| wrong())
+    }
+}
+
+/// A new signing secret: `whsec_` and 32 random bytes in base64, as
+/// Standard Webhooks has it.
+pub fn new_signing_secret() -> Secret {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the OS gives random bytes");
+    Secret::new(format!("whsec_{}", B64.encode(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(byte: u8) -> SealingKey {
+        SealingKey::parse(&Secret::new(B64.encode([byte; 32]))).unwrap()
+    }
+
+    #[test]
+    fn a_sealed_secret_opens_with_its_key_and_subscription_only() {
+        let secret = new_signing_secret();
+        assert!(secret.expose().starts_with("whsec_"));
+        let sealed = key(1).seal("sub_aaaaaaaa", &secret);
+        assert!(!sealed
+            .windows(6)
+            .any(|w| secret.expose().as_bytes().starts_with(w)));
+        assert_eq!(
+            key(1).open("sub_aaaaaaaa", &sealed).unwrap().expose(),
+            secret.expose()
+        );
+        let err = key(2).open("sub_aaaaaaaa", &sealed).unwrap_err();
+        assert!(err.contains("sealed with another key"), "{err}");
+        assert!(key(1).open("sub_bbbbbbbb", &sealed).is_err());
+        assert!(key(1).open("sub_aaaaaaaa", &sealed[..10]).is_err());
+        // a nonce each time: sealing twice gives two ciphertexts
+        assert_ne!(sealed, key(1).seal("sub_aaaaaaaa", &secret));
+    }
+
+    #[test]
+    fn a_bad_key_is_refused_without_echoing_it() {
+        for bad in ["not base64 !!", "c2hvcnQ=", ""] {
+            let err = SealingKey::parse(&Secret::new(bad)).unwrap_err();
+            assert!(err.contains("32"), "{err}");
+            if !bad.is_empty() {
+                assert!(!err.contains(bad), "{err}");
+            }
+        }
+    }
+}

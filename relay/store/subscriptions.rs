@@ -1,0 +1,238 @@
+//! Subscriptions (`outbox.subscriptions`) and the expansion of events into
+//! their deliveries (`outbox.expand_event`).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::FromRow;
+
+use super::Store;
+use crate::kinds::event::{Expand, ExpandError, Expanded};
+
+/// A subscription as `list` and `show` print it: never its secret, and of
+/// its headers only their names (a header may carry a credential).
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct Subscription {
+    pub id: String,
+    pub tenant: Option<String>,
+    pub event_types: Vec<String>,
+    pub url: String,
+    pub header_names: Vec<String>,
+    /// Deliveries per second at most.
+    pub rate: Option<f64>,
+    pub description: Option<String>,
+    pub disabled_at: Option<DateTime<Utc>>,
+    pub disabled_reason: Option<String>,
+    pub failing_since: Option<DateTime<Utc>>,
+    /// Until when deliveries carry the replaced secret's signature too.
+    pub previous_secret_until: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// Its deliveries, by state.
+    pub deliveries: i64,
+    pub delivered: i64,
+    pub pending: i64,
+    pub failed: i64,
+}
+
+/// A subscription to create; `secret` is already sealed.
+#[derive(Debug, Clone)]
+pub struct NewSubscription {
+    pub id: String,
+    pub tenant: Option<String>,
+    pub event_types: Vec<String>,
+    pub url: String,
+    pub headers: serde_json::Map<String, Value>,
+    pub rate: Option<f64>,
+    pub description: Option<String>,
+    pub secret: Vec<u8>,
+}
+
+/// What a delivery to a subscription needs of its row.
+#[derive(Debug, Clone, FromRow)]
+pub struct TargetRow {
+    pub url: String,
+    pub headers: sqlx::types::Json<serde_json::Map<String, Value>>,
+    pub secret: Vec<u8>,
+    /// The replaced secret, while its grace window lasts.
+    pub previous_secret: Option<Vec<u8>>,
+    pub disabled_at: Option<DateTime<Utc>>,
+    pub disabled_reason: Option<String>,
+}
+
+const SELECT: &str = "
+    SELECT s.id, s.tenant, s.event_types, s.url,
+           ARRAY(SELECT jsonb_object_keys(s.headers) ORDER BY 1) AS header_names,
+           s.rate, s.description, s.disabled_at, s.disabled_reason, s.failing_since,
+           s.previous_until AS previous_secret_until, s.created_at, s.updated_at,
+           coalesce(d.deliveries, 0) AS deliveries, coalesce(d.delivered, 0) AS delivered,
+           coalesce(d.pending, 0) AS pending, coalesce(d.failed, 0) AS failed
+      FROM outbox.subscriptions s
+      LEFT JOIN LATERAL (
+           SELECT count(*) AS deliveries,
+                  count(*) FILTER (WHERE i.state = 'delivered') AS delivered,
+                  count(*) FILTER (WHERE i.state IN ('pending', 'claimed')) AS pending,
+                  count(*) FILTER (WHERE i.state IN ('dead', 'rejected', 'ambiguous')) AS failed
+             FROM outbox.event_deliveries e JOIN outbox.intents i ON i.id = e.intent_id
+            WHERE e.subscription_id = s.id) d ON true";
+
+impl Store {
+    pub async fn add_subscription(&self, s: &NewSubscription) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO outbox.subscriptions
+                 (id, tenant, event_types, url, headers, rate, description, secret)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&s.id)
+        .bind(&s.tenant)
+        .bind(&s.event_types)
+        .bind(&s.url)
+        .bind(sqlx::types::Json(&s.headers))
+        .bind(s.rate)
+        .bind(&s.description)
+        .bind(&s.secret)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Every subscription (of one tenant, when given), oldest first.
+    pub async fn subscriptions(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<Subscription>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "{SELECT} WHERE $1::text IS NULL OR s.tenant = $1 ORDER BY s.created_at, s.id"
+        ))
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    pub async fn subscription(&self, id: &str) -> Result<Option<Subscription>, sqlx::Error> {
+        sqlx::query_as(&format!("{SELECT} WHERE s.id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    /// Disable (with the reason) or enable a subscription; false when there
+    /// is none with this id.
+    pub async fn set_subscription_disabled(
+        &self,
+        id: &str,
+        disabled: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE outbox.subscriptions
+                SET disabled_at = CASE WHEN $2::text IS NULL THEN NULL
+                                       ELSE coalesce(disabled_at, now()) END,
+                    disabled_reason = $2,
+                    failing_since = CASE WHEN $2::text IS NULL THEN NULL ELSE failing_since END,
+                    updated_at = now()
+              WHERE id = $1",
+        )
+        .bind(id)
+        .bind(disabled)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Remove a subscription; its deliveries stay, and those still pending
+    /// are refused when their turn comes. False when there is none.
+    pub async fn remove_subscription(&self, id: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query("DELETE FROM outbox.subscriptions WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Replace a subscription's secret by `sealed`; for `grace`, the
+    /// replaced one signs as well. False when there is none with this id.
+    pub async fn rotate_subscription_secret(
+        &self,
+        id: &str,
+        sealed: &[u8],
+        grace: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE outbox.subscriptions
+                SET previous_secret = CASE WHEN $3 > 0 THEN secret END,
+                    previous_until = CASE WHEN $3 > 0
+                                          THEN now() + make_interval(secs => $3) END,
+                    secret = $2, updated_at = now()
+              WHERE id = $1",
+        )
+        .bind(id)
+        .bind(sealed)
+        .bind(grace.as_secs_f64())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// What a delivery to subscription `id` needs; None when it was removed.
+    pub async fn subscription_target(&self, id: &str) -> Result<Option<TargetRow>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT url, headers, secret,
+                    CASE WHEN previous_until > now() THEN previous_secret END AS previous_secret,
+                    disabled_at, disabled_reason
+               FROM outbox.subscriptions WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+    }
+
+    /// Every subscription's sealed secrets (the current one, and the
+    /// replaced one while it signs): to check at start-up that the
+    /// configured key opens them.
+    pub async fn sealed_secrets(&self) -> Result<Vec<(String, Vec<Vec<u8>>)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT id, array_remove(ARRAY[secret,
+                                           CASE WHEN previous_until > now()
+                                                THEN previous_secret END], NULL)
+               FROM outbox.subscriptions ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Expand for Store {
+    async fn expand(&self, event_id: i64, budget: Duration) -> Result<Expanded, ExpandError> {
+        let not_done = |e: sqlx::Error| ExpandError::NotDone(format!("expansion: {e}"));
+        let mut tx = self.pool.begin().await.map_err(not_done)?;
+        // the transaction ends within the attempt's budget: past it,
+        // Postgres cancels it and nothing was written
+        sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+            .bind(format!("{}ms", budget.as_millis().max(1)))
+            .execute(&mut *tx)
+            .await
+            .map_err(not_done)?;
+        let row: Result<(i32, i32), sqlx::Error> =
+            sqlx::query_as("SELECT matched, created FROM outbox.expand_event($1)")
+                .bind(event_id)
+                .fetch_one(&mut *tx)
+                .await;
+        let (matched, created) = match row {
+            Ok(row) => row,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("P0002") => {
+                return Err(ExpandError::NoEvent(e.message().to_string()))
+            }
+            Err(e) => return Err(not_done(e)),
+        };
+        tx.commit()
+            .await
+            .map_err(|e| ExpandError::Unknown(format!("expansion's commit: {e}")))?;
+        Ok(Expanded {
+            matched: matched.max(0) as u32,
+            created: created.max(0) as u32,
+        })
+    }
+}
