@@ -30,8 +30,6 @@ CREATE TABLE outbox.subscriptions (
     previous_until  timestamptz,
     disabled_at     timestamptz,
     disabled_reason text,
-    -- the first failure of the run of failures that goes on now
-    failing_since   timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT subscriptions_previous CHECK ((previous_secret IS NULL) = (previous_until IS NULL))
@@ -227,6 +225,52 @@ AS $_$
     END;
 $_$;
 
+-- Disable every enabled subscription whose breaker has been open for
+-- p_after (its deliveries have failed since, probes included): each is
+-- raised as an alert 'subscription.disabled' and published as the event
+-- 'outbox.subscription.disabled' (no tenant), which subscriptions may
+-- subscribe to. Returns how many it disabled.
+CREATE FUNCTION outbox.disable_failing_subscriptions(p_after interval, p_alert_url text,
+                                                     p_alert_endpoint text)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, outbox, pg_temp
+AS $$
+DECLARE
+    v_now   timestamptz := clock_timestamp();
+    v_n     integer := 0;
+    s       record;
+    v_event jsonb;
+BEGIN
+    FOR s IN
+        UPDATE outbox.subscriptions AS u
+           SET disabled_at = v_now,
+               disabled_reason = format('its deliveries have failed since %s (subscriptions.disable_after): %s',
+                                        d.opened_at, coalesce(d.last_error, 'unknown')),
+               updated_at = v_now
+          FROM outbox.destinations d
+         WHERE d.name = u.id AND u.disabled_at IS NULL
+           AND d.state IN ('open', 'half_open') AND d.opened_at < v_now - p_after
+        RETURNING u.id, u.tenant, u.url, d.opened_at, d.last_error
+    LOOP
+        v_n := v_n + 1;
+        v_event := jsonb_build_object('subscription', s.id, 'tenant', s.tenant,
+                                      'failing_since', s.opened_at, 'last_error', s.last_error,
+                                      'disabled_at', v_now);
+        PERFORM outbox.raise_alert('subscription.disabled', s.id, v_now, v_event, p_alert_url,
+                                   p_alert_endpoint);
+        PERFORM outbox.enqueue('outbox.subscription.disabled ' || s.id || ' '
+                                   || extract(epoch FROM v_now)::text,
+                               'event',
+                               jsonb_build_object('type', 'outbox.subscription.disabled',
+                                                  'tenant', NULL, 'data', v_event),
+                               NULL, v_now, NULL, 'outbox-relay', NULL, NULL);
+    END LOOP;
+    RETURN v_n;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION outbox.disable_failing_subscriptions(interval, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.expand_event(bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.valid_event_type(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.event_type_matches(text[], text) FROM PUBLIC;

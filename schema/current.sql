@@ -270,6 +270,49 @@ $$;
 
 
 --
+-- Name: disable_failing_subscriptions(interval, text, text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.disable_failing_subscriptions(p_after interval, p_alert_url text, p_alert_endpoint text) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    v_now   timestamptz := clock_timestamp();
+    v_n     integer := 0;
+    s       record;
+    v_event jsonb;
+BEGIN
+    FOR s IN
+        UPDATE outbox.subscriptions AS u
+           SET disabled_at = v_now,
+               disabled_reason = format('its deliveries have failed since %s (subscriptions.disable_after): %s',
+                                        d.opened_at, coalesce(d.last_error, 'unknown')),
+               updated_at = v_now
+          FROM outbox.destinations d
+         WHERE d.name = u.id AND u.disabled_at IS NULL
+           AND d.state IN ('open', 'half_open') AND d.opened_at < v_now - p_after
+        RETURNING u.id, u.tenant, u.url, d.opened_at, d.last_error
+    LOOP
+        v_n := v_n + 1;
+        v_event := jsonb_build_object('subscription', s.id, 'tenant', s.tenant,
+                                      'failing_since', s.opened_at, 'last_error', s.last_error,
+                                      'disabled_at', v_now);
+        PERFORM outbox.raise_alert('subscription.disabled', s.id, v_now, v_event, p_alert_url,
+                                   p_alert_endpoint);
+        PERFORM outbox.enqueue('outbox.subscription.disabled ' || s.id || ' '
+                                   || extract(epoch FROM v_now)::text,
+                               'event',
+                               jsonb_build_object('type', 'outbox.subscription.disabled',
+                                                  'tenant', NULL, 'data', v_event),
+                               NULL, v_now, NULL, 'outbox-relay', NULL, NULL);
+    END LOOP;
+    RETURN v_n;
+END
+$$;
+
+
+--
 -- Name: enqueue(text, text, jsonb, text, timestamp with time zone, text, text, text, text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -2471,7 +2514,6 @@ CREATE TABLE outbox.subscriptions (
     previous_until timestamp with time zone,
     disabled_at timestamp with time zone,
     disabled_reason text,
-    failing_since timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT subscriptions_description_check CHECK (((description IS NULL) OR (length(description) <= 1000))),

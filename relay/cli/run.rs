@@ -110,9 +110,18 @@ async fn run_traced(
         "destination health",
         crate::services::health::run(
             store.clone(),
-            health_settings,
+            health_settings.clone(),
             owner,
             Duration::from_secs(5),
+            stop.clone(),
+        ),
+    ));
+    services.push(Service::new(
+        "subscriptions",
+        crate::services::subscriptions::upkeep::run(
+            store.clone(),
+            config.subscriptions.disable_after.0,
+            health_settings.alerts.clone(),
             stop.clone(),
         ),
     ));

@@ -224,6 +224,7 @@ fn not_found(id: &str) -> Failure {
 fn state(s: &Subscription) -> String {
     match (&s.disabled_at, &s.failing_since) {
         (Some(_), _) => "disabled".into(),
+        (None, _) if s.health == "paused" => "paused".into(),
         (None, Some(since)) => format!("failing since {}", time(*since)),
         (None, None) => "enabled".into(),
     }
@@ -261,6 +262,14 @@ fn show(s: &Subscription) {
         ("description", opt(s.description.clone())),
         ("state", state(s)),
         ("disabled reason", opt(s.disabled_reason.clone())),
+        ("breaker", s.health.clone()),
+        (
+            "last error",
+            opt(s
+                .last_error
+                .as_deref()
+                .map(outbox_providers::redact::urls_in)),
+        ),
         (
             "old secret signs until",
             opt(s.previous_secret_until.map(time)),

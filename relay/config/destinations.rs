@@ -57,6 +57,14 @@ pub fn destination_of(
     crate::kinds::destination_of(kind, destination, payload, endpoints, origin)
 }
 
+/// A subscription's id (`sub_` and 8 to 64 letters or digits): its
+/// deliveries' destination.
+pub fn is_subscription(name: &str) -> bool {
+    name.strip_prefix("sub_").is_some_and(|rest| {
+        (8..=64).contains(&rest.len()) && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
 /// A destination as an operator names it (an origin, an endpoint name,
 /// `smtp`, ...), as the relay names it.
 pub fn canonical(name: &str, endpoints: &HashMap<String, String>) -> Result<String, String> {
@@ -66,10 +74,13 @@ pub fn canonical(name: &str, endpoints: &HashMap<String, String>) -> Result<Stri
     if let Some(o) = endpoints.get(name) {
         return Ok(o.clone());
     }
+    if is_subscription(name) {
+        return Ok(name.to_string());
+    }
     match origin(name) {
         Some(o) if name.contains("://") => Ok(o),
         _ => Err(format!(
-            "{name:?} is not a destination: give an origin (https://host[:port]), a webhook endpoint name, or one of {}",
+            "{name:?} is not a destination: give an origin (https://host[:port]), a webhook endpoint name, a subscription's id (sub_...), or one of {}",
             named().join(", ")
         )),
     }
@@ -108,6 +119,21 @@ mod tests {
         assert_eq!(d("amqp", None, json!({})).as_deref(), Some("amqp"));
         assert_eq!(d("kafka", None, json!({})).as_deref(), Some("kafka"));
         assert_eq!(d("sms", None, json!({})), None);
+        assert_eq!(
+            d(
+                "webhook",
+                None,
+                json!({"subscription": "sub_abcdefgh", "body": 1})
+            )
+            .as_deref(),
+            Some("sub_abcdefgh")
+        );
+        assert_eq!(d("event", None, json!({})).as_deref(), Some("event"));
+        assert_eq!(
+            canonical("sub_abcdefgh", &endpoints).as_deref(),
+            Ok("sub_abcdefgh")
+        );
+        assert!(canonical("sub_short", &endpoints).is_err());
         assert_eq!(
             canonical("billing", &endpoints).unwrap(),
             "https://pay.example"

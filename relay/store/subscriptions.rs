@@ -25,7 +25,11 @@ pub struct Subscription {
     pub description: Option<String>,
     pub disabled_at: Option<DateTime<Utc>>,
     pub disabled_reason: Option<String>,
+    /// Its destination's breaker state (closed, open, half_open, paused).
+    pub health: String,
+    /// Since when its deliveries fail (its breaker opened).
     pub failing_since: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
     /// Until when deliveries carry the replaced secret's signature too.
     pub previous_secret_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -65,11 +69,15 @@ pub struct TargetRow {
 const SELECT: &str = "
     SELECT s.id, s.tenant, s.event_types, s.url,
            ARRAY(SELECT jsonb_object_keys(s.headers) ORDER BY 1) AS header_names,
-           s.rate, s.description, s.disabled_at, s.disabled_reason, s.failing_since,
+           s.rate, s.description, s.disabled_at, s.disabled_reason,
+           coalesce(h.state, 'closed') AS health,
+           CASE WHEN h.state IN ('open', 'half_open') THEN h.opened_at END AS failing_since,
+           h.last_error,
            s.previous_until AS previous_secret_until, s.created_at, s.updated_at,
            coalesce(d.deliveries, 0) AS deliveries, coalesce(d.delivered, 0) AS delivered,
            coalesce(d.pending, 0) AS pending, coalesce(d.failed, 0) AS failed
       FROM outbox.subscriptions s
+      LEFT JOIN outbox.destinations h ON h.name = s.id
       LEFT JOIN LATERAL (
            SELECT count(*) AS deliveries,
                   count(*) FILTER (WHERE i.state = 'delivered') AS delivered,
@@ -130,7 +138,6 @@ impl Store {
                 SET disabled_at = CASE WHEN $2::text IS NULL THEN NULL
                                        ELSE coalesce(disabled_at, now()) END,
                     disabled_reason = $2,
-                    failing_since = CASE WHEN $2::text IS NULL THEN NULL ELSE failing_since END,
                     updated_at = now()
               WHERE id = $1",
         )
@@ -185,6 +192,24 @@ impl Store {
         )
         .bind(id)
         .fetch_optional(&self.pool)
+        .await
+    }
+
+    /// Disable the subscriptions whose breaker has been open for `after`,
+    /// raising an alert and publishing `outbox.subscription.disabled` for
+    /// each; how many.
+    pub async fn disable_failing_subscriptions(
+        &self,
+        after: Duration,
+        alerts: &crate::config::health::AlertTarget,
+    ) -> Result<i32, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT outbox.disable_failing_subscriptions(make_interval(secs => $1), $2, $3)",
+        )
+        .bind(after.as_secs_f64())
+        .bind(&alerts.url)
+        .bind(&alerts.endpoint)
+        .fetch_one(&self.pool)
         .await
     }
 

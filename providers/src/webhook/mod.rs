@@ -151,7 +151,11 @@ impl WebhookProvider {
                 return Outcome::invalid(reason);
             }
         }
-        let origin = hosts::origin(&url);
+        // counted as `in_flight_limit` counts: by subscription, else by origin
+        let origin = match request::subscription_of(d.payload) {
+            Some(id) => id.to_string(),
+            None => hosts::origin(&url),
+        };
         let Some(_slot) = self.hosts.try_acquire(&origin) else {
             return Outcome::Deferred {
                 reason: format!(
@@ -276,7 +280,16 @@ impl Provider for WebhookProvider {
 
     /// `webhook.max_in_flight_per_host` for the request's origin, counted
     /// exactly as [`WebhookProvider::send`] counts it.
+    /// A subscription's deliveries count by subscription, so that one
+    /// subscriber's slow endpoint holds none of the others' room.
     fn in_flight_limit(&self, d: &Delivery<'_>) -> Option<crate::InFlightLimit> {
+        if let Some(id) = request::subscription_of(d.payload) {
+            return Some(crate::InFlightLimit {
+                destination: id.to_string(),
+                limit: self.hosts.limit(),
+                setting: "webhook.max_in_flight_per_host",
+            });
+        }
         let url = request::target_url(d.payload, d.destination, &self.config.endpoints)?;
         Some(crate::InFlightLimit {
             destination: hosts::origin(&url),

@@ -165,6 +165,11 @@ fn url_of(
     parse_url(&url_text)
 }
 
+/// The subscription a delivery goes to, when its payload names one.
+pub fn subscription_of(payload: &Value) -> Option<&str> {
+    payload.get("subscription").and_then(Value::as_str)
+}
+
 /// The URL a webhook payload is sent to, when it has a readable one (for
 /// the attempt's span; the attempt itself checks the payload fully).
 pub fn target_url(

@@ -3,6 +3,7 @@
 //! (the webhook provider's [`directory`], the `event` kind's expansion).
 
 pub mod directory;
+pub mod upkeep;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -4,6 +4,7 @@
 
 mod cli;
 mod expansion;
+mod health;
 mod signing;
 
 use std::time::Duration;
