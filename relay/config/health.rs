@@ -100,6 +100,15 @@ impl Rate {
         })
     }
 
+    /// `per_second` a second (a subscription's `--rate`, stored so).
+    pub fn per_second(per_second: f64) -> Rate {
+        Rate {
+            per_second,
+            burst: (per_second / 10.0).max(1.0),
+            text: format!("{per_second}/s"),
+        }
+    }
+
     /// Tokens a relay takes from the bucket at once: about 50 ms worth.
     pub fn batch(&self) -> i32 {
         (self.per_second / 20.0).clamp(1.0, 1000.0) as i32

@@ -213,6 +213,16 @@ impl Store {
         .await
     }
 
+    /// The rate of each enabled subscription that has one (per second).
+    pub async fn subscription_rates(&self) -> Result<Vec<(String, f64)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT id, rate FROM outbox.subscriptions
+              WHERE rate IS NOT NULL AND disabled_at IS NULL",
+        )
+        .fetch_all(&self.pool)
+        .await
+    }
+
     /// Every subscription's sealed secrets (the current one, and the
     /// replaced one while it signs): to check at start-up that the
     /// configured key opens them.

@@ -12,12 +12,16 @@ use serde_json::Value;
 
 use super::{MAX_WAIT, MIN_WAIT, VIEW_MAX};
 use crate::config::destinations::destination_of;
+use crate::config::health::Rate;
 use crate::config::HealthSettings;
 use crate::store::destinations::DestinationRow;
 use crate::store::Store;
 
 /// How often the gate rereads the unhealthy destinations.
 const REFRESH: Duration = Duration::from_millis(500);
+
+/// How often the subscriptions' rates are reread.
+const RATES_REFRESH: Duration = Duration::from_secs(5);
 
 /// What the gate says about one attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +53,9 @@ pub(super) struct Local {
     /// and when: the next answer resets their count even before the view
     /// shows them. Kept for the failure window, at most [`VIEW_MAX`].
     pub(super) failing: HashMap<String, Instant>,
+    /// The subscriptions' own rates (`subscriptions add --rate`), by id.
+    pub(super) rates: HashMap<String, Rate>,
+    pub(super) rates_read_at: Option<Instant>,
 }
 
 /// The relay's view of its destinations' health; see the module docs.
@@ -121,16 +128,37 @@ impl Gate {
         }
         let window = self.settings.failure_window();
         let rows = self.store.read_unhealthy(window, VIEW_MAX).await;
-        let mut local = self.local();
-        match rows {
-            Ok(rows) => {
-                local.failing.retain(|_, at| at.elapsed() < window);
-                local.view = rows.into_iter().map(|r| (r.name.clone(), r)).collect();
-                local.read_at = Some(Instant::now());
+        let rates_due = {
+            let mut local = self.local();
+            match rows {
+                Ok(rows) => {
+                    local.failing.retain(|_, at| at.elapsed() < window);
+                    local.view = rows.into_iter().map(|r| (r.name.clone(), r)).collect();
+                    local.read_at = Some(Instant::now());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read destination health; keeping the last view");
+                    local.read_at = Some(Instant::now());
+                }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read destination health; keeping the last view");
-                local.read_at = Some(Instant::now());
+            local
+                .rates_read_at
+                .is_none_or(|t| t.elapsed() >= RATES_REFRESH)
+        };
+        if rates_due {
+            let rates = self.store.subscription_rates().await;
+            let mut local = self.local();
+            local.rates_read_at = Some(Instant::now());
+            match rates {
+                Ok(rates) => {
+                    local.rates = rates
+                        .into_iter()
+                        .map(|(id, r)| (id, Rate::per_second(r)))
+                        .collect();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read subscriptions' rates; keeping the last")
+                }
             }
         }
     }
@@ -208,12 +236,16 @@ impl Gate {
         }
         // (a probe holds the half-open state: it goes, one request past the
         // limit at most, rather than hold the probe while it waits)
-        if let Some(rate) = self.settings.limits.get(&dest).filter(|_| !probe) {
-            if !self.take_token(&dest, rate).await {
+        let rate = match self.settings.limits.get(&dest) {
+            Some(rate) => Some(rate.clone()),
+            None => self.local().rates.get(&dest).cloned(),
+        };
+        if let Some(rate) = rate.filter(|_| !probe) {
+            if !self.take_token(&dest, &rate).await {
                 return Admit::Wait {
                     class: "limit",
                     reason: format!("rate limit {} for {dest}", rate.text),
-                    after: self.slot(&dest, rate),
+                    after: self.slot(&dest, &rate),
                 };
             }
         }

@@ -125,3 +125,28 @@ async fn a_subscription_failing_past_disable_after_is_disabled_with_an_alert_and
             .collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn a_subscriptions_rate_spaces_its_deliveries() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    subscribe(&db, &["--url", &rx.url("/slow"), "--rate", "5/s"]).await;
+    for n in 0..10 {
+        publish(&db, &format!("r-{n}"), "a.b", json!(n), None)
+            .await
+            .unwrap();
+    }
+    let cfg = events_config();
+    run_until(engine(db.store.clone(), &cfg), LIMIT, || async {
+        deliveries_in(&db, "delivered").await == 10
+    })
+    .await;
+    let at: Vec<_> = rx.requests().iter().map(|r| r.at).collect();
+    let span = *at.iter().max().unwrap() - *at.iter().min().unwrap();
+    // 5 a second, one at once: the tenth at least 1.8 s after the first
+    // (less a little for the clocks)
+    assert!(
+        span >= std::time::Duration::from_millis(1500),
+        "10 deliveries at 5/s took {span:?}"
+    );
+}
