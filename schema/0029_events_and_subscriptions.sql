@@ -47,6 +47,8 @@ CREATE TABLE outbox.event_deliveries (
 );
 CREATE INDEX event_deliveries_subscription ON outbox.event_deliveries (subscription_id, event_id);
 CREATE INDEX event_deliveries_intent ON outbox.event_deliveries (intent_id);
+-- the events of a time window (replay): only event rows are indexed
+CREATE INDEX intent_log_events ON outbox.intent_log (created_at) WHERE kind = 'event';
 
 -- An event type: dotted names of letters, digits, '_' and '-'.
 CREATE FUNCTION outbox.valid_event_type(p_type text) RETURNS boolean
@@ -148,10 +150,11 @@ END
 $$;
 
 -- Expand one event: a webhook intent per enabled subscription of its
--- tenant whose patterns match its type, unless the pair has one already
--- (or had one, purged since: its key is in the ledger). Returns how many
+-- tenant whose patterns match its type (only p_subscription, when given:
+-- a replay's first delivery), unless the pair has one already (or had
+-- one, purged since: its key is in the ledger). Returns how many
 -- subscriptions matched and how many deliveries this call made.
-CREATE FUNCTION outbox.expand_event(p_event bigint)
+CREATE FUNCTION outbox.expand_event(p_event bigint, p_subscription text DEFAULT NULL)
 RETURNS TABLE (matched integer, created integer)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, outbox, pg_temp
@@ -168,6 +171,7 @@ BEGIN
              SELECT s.id, outbox.derive_key(v_event.key, 'subscription ' || s.id) AS key
                FROM outbox.subscriptions s
               WHERE s.disabled_at IS NULL
+                AND (p_subscription IS NULL OR s.id = p_subscription)
                 AND s.tenant IS NOT DISTINCT FROM (v_event.payload->>'tenant')
                 AND outbox.event_type_matches(s.event_types, v_event.payload->>'type')),
          fresh AS (
@@ -271,7 +275,7 @@ END
 $$;
 
 REVOKE EXECUTE ON FUNCTION outbox.disable_failing_subscriptions(interval, text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION outbox.expand_event(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION outbox.expand_event(bigint, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.valid_event_type(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.event_type_matches(text[], text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.publish(text, text, jsonb, text, text) FROM PUBLIC;

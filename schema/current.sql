@@ -778,10 +778,10 @@ $$;
 
 
 --
--- Name: expand_event(bigint); Type: FUNCTION; Schema: outbox; Owner: -
+-- Name: expand_event(bigint, text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.expand_event(p_event bigint) RETURNS TABLE(matched integer, created integer)
+CREATE FUNCTION outbox.expand_event(p_event bigint, p_subscription text DEFAULT NULL::text) RETURNS TABLE(matched integer, created integer)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     AS $$
@@ -797,6 +797,7 @@ BEGIN
              SELECT s.id, outbox.derive_key(v_event.key, 'subscription ' || s.id) AS key
                FROM outbox.subscriptions s
               WHERE s.disabled_at IS NULL
+                AND (p_subscription IS NULL OR s.id = p_subscription)
                 AND s.tenant IS NOT DISTINCT FROM (v_event.payload->>'tenant')
                 AND outbox.event_type_matches(s.event_types, v_event.payload->>'type')),
          fresh AS (
@@ -2837,6 +2838,13 @@ CREATE INDEX event_deliveries_intent ON outbox.event_deliveries USING btree (int
 --
 
 CREATE INDEX event_deliveries_subscription ON outbox.event_deliveries USING btree (subscription_id, event_id);
+
+
+--
+-- Name: intent_log_events; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX intent_log_events ON outbox.intent_log USING btree (created_at) WHERE (kind = 'event'::text);
 
 
 --

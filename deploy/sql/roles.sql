@@ -44,7 +44,7 @@ GRANT INSERT ON outbox.outbox TO outbox_app;
 GRANT EXECUTE ON FUNCTION outbox.publish(text, text, jsonb, text, text),
                           outbox.publish_many(text[], text[], jsonb[], text[], text[])
     TO outbox_app, outbox_relay;
-GRANT EXECUTE ON FUNCTION outbox.expand_event(bigint),
+GRANT EXECUTE ON FUNCTION outbox.expand_event(bigint, text),
                           outbox.disable_failing_subscriptions(interval, text, text),
                           outbox.event_type_matches(text[], text),
                           outbox.valid_event_type(text)

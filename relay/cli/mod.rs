@@ -17,6 +17,7 @@ mod fleet;
 mod intents;
 mod operate;
 mod output;
+mod replay;
 mod run;
 mod subscriptions;
 
@@ -88,6 +89,9 @@ enum Command {
     /// Subscriptions: the webhook endpoints that receive the events
     /// applications publish (outbox.publish), each signed with its own secret.
     Subscriptions(subscriptions::SubscriptionsArgs),
+    /// Send a subscription the events of a time window again: those it
+    /// received under the same webhook-id, the others for the first time.
+    Replay(replay::ReplayArgs),
     /// Serve the operator console: a web UI and a JSON API (/api/v1/) for
     /// intents, failures, destinations and schedules, with bulk actions.
     Console(console::ConsoleArgs),
@@ -113,7 +117,8 @@ impl Command {
             | Command::Resolve(_)
             | Command::Stats(_)
             | Command::Purge(_)
-            | Command::Relays(_) => false,
+            | Command::Relays(_)
+            | Command::Replay(_) => false,
         }
     }
 }
@@ -350,6 +355,7 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Schedules(args) => intents::schedules(&store, &config, args).await,
         Command::Destinations(args) => destinations::destinations(&store, &config, args).await,
         Command::Subscriptions(args) => subscriptions::subscriptions(&store, &config, args).await,
+        Command::Replay(args) => replay::replay(&store, args).await,
         Command::Console(args) => console::console(store, config, args).await,
         Command::Health(_) => unreachable!("answered before connecting"),
     }

@@ -18,6 +18,7 @@ pub mod listener;
 mod log;
 pub mod operator;
 pub mod recovery;
+pub mod replay;
 mod retention;
 mod reworded;
 pub mod schedules;

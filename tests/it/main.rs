@@ -19,6 +19,7 @@ mod charge;
 mod cli;
 mod clients_python;
 mod clients_rust;
+mod clients_rust_publish;
 mod clients_typescript;
 mod console;
 mod console_browser;

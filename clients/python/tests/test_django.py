@@ -12,7 +12,18 @@ from django.conf import settings
 from django.db import connection, connections, transaction
 
 from conftest import Db, Receiver, Relay, Unique
-from outbox_relay import Charge, Conflict, Enqueued, OutboxError, Webhook, enqueue, enqueue_many
+from outbox_relay import (
+    Charge,
+    Conflict,
+    Enqueued,
+    Event,
+    OutboxError,
+    Webhook,
+    enqueue,
+    enqueue_many,
+    publish,
+    publish_many,
+)
 from test_lost_connection import HOOK, terminated_while_waiting
 
 
@@ -88,6 +99,37 @@ def test_django_rollback_duplicate_conflict_and_refusal(
     with pytest.raises(OutboxError) as refused, transaction.atomic():
         enqueue(conn, "", charge)
     assert refused.value.sqlstate == "22023"
+
+
+def test_django_publishes_in_atomic_and_rolls_back_with_it(db: Db, unique: Unique) -> None:
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO orders (id, note) VALUES (%s, 'dj')", [unique.order_id])
+        r = publish(connection, unique.key("dj-event"), "order.paid", {"dj": 1}, tenant="t1")
+        assert db.intent(unique.key("dj-event")) is None  # not before the atomic block commits
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish(connection, unique.key("dj-gone"), "order.paid", {"dj": 2})
+        raise RuntimeError("abandon")
+    with transaction.atomic():
+        [again, new] = publish_many(
+            connection,
+            [
+                Event(unique.key("dj-event"), "order.paid", {"dj": 1}, tenant="t1"),
+                (unique.key("dj-new"), "order.paid", {"dj": 3}),
+            ],
+        )
+    with pytest.raises(Conflict) as raised, transaction.atomic():
+        publish(connection, unique.key("dj-event"), "order.paid", {"dj": 9})
+    assert raised.value.key == unique.key("dj-event")
+    assert again == Enqueued(r.id, True)
+    assert new.duplicate is False
+    assert db.intent(unique.key("dj-gone")) is None
+    row = db.intent(unique.key("dj-event"))
+    assert row is not None
+    assert (row["kind"], row["payload"]) == (
+        "event",
+        {"type": "order.paid", "tenant": "t1", "data": {"dj": 1}},
+    )
 
 
 def test_django_outside_atomic_is_refused_in_strict_mode(

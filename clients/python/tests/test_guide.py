@@ -1,5 +1,6 @@
 """The guide's first example (docs/guides/client-python.md) runs as written,
-with its order number and URL made this test's own."""
+with its order number and URL made this test's own; so does its example of
+publishing an event."""
 
 from __future__ import annotations
 
@@ -34,3 +35,25 @@ def test_the_guides_example_runs_and_is_delivered(
     relay.run_once()
     [got] = receiver.at(unique.path())
     assert got.json() == {"order": unique.order_id, "total": 2500}
+
+
+def test_the_guides_publish_example_runs(
+    db: Db, unique: Unique, capsys: pytest.CaptureFixture[str]
+) -> None:
+    section = GUIDE.read_text().split("## Publishing events", 1)[1]
+    example: str = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
+    assert len(example.strip().splitlines()) <= 10
+    n = str(unique.order_id)
+    exec(compile(example.replace("50", n), str(GUIDE), "exec"), {})
+    printed = capsys.readouterr().out.split()
+    assert printed[1] == "False"
+    assert db.order_exists(unique.order_id)
+    row = db.intent(f"order:{n}:paid")
+    assert row is not None
+    assert str(row["id"]) == printed[0]
+    assert row["kind"] == "event"
+    assert row["payload"] == {
+        "type": "order.paid",
+        "tenant": "acme",
+        "data": {"order": unique.order_id, "total": 1999},
+    }

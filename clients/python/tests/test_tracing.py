@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from conftest import Db, Receiver, Relay, Unique
-from outbox_relay import Item, Webhook, enqueue, enqueue_many
+from outbox_relay import Event, Item, Webhook, enqueue, enqueue_many, publish, publish_many
 
 tracer = TracerProvider().get_tracer("checkout")
 
@@ -91,3 +91,44 @@ def test_without_a_span_the_transactions_setting_stands(
         row = db.intent(unique.key(name))
         assert row is not None
         assert row["traceparent"] == expected, name
+
+
+def test_an_event_takes_the_active_spans_traceparent_unless_given_one(
+    database_url: str, db: Db, unique: Unique
+) -> None:
+    remote = SpanContext(
+        trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        span_id=0x00F067AA0BA902B7,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    explicit = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with (
+        trace.use_span(NonRecordingSpan(remote)),
+        psycopg.connect(database_url) as conn,
+        conn.transaction(),
+    ):
+        publish(conn, unique.key("span"), "order.paid", 1)
+        publish(conn, unique.key("explicit"), "order.paid", 2, traceparent=explicit)
+        publish_many(
+            conn,
+            [
+                (unique.key("many-span"), "order.paid", 3),
+                Event(unique.key("many-explicit"), "order.paid", 4, traceparent=explicit),
+            ],
+        )
+    with psycopg.connect(database_url) as conn, conn.transaction():
+        publish(conn, unique.key("none"), "order.paid", 5)
+    from_span = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    stored = {}
+    for name in ("span", "explicit", "many-span", "many-explicit", "none"):
+        row = db.intent(unique.key(name))
+        assert row is not None
+        stored[name] = row["traceparent"]
+    assert stored == {
+        "span": from_span,
+        "explicit": explicit,
+        "many-span": from_span,
+        "many-explicit": explicit,
+        "none": None,
+    }

@@ -119,7 +119,7 @@ where
 /// `outbox.require_transaction`, which the server runs before the call (an
 /// argument is evaluated first) and which refuses, with SQLSTATE OB428, a
 /// transaction that has written nothing yet.
-fn key_param(function: &str, require_transaction: bool) -> String {
+pub(crate) fn key_param(function: &str, require_transaction: bool) -> String {
     if require_transaction {
         format!("CASE WHEN outbox.require_transaction('{function}') THEN $1 END")
     } else {

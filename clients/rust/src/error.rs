@@ -1,6 +1,6 @@
-//! What `outbox.enqueue` refuses, typed.
+//! What `outbox.enqueue` (and `outbox.publish`, through it) refuses, typed.
 
-/// Why an intent was not written.
+/// Why an intent (or an event) was not written.
 #[derive(Debug)]
 pub enum EnqueueError {
     /// SQLSTATE OB409: the key exists with a different kind, destination or
@@ -18,7 +18,9 @@ pub enum EnqueueError {
     },
     /// The input was refused by `outbox.enqueue` (22023: empty key, key
     /// over 512 characters, bad kind name, NULL payload, nesting 64 levels
-    /// deep, a number beyond ±1e308, arrays of different lengths) or could
+    /// deep, a number beyond ±1e308, arrays of different lengths), by
+    /// `outbox.publish` (22023: an event type that is not a dotted name, a
+    /// tenant of 0 or over 200 characters) or could
     /// not be read as jsonb (22P02 not JSON, 22P05 `\u0000` in a string,
     /// 54001 nested too deep to parse).
     Invalid { sqlstate: String, message: String },

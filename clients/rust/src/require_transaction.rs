@@ -1,5 +1,6 @@
-//! Strict mode: [`enqueue`] and [`enqueue_many`] as the crate's own, except
-//! that an enqueue in a transaction that has written nothing yet is refused
+//! Strict mode: [`enqueue`], [`enqueue_many`], [`publish`] and
+//! [`publish_many`] as the crate's own, except that an intent or an event
+//! written in a transaction that has written nothing yet is refused
 //! (SQLSTATE OB428, nothing written): on a pool, or a connection outside
 //! `BEGIN`, it would commit on its own, apart from the business rows it was
 //! meant to go with. The server's `outbox.require_transaction` decides, in
@@ -17,7 +18,8 @@
 //! ```
 
 use crate::enqueue::{enqueue_checked, enqueue_many_checked};
-use crate::{EnqueueError, Enqueued, NewIntent};
+use crate::publish::{publish_checked, publish_many_checked};
+use crate::{EnqueueError, Enqueued, NewEvent, NewIntent};
 
 /// [`crate::enqueue`], refusing an intent that would commit on its own.
 pub async fn enqueue<'e, E>(executor: E, intent: &NewIntent) -> Result<Enqueued, EnqueueError>
@@ -33,4 +35,23 @@ pub async fn enqueue_many(
     intents: &[NewIntent],
 ) -> Result<Vec<Enqueued>, EnqueueError> {
     enqueue_many_checked(conn, intents, true).await
+}
+
+/// [`crate::publish`], refusing an event that would commit on its own.
+pub async fn publish<'e, E>(executor: E, event: &NewEvent) -> Result<Enqueued, EnqueueError>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    publish_checked(executor, event, true).await
+}
+
+/// [`crate::publish_many`], refusing events that would commit on their own.
+pub async fn publish_many<'e, E>(
+    executor: E,
+    events: &[NewEvent],
+) -> Result<Vec<Enqueued>, EnqueueError>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    publish_many_checked(executor, events, true).await
 }

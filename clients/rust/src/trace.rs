@@ -1,5 +1,6 @@
-//! The current OpenTelemetry span's context, attached to an intent that
-//! has none (feature `opentelemetry`; without it, nothing is attached).
+//! The current OpenTelemetry span's context, attached to an intent or an
+//! event that has none (feature `opentelemetry`; without it, nothing is
+//! attached).
 
 use crate::NewIntent;
 
@@ -7,10 +8,24 @@ use crate::NewIntent;
 /// its own and a span is current; else `None` (use `intent` as it is).
 #[cfg(feature = "opentelemetry")]
 pub(crate) fn current(intent: &NewIntent) -> Option<NewIntent> {
-    use opentelemetry::trace::TraceContextExt;
     if intent.traceparent.is_some() {
         return None;
     }
+    let (traceparent, tracestate) = span_context()?;
+    Some(intent.clone().traceparent(traceparent, tracestate))
+}
+
+/// The current span's `traceparent` (an event carries no tracestate), when
+/// a span is current.
+#[cfg(feature = "opentelemetry")]
+pub(crate) fn current_traceparent() -> Option<String> {
+    span_context().map(|(traceparent, _)| traceparent)
+}
+
+/// The current span's `traceparent` and `tracestate` (none when empty).
+#[cfg(feature = "opentelemetry")]
+fn span_context() -> Option<(String, Option<String>)> {
+    use opentelemetry::trace::TraceContextExt;
     let cx = opentelemetry::Context::current();
     let span = cx.span();
     let sc = span.span_context();
@@ -18,7 +33,7 @@ pub(crate) fn current(intent: &NewIntent) -> Option<NewIntent> {
         return None;
     }
     let state = sc.trace_state().header();
-    Some(intent.clone().traceparent(
+    Some((
         format!(
             "00-{}-{}-{:02x}",
             sc.trace_id(),
@@ -47,4 +62,9 @@ pub(crate) fn current(_intent: &NewIntent) -> Option<NewIntent> {
 #[cfg(not(feature = "opentelemetry"))]
 pub(crate) fn has_current() -> bool {
     false
+}
+
+#[cfg(not(feature = "opentelemetry"))]
+pub(crate) fn current_traceparent() -> Option<String> {
+    None
 }

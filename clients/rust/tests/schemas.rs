@@ -1,12 +1,29 @@
 //! Every kind the relay delivers has a builder here, and what each builder
 //! makes is valid by its kind's JSON Schema (`schema/kinds/<kind>.json`,
 //! which the relay's own tests hold to its payload checks). A kind with a
-//! schema and no builder fails this test.
+//! schema and no builder fails this test. The `event` kind has no builder:
+//! `publish` writes it, and the integration suite checks what it writes,
+//! read back from the database (`tests/it/clients_rust_publish.rs`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use outbox_client::{Amqp, Charge, Email, Intent, Kafka, Nats, Webhook};
 use serde_json::{json, Value};
+
+/// The kinds written by a call of their own rather than by `enqueue` and a
+/// builder.
+const PUBLISHED: [&str; 1] = ["event"];
+
+fn schemas() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schema/kinds")
+}
+
+fn validator(kind: &str) -> jsonschema::Validator {
+    let path = schemas().join(format!("{kind}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let schema: Value = serde_json::from_str(&text).unwrap();
+    jsonschema::validator_for(&schema).unwrap()
+}
 
 /// Each kind's builders, from the fewest fields to all of them.
 fn built(kind: &str) -> Option<Vec<Box<dyn Intent>>> {
@@ -65,13 +82,16 @@ fn built(kind: &str) -> Option<Vec<Box<dyn Intent>>> {
 
 #[test]
 fn every_kind_has_a_builder_and_its_payloads_are_valid_by_the_schema() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schema/kinds");
+    let dir = schemas();
     let mut kinds = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
         let path = entry.unwrap().path();
         let kind = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let schema: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let validator = jsonschema::validator_for(&schema).unwrap();
+        kinds.push(kind.clone());
+        if PUBLISHED.contains(&kind.as_str()) {
+            continue;
+        }
+        let validator = validator(&kind);
         let intents = built(&kind)
             .unwrap_or_else(|| panic!("the Rust client has no builder for the {kind:?} kind"));
         for intent in intents {
@@ -83,11 +103,10 @@ fn every_kind_has_a_builder_and_its_payloads_are_valid_by_the_schema() {
                 .collect();
             assert!(errors.is_empty(), "{kind} {payload}: {errors:?}");
         }
-        kinds.push(kind);
     }
     kinds.sort();
     assert_eq!(
         kinds,
-        ["amqp", "charge", "email", "kafka", "nats", "webhook"]
+        ["amqp", "charge", "email", "event", "kafka", "nats", "webhook"]
     );
 }

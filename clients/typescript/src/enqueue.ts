@@ -176,7 +176,7 @@ function rowOf(key: string, intent: Intent, options: EnqueueOptions): Row {
  * Named arguments ($1, $2, … in order); an optional one is sent only when
  * given, so a call without a trace context runs on a schema before it too.
  */
-class Args {
+export class Args {
   readonly values: unknown[] = [];
   private readonly named: string[] = [];
 
@@ -213,7 +213,7 @@ class Args {
   }
 }
 
-function checkClient(client: Queryable): void {
+export function checkClient(client: Queryable): void {
   if (typeof (client as Partial<Queryable> | null)?.query !== "function") {
     throw new TypeError(
       "outbox-relay needs a connection with query(text, values): a pg Client or PoolClient; " +
@@ -222,7 +222,7 @@ function checkClient(client: Queryable): void {
   }
 }
 
-async function run(
+export async function run(
   client: Queryable,
   text: string,
   values: unknown[],
@@ -239,7 +239,7 @@ async function run(
   return rows;
 }
 
-function enqueued(answer: unknown): Enqueued {
+export function enqueued(answer: unknown): Enqueued {
   const { id, duplicate } = answer as { id?: unknown; duplicate?: unknown };
   if (typeof id !== "string" || !/^[0-9]+$/.test(id)) {
     throw new TypeError(`outbox.enqueue answered id ${String(id)}, not a number`);

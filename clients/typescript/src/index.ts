@@ -1,8 +1,10 @@
-// outbox-relay for TypeScript: write intents into the outbox inside your own
-// Postgres transaction, typed. The SQL API (outbox.enqueue,
-// outbox.enqueue_many) is the source of truth; this package only calls it.
+// outbox-relay for TypeScript: write intents into the outbox, and publish
+// events, inside your own Postgres transaction, typed. The SQL API
+// (outbox.enqueue, outbox.enqueue_many, outbox.publish, outbox.publish_many)
+// is the source of truth; this package only calls it.
 
 export { enqueue, enqueueMany } from "./enqueue.js";
+export { publish, publishMany } from "./publish.js";
 export { amqp, charge, email, kafka, nats, webhook } from "./builders.js";
 export type {
   AmqpPayload,
@@ -29,6 +31,7 @@ export type {
   Item,
   Json,
   JsonObject,
+  NewEvent,
   Queryable,
   QueryResultLike,
 } from "./types.js";

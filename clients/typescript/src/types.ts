@@ -33,7 +33,7 @@ export interface EnqueueOptions {
   readonly tracestate?: string | undefined;
 }
 
-/** How `enqueue` and `enqueueMany` run, apart from what they write. */
+/** How `enqueue`, `enqueueMany`, `publish` and `publishMany` run, apart from what they write. */
 export interface CallOptions {
   /**
    * Strict mode: refuse (an `OutboxError` with SQLSTATE `OB428`, nothing
@@ -49,6 +49,24 @@ export interface CallOptions {
 export interface Item extends EnqueueOptions {
   readonly key: string;
   readonly intent: Intent;
+}
+
+/**
+ * One event for `publish` and `publishMany`: the intent of kind `event`
+ * `{ type, tenant, data }` that the relay, after the commit, expands into one
+ * webhook delivery per matching subscription.
+ */
+export interface NewEvent {
+  /** The event's key: the same key and event again is a duplicate, another event under it a conflict. */
+  readonly key: string;
+  /** `p_event_type`: a dotted name (`order.paid`), at most 200 characters. */
+  readonly type: string;
+  /** `p_payload`: any JSON, the deliveries' `data` (`null` for none). */
+  readonly data: Json;
+  /** `p_tenant`: the tenant whose subscriptions receive it (1 to 200 characters); none by default. */
+  readonly tenant?: string | null | undefined;
+  /** `p_traceparent`: a W3C traceparent (default: the active OpenTelemetry span's). */
+  readonly traceparent?: string | undefined;
 }
 
 /**

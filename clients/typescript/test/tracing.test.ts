@@ -14,7 +14,7 @@ import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-ho
 import { BasicTracerProvider } from "@opentelemetry/sdk-trace-base";
 import type pg from "pg";
 
-import { enqueue, enqueueMany, webhook } from "../src/index.js";
+import { enqueue, enqueueMany, publish, publishMany, webhook } from "../src/index.js";
 import {
   DATABASE_URL,
   connect,
@@ -86,6 +86,31 @@ test("an explicit traceparent wins over the span's; enqueueMany attaches the spa
   assert.equal((await stored(one))?.traceparent, explicit);
   assert.equal((await stored(two))?.traceparent, spans);
   assert.equal((await stored(three))?.traceparent, explicit);
+});
+
+test("an event takes the active span's traceparent, unless it has its own", async () => {
+  const explicit = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  const [one, two, three, four] = [unique("e1"), unique("e2"), unique("e3"), unique("e4")];
+  const spans = await tracer().startActiveSpan("POST /orders", async (span) => {
+    try {
+      await publish(db, { key: one, type: "order.paid", data: 1 });
+      await publish(db, { key: two, type: "order.paid", data: 2, traceparent: explicit });
+      await publishMany(db, [
+        { key: three, type: "order.paid", data: 3 },
+        { key: four, type: "order.paid", data: 4, traceparent: explicit },
+      ]);
+      return traceparentOf(span);
+    } finally {
+      span.end();
+    }
+  });
+  assert.deepEqual(
+    await Promise.all([one, two, three, four].map(async (k) => (await stored(k))?.traceparent)),
+    [spans, explicit, spans, explicit],
+  );
+  const none = unique("e5");
+  await publish(db, { key: none, type: "order.paid", data: 5 });
+  assert.equal((await stored(none))?.traceparent, null);
 });
 
 test("without an active span the intent carries no trace context", async () => {

@@ -3,6 +3,7 @@
 //! (the webhook provider's [`directory`], the `event` kind's expansion).
 
 pub mod directory;
+pub mod replay;
 pub mod upkeep;
 
 use std::collections::HashSet;
@@ -169,7 +170,7 @@ fn check_url(config: &Config, text: &str) -> Result<String, String> {
 }
 
 /// An exact event type, or `prefix.*`.
-fn check_pattern(p: &str) -> Result<(), String> {
+pub fn check_pattern(p: &str) -> Result<(), String> {
     let name = p.strip_suffix(".*").unwrap_or(p);
     if valid_event_type(name) {
         Ok(())

@@ -5,6 +5,7 @@
 mod cli;
 mod expansion;
 mod health;
+mod replay;
 mod signing;
 
 use std::time::Duration;

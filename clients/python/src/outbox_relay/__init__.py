@@ -5,15 +5,30 @@
         enqueue(conn, "order:42:confirmation",
                 Webhook(url="https://hooks.example.com/orders", body={"order": 42}))
 
-The SQL API (`outbox.enqueue`, `outbox.enqueue_many`) is the source of truth;
-this package only types it. It never begins, commits or rolls back a
-transaction, and imports no driver: it uses the connection it is given.
+`publish` (and `publish_many`) writes an event the same way; after the commit
+the relay delivers it to every matching subscription.
+
+The SQL API (`outbox.enqueue`, `outbox.enqueue_many`, `outbox.publish`,
+`outbox.publish_many`) is the source of truth; this package only types it.
+It never begins, commits or rolls back a transaction, and imports no driver:
+it uses the connection it is given.
 """
 
-from ._api import Enqueued, Item, enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from ._api import (
+    Enqueued,
+    Item,
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    enqueue_many_async,
+    publish,
+    publish_async,
+    publish_many,
+    publish_many_async,
+)
 from ._errors import Conflict, OutboxError
 from ._intents import JSON, Amqp, Charge, Email, IntentLike, Kafka, Nats, Webhook
-from ._sql import RunAfter
+from ._sql import Event, RunAfter
 
 __all__ = [
     "JSON",
@@ -22,6 +37,7 @@ __all__ = [
     "Conflict",
     "Email",
     "Enqueued",
+    "Event",
     "IntentLike",
     "Item",
     "Kafka",
@@ -33,4 +49,8 @@ __all__ = [
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "publish",
+    "publish_async",
+    "publish_many",
+    "publish_many_async",
 ]

@@ -50,8 +50,9 @@ def _sqlalchemy_text(stmt: Statement) -> tuple[Any, dict[str, object]]:
     return text(sql), params
 
 
-def run(conn: object, stmt: Statement, keys: Iterable[str]) -> Rows:
-    """Execute `stmt` on `conn` and return its rows as tuples."""
+def run(conn: object, stmt: Statement, keys: Iterable[str], verb: str = "enqueue") -> Rows:
+    """Execute `stmt` on `conn` and return its rows as tuples (`verb`: the
+    call's name, `enqueue` or `publish`, for the messages)."""
     c: Any = conn
     try:
         if _is(c, "psycopg", "Connection", "Cursor"):
@@ -88,13 +89,15 @@ def run(conn: object, stmt: Statement, keys: Iterable[str]) -> Rows:
     if _is(c, "psycopg", "AsyncConnection", "AsyncCursor") or _is(
         c, "sqlalchemy.ext.asyncio", "AsyncConnection", "AsyncSession", "async_scoped_session"
     ):
-        raise TypeError(f"{type(conn).__name__} is async: use enqueue_async / enqueue_many_async")
+        raise TypeError(f"{type(conn).__name__} is async: use {verb}_async / {verb}_many_async")
     raise TypeError(
-        f"cannot enqueue on a {type(conn).__module__}.{type(conn).__name__}: {SUPPORTED}"
+        f"cannot {verb} on a {type(conn).__module__}.{type(conn).__name__}: {SUPPORTED}"
     )
 
 
-async def run_async(conn: object, stmt: Statement, keys: Iterable[str]) -> Rows:
+async def run_async(
+    conn: object, stmt: Statement, keys: Iterable[str], verb: str = "enqueue"
+) -> Rows:
     """Execute `stmt` on the async `conn` and return its rows as tuples."""
     c: Any = conn
     try:
@@ -115,8 +118,8 @@ async def run_async(conn: object, stmt: Statement, keys: Iterable[str]) -> Rows:
             raise
         raise refusal from e
     raise TypeError(
-        f"cannot enqueue_async on a {type(conn).__module__}.{type(conn).__name__}: "
-        f"{SUPPORTED_ASYNC} (sync connections: use enqueue / enqueue_many)"
+        f"cannot {verb}_async on a {type(conn).__module__}.{type(conn).__name__}: "
+        f"{SUPPORTED_ASYNC} (sync connections: use {verb} / {verb}_many)"
     )
 
 

@@ -1,4 +1,5 @@
-"""The two statements, `outbox.enqueue` and `outbox.enqueue_many`, with their parameters.
+"""The statements, `outbox.enqueue`, `outbox.enqueue_many`, `outbox.publish` and
+`outbox.publish_many`, with their parameters.
 
 Every parameter is text (or a list of texts) cast in SQL, so that each driver
 binds it the same way: JSON as text cast to jsonb, times as ISO 8601 text cast
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ._intents import IntentLike
+from ._intents import JSON, IntentLike
 from ._trace import active_context
 
 RunAfter = datetime | timedelta
@@ -85,6 +86,22 @@ _ENQUEUE_MANY = """SELECT ord, id, duplicate FROM outbox.enqueue_many(
 ORDER BY ord"""
 
 
+_PUBLISH = """SELECT id, duplicate FROM outbox.publish(
+    p_key => <KEY>,
+    p_event_type => CAST({event_type} AS text),
+    p_payload => CAST({payload} AS jsonb),
+    p_tenant => CAST({tenant} AS text),
+    p_traceparent => CAST({traceparent} AS text))"""
+
+_PUBLISH_MANY = """SELECT ord, id, duplicate FROM outbox.publish_many(
+    p_keys => <KEY>,
+    p_event_types => CAST({event_types} AS text[]),
+    p_payloads => CAST({payloads} AS jsonb[]),
+    p_tenants => CAST({tenants} AS text[]),
+    p_traceparents => CAST({traceparents} AS text[]))
+ORDER BY ord"""
+
+
 def _with_key(sql: str, key: str, function: str, require_transaction: bool) -> str:
     """The statement with its key argument. With `require_transaction`, the key
     goes through outbox.require_transaction, which the server runs before the
@@ -95,13 +112,17 @@ def _with_key(sql: str, key: str, function: str, require_transaction: bool) -> s
     return sql.replace("<KEY>", key)
 
 
+def json_text(value: JSON) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def payload_text(intent: IntentLike) -> str:
     if not isinstance(intent, IntentLike):
         raise TypeError(
             f"not an intent: {type(intent).__name__} (use Webhook, Email, Charge, Nats, Amqp, "
             "or an object with `kind` and `payload()`)"
         )
-    return json.dumps(intent.payload(), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return json_text(intent.payload())
 
 
 def _check(key: object, intent: IntentLike, options: Options) -> None:
@@ -204,5 +225,67 @@ def enqueue_many(
             "source": sources.pop(),
             "traceparents": _array([tp for tp, _ in traces]),
             "tracestates": _array([ts for _, ts in traces]),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of `publish_many`, with the options `publish` takes."""
+
+    key: str
+    event_type: str
+    data: JSON
+    tenant: str | None = None
+    traceparent: str | None = None
+
+
+def _check_event(event: Event) -> None:
+    if not isinstance(event.key, str):
+        raise TypeError(f"an event key is a str, not {type(event.key).__name__}")
+    if not isinstance(event.event_type, str):
+        raise TypeError(f"an event type is a str, not {type(event.event_type).__name__}")
+    if event.tenant is not None and not isinstance(event.tenant, str):
+        raise TypeError(f"a tenant is a str or None, not {type(event.tenant).__name__}")
+
+
+def _traceparent(event: Event, active: tuple[str, str | None] | None) -> str | None:
+    """An explicit traceparent, else the active span's (outbox.publish takes no
+    tracestate), else none."""
+    if event.traceparent is not None:
+        return event.traceparent
+    return active[0] if active else None
+
+
+def publish(event: Event, require_transaction: bool = False) -> Statement:
+    _check_event(event)
+    payload = json_text(event.data)
+    return Statement(
+        _with_key(_PUBLISH, "CAST({key} AS text)", "outbox.publish", require_transaction),
+        {
+            "key": event.key,
+            "event_type": event.event_type,
+            "payload": payload,
+            "tenant": event.tenant,
+            "traceparent": _traceparent(event, active_context()),
+        },
+    )
+
+
+def publish_many(events: Sequence[Event], require_transaction: bool = False) -> Statement:
+    for event in events:
+        _check_event(event)
+    payloads = [json_text(e.data) for e in events]
+    active = active_context()
+    return Statement(
+        _with_key(
+            _PUBLISH_MANY, "CAST({keys} AS text[])", "outbox.publish_many", require_transaction
+        ),
+        {
+            "keys": [e.key for e in events],
+            "event_types": [e.event_type for e in events],
+            "payloads": payloads,
+            "tenants": _array([e.tenant for e in events]),
+            "traceparents": _array([_traceparent(e, active) for e in events]),
         },
     )
