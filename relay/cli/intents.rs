@@ -254,15 +254,31 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
     let intent = shown(intent);
     let attempts = store.attempts(intent.id).await?;
     let actions = store.actions(intent.id).await?;
+    // an event: which subscriptions got it, and when
+    let deliveries = match crate::kinds::Kind::parse(&intent.kind) {
+        Some(crate::kinds::Kind::Event) => Some(
+            store
+                .event_deliveries(intent.id)
+                .await
+                .map_err(crate::store::StoreError::from)?,
+        ),
+        _ => None,
+    };
     if a.json {
-        json(
-            &json!({"source": "live", "intent": intent, "attempts": attempts, "operator_actions": actions}),
-        );
+        let mut shown = json!({"source": "live", "intent": intent, "attempts": attempts, "operator_actions": actions});
+        if let Some(d) = &deliveries {
+            shown["deliveries"] = json!(d);
+        }
+        json(&shown);
         return Ok(());
     }
     print_intent(&intent);
     println!();
     print_attempts(&attempts);
+    if let Some(d) = &deliveries {
+        println!();
+        print_deliveries(d);
+    }
     for act in actions {
         println!(
             "{}  {} by {}: {}",
@@ -273,6 +289,38 @@ pub async fn show(store: &Store, a: ShowArgs) -> Outcome {
         );
     }
     Ok(())
+}
+
+/// An event's deliveries, one line per subscription.
+fn print_deliveries(deliveries: &[crate::store::subscriptions::EventDelivery]) {
+    if deliveries.is_empty() {
+        println!("deliveries: none (no subscription matched when it was expanded)");
+        return;
+    }
+    let rows: Vec<Vec<String>> = deliveries
+        .iter()
+        .map(|d| {
+            vec![
+                d.subscription_id.clone(),
+                d.intent_id.to_string(),
+                d.state.clone().unwrap_or_else(|| "purged".into()),
+                opt(d.attempts),
+                opt(d.delivered_at.map(time)),
+                clip(d.last_error.as_deref().unwrap_or(""), 50),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "SUBSCRIPTION",
+            "DELIVERY",
+            "STATE",
+            "ATTEMPTS",
+            "DELIVERED",
+            "LAST ERROR",
+        ],
+        &rows,
+    );
 }
 
 /// A purged intent, as the ledger remembers it.

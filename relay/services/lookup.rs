@@ -92,7 +92,7 @@ async fn answer(
                 .into_response();
         }
     }
-    let body = match lookup.store.lookup_key(&key).await {
+    let mut body = match lookup.store.lookup_key(&key).await {
         // `effect_happened`: a provider answered success, even where the
         // intent is not delivered (cancelled while that request was in
         // flight); `effect_at` is when
@@ -132,6 +132,31 @@ async fn answer(
                 .into_response();
         }
     };
+    // an event: which subscriptions got it, and when
+    if body["source"] == "live" && body["kind"] == crate::kinds::Kind::Event.name() {
+        let id = body["id"].as_i64().unwrap_or_default();
+        match lookup.store.event_deliveries(id).await {
+            Ok(deliveries) => {
+                body["deliveries"] = json!(deliveries
+                    .iter()
+                    .map(|d| json!({
+                        "subscription": d.subscription_id, "key": d.key,
+                        "state": d.state.as_deref().unwrap_or("purged"),
+                        "delivered_at": d.delivered_at, "made_at": d.made_at,
+                    }))
+                    .collect::<Vec<_>>());
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "event deliveries lookup failed");
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(CONTENT_TYPE, "application/json")],
+                    json!({"error": "the database did not answer"}).to_string(),
+                )
+                    .into_response();
+            }
+        }
+    }
     ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 

@@ -41,6 +41,21 @@ pub struct Subscription {
     pub failed: i64,
 }
 
+/// One delivery of an event: which subscription, and what became of it.
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct EventDelivery {
+    pub subscription_id: String,
+    pub intent_id: i64,
+    pub key: String,
+    /// None when the delivery was purged (its key is in the ledger).
+    pub state: Option<String>,
+    pub attempts: Option<i32>,
+    pub delivered_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    /// When the expansion (or a replay) made it.
+    pub made_at: DateTime<Utc>,
+}
+
 /// A subscription to create; `secret` is already sealed.
 #[derive(Debug, Clone)]
 pub struct NewSubscription {
@@ -210,6 +225,23 @@ impl Store {
         .bind(&alerts.url)
         .bind(&alerts.endpoint)
         .fetch_one(&self.pool)
+        .await
+    }
+
+    /// "Did it happen?" for an event: each delivery made of it, by
+    /// subscription.
+    pub async fn event_deliveries(&self, event_id: i64) -> Result<Vec<EventDelivery>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT d.subscription_id, d.intent_id, l.key, i.state, i.attempts, i.delivered_at,
+                    i.last_error, d.at AS made_at
+               FROM outbox.event_deliveries d
+               JOIN outbox.intent_log l ON l.id = d.intent_id
+               LEFT JOIN outbox.intents i ON i.id = d.intent_id
+              WHERE d.event_id = $1
+              ORDER BY d.subscription_id",
+        )
+        .bind(event_id)
+        .fetch_all(&self.pool)
         .await
     }
 

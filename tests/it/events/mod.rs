@@ -5,6 +5,7 @@
 mod cli;
 mod expansion;
 mod health;
+mod lookup;
 mod replay;
 mod signing;
 
