@@ -36,6 +36,20 @@ CREATE TABLE outbox.subscriptions (
 );
 CREATE INDEX subscriptions_tenant ON outbox.subscriptions (tenant) WHERE disabled_at IS NULL;
 
+-- The relays keep a subscription's target (URL, headers, secrets) for a
+-- moment; any change tells them to forget it.
+CREATE FUNCTION outbox.subscriptions_changed() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_notify('outbox_subscriptions', '');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER subscriptions_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
+    ON outbox.subscriptions FOR EACH STATEMENT EXECUTE FUNCTION outbox.subscriptions_changed();
+
 -- Each delivery an expansion made: one per (event, subscription). The
 -- primary key is what makes an expansion happen once per pair.
 CREATE TABLE outbox.event_deliveries (
@@ -50,10 +64,12 @@ CREATE INDEX event_deliveries_intent ON outbox.event_deliveries (intent_id);
 -- the events of a time window (replay): only event rows are indexed
 CREATE INDEX intent_log_events ON outbox.intent_log (created_at) WHERE kind = 'event';
 
--- An event type: dotted names of letters, digits, '_' and '-'.
+-- An event type: dotted names of letters, digits, '_' and '-'. (It and
+-- the next name only pg_catalog's functions, which are found first
+-- whatever the search_path, and have no SET clause: the planner inlines
+-- them into the statements that call them.)
 CREATE FUNCTION outbox.valid_event_type(p_type text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT p_type IS NOT NULL AND length(p_type) <= 200
        AND p_type ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$'
@@ -62,7 +78,6 @@ $$;
 -- Does an event type match a subscription's patterns (none: every type)?
 CREATE FUNCTION outbox.event_type_matches(p_patterns text[], p_type text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT cardinality(p_patterns) = 0
         OR EXISTS (SELECT 1 FROM unnest(p_patterns) AS p(pattern)
@@ -160,13 +175,14 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, outbox, pg_temp
 AS $$
 DECLARE
-    v_event outbox.intent_log;
+    v_event   outbox.intent_log;
+    v_matched integer;
+    v_created integer;
 BEGIN
     SELECT * INTO v_event FROM outbox.intent_log l WHERE l.id = p_event AND l.kind = 'event';
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox.expand_event: no event has id %', p_event USING ERRCODE = 'P0002';
     END IF;
-    RETURN QUERY
     WITH subs AS (
              SELECT s.id, outbox.derive_key(v_event.key, 'subscription ' || s.id) AS key
                FROM outbox.subscriptions s
@@ -179,6 +195,8 @@ BEGIN
               WHERE NOT EXISTS (SELECT 1 FROM outbox.event_deliveries d
                                  WHERE d.event_id = p_event AND d.subscription_id = s.id)
                 AND NOT EXISTS (SELECT 1 FROM outbox.ledger g WHERE g.key = s.key)),
+         -- each delivery names its subscription: the link is made from
+         -- what the insert returns, without joining back to `fresh`
          logged AS (
              INSERT INTO outbox.intent_log (key, kind, payload, source, traceparent, tracestate)
              SELECT f.key, 'webhook',
@@ -192,13 +210,21 @@ BEGIN
                     'event ' || p_event, v_event.traceparent, v_event.tracestate
                FROM fresh f
              ON CONFLICT (key) DO NOTHING
-             RETURNING intent_log.id, intent_log.key),
+             RETURNING intent_log.id, intent_log.payload->>'subscription' AS subscription_id),
          linked AS (
              INSERT INTO outbox.event_deliveries (event_id, subscription_id, intent_id)
-             SELECT p_event, f.id, g.id FROM fresh f JOIN logged g ON g.key = f.key
+             SELECT p_event, g.subscription_id, g.id FROM logged g
              ON CONFLICT ON CONSTRAINT event_deliveries_pkey DO NOTHING
              RETURNING 1)
-    SELECT (SELECT count(*) FROM subs)::integer, (SELECT count(*) FROM linked)::integer;
+    SELECT (SELECT count(*) FROM subs)::integer, (SELECT count(*) FROM linked)::integer
+      INTO v_matched, v_created;
+    -- the relays wake for the deliveries, as for an enqueue
+    IF v_created > 0 THEN
+        PERFORM pg_notify('outbox_intents', '');
+    END IF;
+    matched := v_matched;
+    created := v_created;
+    RETURN NEXT;
 END
 $$;
 
@@ -276,8 +302,10 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION outbox.disable_failing_subscriptions(interval, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.expand_event(bigint, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION outbox.valid_event_type(text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION outbox.event_type_matches(text[], text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION outbox.subscriptions_changed() FROM PUBLIC;
+-- (outbox.valid_event_type and outbox.event_type_matches compute only:
+-- any role may call them, the operator's and the console's reads of a
+-- replay's window included)
 REVOKE EXECUTE ON FUNCTION outbox.publish(text, text, jsonb, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.publish_many(text[], text[], jsonb[], text[], text[]) FROM PUBLIC;
 

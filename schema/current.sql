@@ -767,7 +767,6 @@ $$;
 
 CREATE FUNCTION outbox.event_type_matches(p_patterns text[], p_type text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT cardinality(p_patterns) = 0
         OR EXISTS (SELECT 1 FROM unnest(p_patterns) AS p(pattern)
@@ -786,13 +785,14 @@ CREATE FUNCTION outbox.expand_event(p_event bigint, p_subscription text DEFAULT 
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     AS $$
 DECLARE
-    v_event outbox.intent_log;
+    v_event   outbox.intent_log;
+    v_matched integer;
+    v_created integer;
 BEGIN
     SELECT * INTO v_event FROM outbox.intent_log l WHERE l.id = p_event AND l.kind = 'event';
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox.expand_event: no event has id %', p_event USING ERRCODE = 'P0002';
     END IF;
-    RETURN QUERY
     WITH subs AS (
              SELECT s.id, outbox.derive_key(v_event.key, 'subscription ' || s.id) AS key
                FROM outbox.subscriptions s
@@ -805,6 +805,8 @@ BEGIN
               WHERE NOT EXISTS (SELECT 1 FROM outbox.event_deliveries d
                                  WHERE d.event_id = p_event AND d.subscription_id = s.id)
                 AND NOT EXISTS (SELECT 1 FROM outbox.ledger g WHERE g.key = s.key)),
+         -- each delivery names its subscription: the link is made from
+         -- what the insert returns, without joining back to `fresh`
          logged AS (
              INSERT INTO outbox.intent_log (key, kind, payload, source, traceparent, tracestate)
              SELECT f.key, 'webhook',
@@ -818,13 +820,21 @@ BEGIN
                     'event ' || p_event, v_event.traceparent, v_event.tracestate
                FROM fresh f
              ON CONFLICT (key) DO NOTHING
-             RETURNING intent_log.id, intent_log.key),
+             RETURNING intent_log.id, intent_log.payload->>'subscription' AS subscription_id),
          linked AS (
              INSERT INTO outbox.event_deliveries (event_id, subscription_id, intent_id)
-             SELECT p_event, f.id, g.id FROM fresh f JOIN logged g ON g.key = f.key
+             SELECT p_event, g.subscription_id, g.id FROM logged g
              ON CONFLICT ON CONSTRAINT event_deliveries_pkey DO NOTHING
              RETURNING 1)
-    SELECT (SELECT count(*) FROM subs)::integer, (SELECT count(*) FROM linked)::integer;
+    SELECT (SELECT count(*) FROM subs)::integer, (SELECT count(*) FROM linked)::integer
+      INTO v_matched, v_created;
+    -- the relays wake for the deliveries, as for an enqueue
+    IF v_created > 0 THEN
+        PERFORM pg_notify('outbox_intents', '');
+    END IF;
+    matched := v_matched;
+    created := v_created;
+    RETURN NEXT;
 END
 $$;
 
@@ -1616,6 +1626,21 @@ $$;
 
 
 --
+-- Name: subscriptions_changed(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.subscriptions_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pg_notify('outbox_subscriptions', '');
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: take_probe(text, text, interval); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -1913,7 +1938,6 @@ $_$;
 
 CREATE FUNCTION outbox.valid_event_type(p_type text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
     SELECT p_type IS NOT NULL AND length(p_type) <= 200
        AND p_type ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$'
@@ -3184,6 +3208,13 @@ CREATE TRIGGER intents_write INSTEAD OF INSERT OR DELETE OR UPDATE ON outbox.int
 --
 
 CREATE TRIGGER outbox_insert INSTEAD OF INSERT ON outbox.outbox FOR EACH ROW EXECUTE FUNCTION outbox.outbox_insert();
+
+
+--
+-- Name: subscriptions subscriptions_changed; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER subscriptions_changed AFTER INSERT OR DELETE OR UPDATE OR TRUNCATE ON outbox.subscriptions FOR EACH STATEMENT EXECUTE FUNCTION outbox.subscriptions_changed();
 
 
 --

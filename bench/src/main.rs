@@ -21,6 +21,7 @@ mod brokers;
 mod console;
 mod cpu;
 mod drains;
+mod fanout;
 mod held_xmin;
 mod ordering;
 mod otlp;
@@ -158,6 +159,15 @@ struct BenchArgs {
     /// instead of the engine; 0 skips it.
     #[arg(long, default_value_t = 0)]
     ordering_keys: u64,
+    /// Measure, instead of the engine, events published to subscriptions,
+    /// expanded and delivered, against the plain webhook drain of as many
+    /// deliveries, for each shape EVENTSxSUBSCRIPTIONS (e.g.
+    /// 1x1000,10000x10); empty skips it.
+    #[arg(long, value_delimiter = ',', value_parser = fanout::parse_shape)]
+    fanout: Vec<(usize, usize)>,
+    /// Alternating rounds of each --fanout shape.
+    #[arg(long, default_value_t = 2)]
+    fanout_rounds: usize,
     /// New followers enqueued before the timed pass of --ordering-keys.
     #[arg(long, default_value_t = 1_000)]
     ordering_burst: u64,
@@ -307,6 +317,18 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
         };
         let report = soak::run(&url, args).await?;
         emit(&report, a.json, soak::print);
+        return Ok(());
+    }
+    if !a.fanout.is_empty() {
+        drop(store);
+        let args = fanout::FanoutArgs {
+            shapes: a.fanout.clone(),
+            in_flight: a.in_flight.clamp(1, 10_000),
+            rounds: a.fanout_rounds.clamp(1, 20),
+            keep: a.keep,
+        };
+        let report = fanout::run(&url, args).await?;
+        emit(&report, a.json, fanout::print);
         return Ok(());
     }
     if a.ordering_keys > 0 {

@@ -45,9 +45,7 @@ GRANT EXECUTE ON FUNCTION outbox.publish(text, text, jsonb, text, text),
                           outbox.publish_many(text[], text[], jsonb[], text[], text[])
     TO outbox_app, outbox_relay;
 GRANT EXECUTE ON FUNCTION outbox.expand_event(bigint, text),
-                          outbox.disable_failing_subscriptions(interval, text, text),
-                          outbox.event_type_matches(text[], text),
-                          outbox.valid_event_type(text)
+                          outbox.disable_failing_subscriptions(interval, text, text)
     TO outbox_relay;
 GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_relay, outbox_operator;
 GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
@@ -116,6 +114,8 @@ GRANT UPDATE (state, run_after, attempts_base, owner, lease_expires_at, fence, k
     ON outbox.intent_rows TO outbox_console;
 GRANT EXECUTE ON FUNCTION outbox.track(bigint[]) TO outbox_relay, outbox_console;
 GRANT INSERT ON outbox.operator_actions TO outbox_console;
+-- (0029) the console makes, disables, enables and rotates subscriptions
+GRANT INSERT, UPDATE ON outbox.subscriptions TO outbox_console;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA outbox TO outbox_relay;
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA outbox TO outbox_relay;

@@ -99,49 +99,12 @@ pub async fn subscriptions(store: &Store, config: &Config, args: SubscriptionsAr
                 rate,
                 description,
             };
-            let (id, secret) = subscriptions::add(store, config, &req)
-                .await
-                .map_err(usage_or_failure)?;
-            println!("{id}");
-            println!("{}", secret.expose());
-            eprintln!(
-                "subscription {id} made; its signing secret (the second line) is shown this once: \
-                 hand it to the receiver"
-            );
-            Ok(())
+            add(store, config, &req).await
         }
         SubscriptionAction::List {
             tenant,
             json: as_json,
-        } => {
-            let list = store
-                .subscriptions(tenant.as_deref())
-                .await
-                .map_err(StoreError::from)?;
-            if as_json {
-                json(&list);
-                return Ok(());
-            }
-            if list.is_empty() {
-                println!("no subscriptions");
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = list.iter().map(row).collect();
-            table(
-                &[
-                    "ID",
-                    "TENANT",
-                    "EVENT TYPES",
-                    "URL",
-                    "STATE",
-                    "DELIVERED",
-                    "PENDING",
-                    "FAILED",
-                ],
-                &rows,
-            );
-            Ok(())
-        }
+        } => list(store, tenant.as_deref(), as_json).await,
         SubscriptionAction::Show { id, json: as_json } => {
             let s = store
                 .subscription(&id)
@@ -189,22 +152,66 @@ pub async fn subscriptions(store: &Store, config: &Config, args: SubscriptionsAr
             println!("removed {id}");
             Ok(())
         }
-        SubscriptionAction::RotateSecret { id, grace } => {
-            let grace =
-                parse_duration(&grace).map_err(|e| Failure::usage(format!("--grace: {e}")))?;
-            let secret = subscriptions::rotate(store, config, &id, grace)
-                .await
-                .map_err(usage_or_failure)?
-                .ok_or_else(|| not_found(&id))?;
-            println!("{}", secret.expose());
-            eprintln!(
-                "{id} has a new signing secret (shown this once); deliveries carry the old \
-                 one's signature as well for {}",
-                humantime::format_duration(grace)
-            );
-            Ok(())
-        }
+        SubscriptionAction::RotateSecret { id, grace } => rotate(store, config, &id, &grace).await,
     }
+}
+
+async fn list(store: &Store, tenant: Option<&str>, as_json: bool) -> Outcome {
+    let list = store
+        .subscriptions(tenant)
+        .await
+        .map_err(StoreError::from)?;
+    if as_json {
+        json(&list);
+        return Ok(());
+    }
+    if list.is_empty() {
+        println!("no subscriptions");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = list.iter().map(row).collect();
+    table(
+        &[
+            "ID",
+            "TENANT",
+            "EVENT TYPES",
+            "URL",
+            "STATE",
+            "DELIVERED",
+            "PENDING",
+            "FAILED",
+        ],
+        &rows,
+    );
+    Ok(())
+}
+
+async fn add(store: &Store, config: &Config, req: &Request) -> Outcome {
+    let (id, secret) = subscriptions::add(store, config, req)
+        .await
+        .map_err(usage_or_failure)?;
+    println!("{id}");
+    println!("{}", secret.expose());
+    eprintln!(
+        "subscription {id} made; its signing secret (the second line) is shown this once: \
+         hand it to the receiver"
+    );
+    Ok(())
+}
+
+async fn rotate(store: &Store, config: &Config, id: &str, grace: &str) -> Outcome {
+    let grace = parse_duration(grace).map_err(|e| Failure::usage(format!("--grace: {e}")))?;
+    let secret = subscriptions::rotate(store, config, id, grace)
+        .await
+        .map_err(usage_or_failure)?
+        .ok_or_else(|| not_found(id))?;
+    println!("{}", secret.expose());
+    eprintln!(
+        "{id} has a new signing secret (shown this once); deliveries carry the old \
+         one's signature as well for {}",
+        humantime::format_duration(grace)
+    );
+    Ok(())
 }
 
 /// A refused request (a field, the missing key) is bad input, exit 2; the

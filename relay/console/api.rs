@@ -3,6 +3,10 @@
 //! `x-csrf-token` header) or HTTP Basic with a console user's password;
 //! open without either only where the console is (loopback, no users).
 //! Errors are `{"error": "..."}` with the HTTP status.
+//!
+//! - [`subscriptions`]: the subscriptions, their pages and their changes.
+
+mod subscriptions;
 
 use std::sync::Arc;
 
@@ -37,6 +41,15 @@ pub fn router() -> Router<Arc<App>> {
         .route("/destinations/resume", post(resume))
         .route("/actions", post(act))
         .route("/actions/{job}", get(job))
+        .route(
+            "/subscriptions",
+            get(subscriptions::list).post(subscriptions::create),
+        )
+        .route("/subscriptions/{id}", get(subscriptions::detail))
+        .route("/subscriptions/{id}/disable", post(subscriptions::disable))
+        .route("/subscriptions/{id}/enable", post(subscriptions::enable))
+        .route("/subscriptions/{id}/rotate", post(subscriptions::rotate))
+        .route("/subscriptions/{id}/replay", post(subscriptions::replay))
 }
 
 fn reply(result: Result<Value, Refusal>) -> Response {

@@ -18,9 +18,13 @@
 //! - [`api`]: the JSON API.
 //! - [`view`]: masking, ages, chart bars.
 //! - [`charts`]: the attempt charts, settled buckets kept.
+//! - [`subscriptions`]: the subscriptions' pages and changes.
 //!
-//! Every change goes through the store's operator functions, the same as
-//! the CLI's, recorded in `outbox.operator_actions` as `console:<user>`.
+//! Every change of intents goes through the store's operator functions,
+//! the same as the CLI's, recorded in `outbox.operator_actions` as
+//! `console:<user>`; a subscription's goes through
+//! `services::subscriptions`, as the CLI's, and the console's log names
+//! the user.
 
 pub mod actions;
 pub mod api;
@@ -31,6 +35,7 @@ pub mod login;
 pub mod pages;
 pub mod params;
 pub mod selections;
+pub mod subscriptions;
 pub mod view;
 
 use std::future::Future;
@@ -71,6 +76,11 @@ pub struct App {
     jobs: jobs::Jobs,
     selections: selections::Selections,
     charts: charts::ChartCache,
+    /// What subscriptions are made with: `[subscriptions]` (the sealing
+    /// key) and `[webhook]` (the destination guard their URLs pass).
+    subscribing: Config,
+    /// The subscription forms already sent.
+    once: subscriptions::Once,
 }
 
 impl App {
@@ -79,6 +89,11 @@ impl App {
         let health = config.health()?;
         let schedules = config.schedules()?;
         let auth = Auth::new(&config.console);
+        let subscribing = Config {
+            subscriptions: config.subscriptions.clone(),
+            webhook: config.webhook.clone(),
+            ..Config::default()
+        };
         Ok(Arc::new(App {
             store,
             console: config.console,
@@ -88,6 +103,8 @@ impl App {
             jobs: jobs::Jobs::default(),
             selections: selections::Selections::default(),
             charts: charts::ChartCache::default(),
+            subscribing,
+            once: subscriptions::Once::default(),
         }))
     }
 
@@ -267,7 +284,7 @@ pub fn operator(caller: &Caller) -> Result<User, Refusal> {
         Some(u) => Err(Refusal::new(
             StatusCode::FORBIDDEN,
             format!(
-                "{} is a viewer: viewers cannot change intents or destinations",
+                "{} is a viewer: viewers cannot change intents, destinations or subscriptions",
                 u.name
             ),
         )),
@@ -372,6 +389,28 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/destinations", get(pages::destinations))
         .route("/destinations/pause", post(actions::pause))
         .route("/destinations/resume", post(actions::resume))
+        .route(
+            "/subscriptions",
+            get(subscriptions::list).post(subscriptions::forms::made),
+        )
+        .route("/subscriptions/new", get(subscriptions::forms::new))
+        .route("/subscriptions/{id}", get(subscriptions::detail))
+        .route(
+            "/subscriptions/{id}/disable",
+            post(subscriptions::forms::disable),
+        )
+        .route(
+            "/subscriptions/{id}/enable",
+            post(subscriptions::forms::enable),
+        )
+        .route(
+            "/subscriptions/{id}/rotate",
+            post(subscriptions::forms::rotated),
+        )
+        .route(
+            "/subscriptions/{id}/replay",
+            get(subscriptions::replay::dry_run).post(subscriptions::replay::confirm),
+        )
         .route("/actions", get(actions::recent).post(actions::confirm))
         .route("/actions/new", get(actions::dry_run))
         .route("/actions/{job}", get(actions::progress))

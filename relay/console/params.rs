@@ -161,7 +161,7 @@ impl FilterParams {
 
 /// A point in time: RFC 3339, a date or date and minute (UTC), or a
 /// duration ago.
-fn time(text: &str) -> Result<DateTime<Utc>, String> {
+pub fn time(text: &str) -> Result<DateTime<Utc>, String> {
     if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         return Ok(t.with_timezone(&Utc));
     }

@@ -25,6 +25,7 @@ pub mod schedules;
 pub mod standbys;
 pub mod stats;
 pub mod storable;
+pub mod subscription_pages;
 pub mod subscriptions;
 
 use std::time::Duration;

@@ -272,31 +272,30 @@ impl Store {
 
 #[async_trait::async_trait]
 impl Expand for Store {
+    /// One statement, a transaction of its own: one round trip of one
+    /// pooled connection per event.
     async fn expand(&self, event_id: i64, budget: Duration) -> Result<Expanded, ExpandError> {
-        let not_done = |e: sqlx::Error| ExpandError::NotDone(format!("expansion: {e}"));
-        let mut tx = self.pool.begin().await.map_err(not_done)?;
-        // the transaction ends within the attempt's budget: past it,
-        // Postgres cancels it and nothing was written
-        sqlx::query("SELECT set_config('statement_timeout', $1, true)")
-            .bind(format!("{}ms", budget.as_millis().max(1)))
-            .execute(&mut *tx)
-            .await
-            .map_err(not_done)?;
-        let row: Result<(i32, i32), sqlx::Error> =
-            sqlx::query_as("SELECT matched, created FROM outbox.expand_event($1)")
+        let expanded =
+            sqlx::query_as::<_, (i32, i32)>("SELECT matched, created FROM outbox.expand_event($1)")
                 .bind(event_id)
-                .fetch_one(&mut *tx)
-                .await;
-        let (matched, created) = match row {
-            Ok(row) => row,
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("P0002") => {
+                .fetch_one(&self.pool);
+        let (matched, created) = match tokio::time::timeout(budget, expanded).await {
+            Ok(Ok(row)) => row,
+            Ok(Err(sqlx::Error::Database(e))) if e.code().as_deref() == Some("P0002") => {
                 return Err(ExpandError::NoEvent(e.message().to_string()))
             }
-            Err(e) => return Err(not_done(e)),
+            // the server refused it: rolled back
+            Ok(Err(e @ sqlx::Error::Database(_))) | Ok(Err(e @ sqlx::Error::PoolTimedOut)) => {
+                return Err(ExpandError::NotDone(format!("expansion: {e}")))
+            }
+            // sent, and no answer: it may have committed
+            Ok(Err(e)) => return Err(ExpandError::Unknown(format!("expansion: {e}"))),
+            Err(_) => {
+                return Err(ExpandError::Unknown(format!(
+                    "the expansion took longer than its budget ({budget:?}, event.timeout) and may still commit"
+                )))
+            }
         };
-        tx.commit()
-            .await
-            .map_err(|e| ExpandError::Unknown(format!("expansion's commit: {e}")))?;
         Ok(Expanded {
             matched: matched.max(0) as u32,
             created: created.max(0) as u32,

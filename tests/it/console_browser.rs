@@ -2,7 +2,9 @@
 //! WebDriver: log in, find the incident, filter by state and a payload
 //! field, read an intent's timeline, bulk-retry the failure group after its
 //! dry-run count, and see the intents delivered at a real receiver; a
-//! hostile payload stays text; a viewer cannot act. The run writes its
+//! hostile payload stays text; a viewer cannot act; a subscription made
+//! through its form shows its secret once, and is disabled and enabled
+//! from its page. The run writes its
 //! screenshots under target/tmp/screenshots/, and over the README's
 //! (docs/screenshots/) only with OUTBOX_REFRESH_SCREENSHOTS=1.
 
@@ -328,4 +330,90 @@ async fn an_operator_finds_an_incident_retries_it_in_bulk_and_sees_it_delivered(
     assert!(text(b, "#refusal").await.contains("is a viewer"));
     browser.close().await;
     assert_eq!(db.count("state = 'delivered'").await, 51);
+}
+
+async fn type_into(c: &Client, id: &str, text: &str) {
+    let field = c
+        .find(Locator::Id(id))
+        .await
+        .unwrap_or_else(|e| panic!("#{id}: {e}"));
+    field.clear().await.unwrap();
+    field.send_keys(text).await.unwrap();
+}
+
+async fn click(c: &Client, id: &str) {
+    c.find(Locator::Id(id))
+        .await
+        .unwrap_or_else(|e| panic!("#{id}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_makes_a_subscription_sees_its_secret_once_and_disables_it() {
+    let db = TestDb::new().await;
+    let console =
+        ConsoleServer::start_with(&db, &[("ops", Role::Operator, "ops-password-1")], |c| {
+            c.subscriptions.secret_key = Some(outbox_providers::Secret::new(crate::events::KEY));
+        })
+        .await;
+    let browser = Browser::start().await;
+    let b = &browser.client;
+    log_in(b, &console, "ops", "ops-password-1").await;
+    b.goto(&console.url("/subscriptions")).await.unwrap();
+    assert!(text(b, "#none").await.starts_with("No subscriptions"));
+    click(b, "new-subscription").await;
+    until_url(b, "/subscriptions/new").await;
+
+    // a refused field: the form again, as typed, the field named
+    type_into(b, "new-url", "http://127.0.0.1:9/hooks").await;
+    type_into(b, "new-event-types", "order.*, invoice.paid").await;
+    type_into(b, "new-headers", "X-Token: HEADERVALUE").await;
+    type_into(b, "new-rate", "fast").await;
+    click(b, "new-submit").await;
+    let error = until_text(b, "#form-error", |t| !t.is_empty()).await;
+    assert!(error.starts_with("rate: "), "{error}");
+    let kept = b.find(Locator::Id("new-url")).await.unwrap();
+    assert_eq!(
+        kept.prop("value").await.unwrap().as_deref(),
+        Some("http://127.0.0.1:9/hooks")
+    );
+    type_into(b, "new-rate", "5/s").await;
+    click(b, "new-submit").await;
+
+    // the secret, once
+    let secret = until_text(b, "#secret", |t| t.starts_with("whsec_")).await;
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    assert!(text(b, "#secret-note").await.contains("shown this once"));
+    browser.screenshot("subscription-secret").await;
+    click(b, "to-subscription").await;
+    until_url(b, "/subscriptions/sub_").await;
+    let page = b.source().await.unwrap();
+    assert!(!page.contains(&secret) && !page.contains("HEADERVALUE"));
+    assert_eq!(text(b, "#headers").await, "X-Token");
+    assert_eq!(text(b, "#state").await, "enabled");
+
+    // disabled with a reason, then enabled
+    type_into(b, "disable-reason", "receiver moving").await;
+    click(b, "disable").await;
+    assert_eq!(
+        until_text(b, "#state", |t| t == "disabled").await,
+        "disabled"
+    );
+    assert!(text(b, "#disabled-reason")
+        .await
+        .contains("receiver moving (console user ops)"));
+    click(b, "enable").await;
+    assert_eq!(until_text(b, "#state", |t| t == "enabled").await, "enabled");
+    b.goto(&console.url("/subscriptions")).await.unwrap();
+    assert_eq!(rows(b, "#subscriptions tbody tr").await, 1);
+    assert!(!b.source().await.unwrap().contains(&secret));
+    browser.close().await;
+    let (n, enabled): (i64, bool) =
+        sqlx::query_as("SELECT count(*), bool_and(disabled_at IS NULL) FROM outbox.subscriptions")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!((n, enabled), (1, true));
 }

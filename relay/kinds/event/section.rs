@@ -7,8 +7,9 @@ use crate::units::{dur, Dur};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EventSection {
-    /// The budget of one expansion (its transaction's statement timeout):
-    /// past it, nothing is written and the event is expanded again later.
+    /// The budget of one expansion (one statement): past it, its outcome
+    /// is unknown and the event is expanded again, which makes no
+    /// delivery twice.
     pub timeout: Dur,
 }
 

@@ -1,27 +1,81 @@
 //! The webhook provider's view of subscriptions: a delivery's URL, headers
 //! and signing secrets, opened with the relay's sealing key.
+//!
+//! A subscription's target is kept for [`KEEP`] after it is read, and
+//! forgotten as soon as any subscription changes: the table's trigger
+//! notifies `outbox_subscriptions`, which a connection of the directory's
+//! own listens on. A rotation, a disable or a removal thus applies to the
+//! deliveries that start after its commit is heard (milliseconds), and at
+//! the latest [`KEEP`] after it. Where the relay does not LISTEN
+//! (`relay.listen = false`, a transaction pooler) or its listening
+//! connection is down, every delivery reads the row.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use outbox_providers::webhook::subscription::{self, Refusal, Target};
 
 use crate::config::SealingKey;
 use crate::store::Store;
 
-/// Reads a subscription's row at each delivery, so a rotation, a disable
-/// or a removal applies to the next delivery after it.
-pub struct Directory {
-    store: Store,
-    key: SealingKey,
+/// How long a target read is used at most.
+pub const KEEP: Duration = Duration::from_secs(2);
+
+/// The channel the subscriptions' trigger notifies.
+pub const CHANNEL: &str = "outbox_subscriptions";
+
+#[derive(Default)]
+struct Cache {
+    targets: Mutex<HashMap<String, (Instant, Target)>>,
+    /// The listening connection is up: a change would be heard.
+    listening: AtomicBool,
 }
 
-impl Directory {
-    pub fn new(store: Store, key: SealingKey) -> Directory {
-        Directory { store, key }
+impl Cache {
+    fn forget(&self) {
+        self.targets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 }
 
-#[async_trait::async_trait]
-impl subscription::Directory for Directory {
-    async fn target(&self, id: &str) -> Result<Target, Refusal> {
+pub struct Directory {
+    store: Store,
+    key: SealingKey,
+    cache: Arc<Cache>,
+    /// Keep targets (and start the listening task on first use).
+    caching: bool,
+    started: AtomicBool,
+}
+
+impl Directory {
+    /// `listen`: whether the relay may LISTEN (`relay.listen`); without it
+    /// nothing is kept.
+    pub fn new(store: Store, key: SealingKey, listen: bool) -> Directory {
+        Directory {
+            store,
+            key,
+            cache: Arc::default(),
+            caching: listen,
+            started: AtomicBool::new(false),
+        }
+    }
+
+    fn kept(&self, id: &str) -> Option<Target> {
+        if !self.caching || !self.cache.listening.load(Ordering::Acquire) {
+            return None;
+        }
+        let targets = self.cache.targets.lock().unwrap_or_else(|p| p.into_inner());
+        targets
+            .get(id)
+            .filter(|(at, _)| at.elapsed() < KEEP)
+            .map(|(_, t)| t.clone())
+    }
+
+    async fn read(&self, id: &str) -> Result<Target, Refusal> {
         let row = self
             .store
             .subscription_target(id)
@@ -45,5 +99,62 @@ impl subscription::Directory for Directory {
             headers: row.headers.0,
             secrets,
         })
+    }
+}
+
+/// Forget every kept target whenever a subscription changes, and while
+/// the listening connection is down; ends when the directory is dropped.
+async fn watch(store: Store, cache: Weak<Cache>) {
+    loop {
+        let listener = store.listen(CHANNEL).await;
+        let Some(c) = cache.upgrade() else { return };
+        let mut listener = match listener {
+            Ok(l) => l,
+            Err(e) => {
+                c.listening.store(false, Ordering::Release);
+                tracing::warn!(error = %e, "cannot LISTEN for subscription changes; reading each delivery's subscription");
+                drop(c);
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                continue;
+            }
+        };
+        c.forget();
+        c.listening.store(true, Ordering::Release);
+        drop(c);
+        loop {
+            let heard = listener.recv().await;
+            let Some(c) = cache.upgrade() else { return };
+            c.forget();
+            match heard {
+                Ok(Some(_)) => {}
+                // reconnected: what was missed meanwhile is forgotten above
+                Ok(None) => {}
+                Err(_) => {
+                    c.listening.store(false, Ordering::Release);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl subscription::Directory for Directory {
+    async fn target(&self, id: &str) -> Result<Target, Refusal> {
+        if self.caching && !self.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(watch(self.store.clone(), Arc::downgrade(&self.cache)));
+        }
+        if let Some(target) = self.kept(id) {
+            return Ok(target);
+        }
+        let target = self.read(id).await?;
+        if self.caching {
+            self.cache
+                .targets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.to_string(), (Instant::now(), target.clone()));
+        }
+        Ok(target)
     }
 }

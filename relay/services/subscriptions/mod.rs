@@ -27,8 +27,11 @@ use crate::store::Store;
 /// events, and subscriptions' targets where a sealing key is configured.
 pub fn context(store: &Store, config: &Config) -> anyhow::Result<Context> {
     let directory = config.subscriptions.key()?.map(|key| {
-        Arc::new(directory::Directory::new(store.clone(), key))
-            as Arc<dyn outbox_providers::webhook::subscription::Directory>
+        Arc::new(directory::Directory::new(
+            store.clone(),
+            key,
+            config.relay.listen,
+        )) as Arc<dyn outbox_providers::webhook::subscription::Directory>
     });
     Ok(Context {
         events: Some(Arc::new(store.clone())),

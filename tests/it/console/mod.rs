@@ -13,6 +13,7 @@ use crate::common::{cli, relay_bin, wait_for, TestDb};
 mod access;
 mod failures;
 mod filters;
+mod subscriptions;
 mod views;
 
 /// `n` webhook intents for `host`, made dead with `error` (as the relay
