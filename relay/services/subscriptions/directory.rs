@@ -46,6 +46,8 @@ pub struct Directory {
     store: Store,
     key: SealingKey,
     cache: Arc<Cache>,
+    /// Ends the listening task when the directory is dropped.
+    closed: Arc<tokio::sync::Notify>,
     /// Keep targets (and start the listening task on first use).
     caching: bool,
     started: AtomicBool,
@@ -59,6 +61,7 @@ impl Directory {
             store,
             key,
             cache: Arc::default(),
+            closed: Arc::default(),
             caching: listen,
             started: AtomicBool::new(false),
         }
@@ -102,9 +105,23 @@ impl Directory {
     }
 }
 
+impl Drop for Directory {
+    fn drop(&mut self) {
+        // (a permit, should the task not be waiting yet)
+        self.closed.notify_one();
+    }
+}
+
 /// Forget every kept target whenever a subscription changes, and while
 /// the listening connection is down; ends when the directory is dropped.
-async fn watch(store: Store, cache: Weak<Cache>) {
+async fn watch(store: Store, cache: Weak<Cache>, closed: Arc<tokio::sync::Notify>) {
+    tokio::select! {
+        _ = closed.notified() => {}
+        _ = listen(store, cache) => {}
+    }
+}
+
+async fn listen(store: Store, cache: Weak<Cache>) {
     loop {
         let listener = store.listen(CHANNEL).await;
         let Some(c) = cache.upgrade() else { return };
@@ -142,7 +159,11 @@ async fn watch(store: Store, cache: Weak<Cache>) {
 impl subscription::Directory for Directory {
     async fn target(&self, id: &str) -> Result<Target, Refusal> {
         if self.caching && !self.started.swap(true, Ordering::AcqRel) {
-            tokio::spawn(watch(self.store.clone(), Arc::downgrade(&self.cache)));
+            tokio::spawn(watch(
+                self.store.clone(),
+                Arc::downgrade(&self.cache),
+                self.closed.clone(),
+            ));
         }
         if let Some(target) = self.kept(id) {
             return Ok(target);
