@@ -46,6 +46,7 @@ enum SubscriptionAction {
     },
     /// The subscriptions, oldest first.
     List {
+        /// Only this tenant's.
         #[arg(long)]
         tenant: Option<String>,
         /// Print JSON instead of a table.
@@ -54,6 +55,7 @@ enum SubscriptionAction {
     },
     /// One subscription: its settings and its deliveries by state.
     Show {
+        /// The subscription's id (sub_...).
         id: String,
         /// Print JSON.
         #[arg(long)]
@@ -62,18 +64,26 @@ enum SubscriptionAction {
     /// Stop expanding events to it; its pending deliveries are refused when
     /// their turn comes (`replay` sends them once it is enabled).
     Disable {
+        /// The subscription to disable.
         id: String,
         /// Why, for the record.
         #[arg(long)]
         reason: Option<String>,
     },
     /// Expand events to it again.
-    Enable { id: String },
+    Enable {
+        /// The subscription to enable.
+        id: String,
+    },
     /// Delete it; its past deliveries stay.
-    Remove { id: String },
+    Remove {
+        /// The subscription to delete.
+        id: String,
+    },
     /// Give it a new signing secret (printed once); during --grace every
     /// delivery is signed with the new and the old one.
     RotateSecret {
+        /// The subscription whose secret is replaced.
         id: String,
         /// How long the old secret signs as well (e.g. 24h; 0s: not at all).
         #[arg(long, default_value = "24h")]

@@ -38,7 +38,7 @@ async fn enqueue_warns_at_once_about_a_kind_no_relay_knows() {
     assert!(
         typo.stderr.contains(
             "warning: no kind \"emial\" (did you mean email?): this relay knows webhook, email, \
-             charge, nats, amqp, kafka; a relay will reject this intent when it claims it"
+             charge, nats, amqp, kafka, event; a relay will reject this intent when it claims it"
         ),
         "{}",
         typo.stderr
