@@ -135,10 +135,11 @@ impl SealingKey {
 
 /// A new signing secret: `whsec_` and 32 random bytes in base64, as
 /// Standard Webhooks has it.
-pub fn new_signing_secret() -> Secret {
+pub fn new_signing_secret() -> anyhow::Result<Secret> {
     let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).expect("the OS gives random bytes");
-    Secret::new(format!("whsec_{}", B64.encode(bytes)))
+    getrandom::fill(&mut bytes)
+        .map_err(|e| anyhow::anyhow!("the OS gave no random bytes for a signing secret: {e}"))?;
+    Ok(Secret::new(format!("whsec_{}", B64.encode(bytes))))
 }
 
 #[cfg(test)]
@@ -151,7 +152,7 @@ mod tests {
 
     #[test]
     fn a_sealed_secret_opens_with_its_key_and_subscription_only() {
-        let secret = new_signing_secret();
+        let secret = new_signing_secret().unwrap();
         assert!(secret.expose().starts_with("whsec_"));
         let sealed = key(1).seal("sub_aaaaaaaa", &secret);
         assert!(!sealed

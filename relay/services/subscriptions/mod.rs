@@ -87,7 +87,7 @@ pub async fn add(
 ) -> anyhow::Result<(String, Secret)> {
     let key = config.subscriptions.require_key()?;
     let mut new = checked(config, req)?;
-    let secret = new_signing_secret();
+    let secret = new_signing_secret()?;
     new.secret = key.seal(&new.id, &secret);
     store
         .add_subscription(&new)
@@ -106,7 +106,7 @@ pub async fn rotate(
     grace: Duration,
 ) -> anyhow::Result<Option<Secret>> {
     let key = config.subscriptions.require_key()?;
-    let secret = new_signing_secret();
+    let secret = new_signing_secret()?;
     let rotated = store
         .rotate_subscription_secret(id, &key.seal(id, &secret), grace)
         .await
@@ -144,7 +144,7 @@ fn checked(config: &Config, req: &Request) -> anyhow::Result<NewSubscription> {
         }
     }
     Ok(NewSubscription {
-        id: new_id(),
+        id: new_id()?,
         tenant: req.tenant.clone(),
         event_types: req.event_types.clone(),
         url,
@@ -202,15 +202,16 @@ fn parse_headers(lines: &[String]) -> Result<Map<String, Value>, String> {
 }
 
 /// `sub_` and 22 random letters and digits.
-fn new_id() -> String {
+fn new_id() -> anyhow::Result<String> {
     const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
     let mut bytes = [0u8; 22];
-    getrandom::fill(&mut bytes).expect("the OS gives random bytes");
+    getrandom::fill(&mut bytes)
+        .map_err(|e| anyhow::anyhow!("the OS gave no random bytes for an id: {e}"))?;
     let tail: String = bytes
         .iter()
         .map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char)
         .collect();
-    format!("sub_{tail}")
+    Ok(format!("sub_{tail}"))
 }
 
 #[cfg(test)]
@@ -244,7 +245,7 @@ mod tests {
         assert!(s.id.starts_with("sub_") && s.id.len() == 26, "{}", s.id);
         assert_eq!(s.rate, Some(50.0));
         assert_eq!(s.headers["X-Team"], "billing");
-        assert_ne!(new_id(), new_id());
+        assert_ne!(new_id().unwrap(), new_id().unwrap());
     }
 
     #[test]
