@@ -8,8 +8,8 @@
 //! Skipped: the installation (the test puts the binaries it built on
 //! `PATH` instead: `outbox-relay`, and `demo-receiver`, which it builds
 //! with cargo). The database's creation runs, against the test server and
-//! under a name of the test's own. Needs bash, psql and curl: tests/run.sh
-//! installs Debian's `postgresql`, which brings psql.
+//! under a name of the test's own. Needs bash, psql, curl and openssl:
+//! tests/run.sh installs Debian's `postgresql`, which brings psql.
 
 pub mod page;
 pub mod session;
@@ -41,6 +41,12 @@ async fn the_getting_started_page_runs_as_written() {
         "outbox-relay run --once --config relay.toml",
         "outbox-relay show order:42:confirmation",
         "outbox-relay retry order:43:confirmation",
+        "[subscriptions]",
+        "secret_key = \"$(openssl rand -base64 32)\"",
+        "outbox-relay subscriptions add --config relay.toml",
+        "--event-types 'order.*'",
+        "outbox.publish(",
+        "outbox-relay show order:44:placed",
         "outbox-relay console",
         PAGE_CONSOLE_ADDR,
     ] {
@@ -113,6 +119,54 @@ async fn the_getting_started_page_runs_as_written() {
     assert_eq!(action, "retry");
     assert_eq!(detail["from"], "dead", "{detail}");
     assert_eq!(detail["new_effect"], false, "{detail}");
+    // 8: the event committed with its order, was expanded into one
+    // delivery to the one subscription, and the receiver got that delivery
+    // under its webhook-id; the subscription's secret is stored sealed
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE id = 44")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(orders, 1);
+    assert_eq!(state(&db, "order:44:placed").await, "delivered");
+    assert_eq!(outcomes(&db, "order:44:placed").await, ["delivered"]);
+    let (subscription, event_types, sealed): (String, Vec<String>, Vec<u8>) =
+        sqlx::query_as("SELECT id, event_types, secret FROM outbox.subscriptions")
+            .fetch_one(&db)
+            .await
+            .expect("the page's one subscription");
+    assert_eq!(event_types, ["order.*"]);
+    let (delivery, of): (String, String) = sqlx::query_as(
+        "SELECT i.key, d.subscription_id FROM outbox.event_deliveries d \
+         JOIN outbox.intents e ON e.id = d.event_id JOIN outbox.intents i ON i.id = d.intent_id \
+         WHERE e.key = 'order:44:placed'",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("one delivery of order:44:placed");
+    assert_eq!(of, subscription);
+    assert_eq!(state(&db, &delivery).await, "delivered");
+    assert_eq!(outcomes(&db, &delivery).await, ["delivered"]);
+    let webhook_id: String =
+        sqlx::query_scalar("SELECT provider_ref FROM outbox.intents WHERE key = $1")
+            .bind(&delivery)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    assert!(
+        out.contains(&format!(
+            "receiver: POST /events webhook-id={webhook_id} -> 200"
+        )),
+        "the receiver did not get the delivery {webhook_id}:\n{out}"
+    );
+    let secret = out
+        .lines()
+        .find(|l| l.starts_with("whsec_"))
+        .unwrap_or_else(|| panic!("`subscriptions add` printed no secret:\n{out}"));
+    assert!(
+        !sealed.windows(secret.len()).any(|w| w == secret.as_bytes()),
+        "the signing secret is stored in clear"
+    );
+    // 6, 7, 8: the states `show` printed
     let shown_states: Vec<&str> = out
         .lines()
         .filter_map(|l| l.strip_prefix("state "))
@@ -120,10 +174,10 @@ async fn the_getting_started_page_runs_as_written() {
         .collect();
     assert_eq!(
         shown_states,
-        ["delivered", "dead", "delivered"],
+        ["delivered", "dead", "delivered", "delivered"],
         "what `show` printed:\n{out}"
     );
-    // 8: the running relay delivers what is enqueued next, with no command
+    // 9: the running relay delivers what is enqueued next, with no command
     let delivered = wait_for(Duration::from_secs(30), || async {
         state(&db, "order:44:confirmation").await == "delivered"
     })
@@ -146,7 +200,7 @@ async fn the_getting_started_page_runs_as_written() {
         })
         .count();
     assert_eq!(received, 3, "the receiver's lines:\n{out}");
-    // 8: the console answers, with the pages the page tells you to look at
+    // 9: the console answers, with the pages the page tells you to look at
     assert!(
         out.contains("\"verdict\":\"Yes: the effect happened.\""),
         "the console's lookup answer:\n{out}"
@@ -162,6 +216,7 @@ async fn the_getting_started_page_runs_as_written() {
         (format!("/intents/{id43}"), "order:43:confirmation"),
         (format!("/intents/{id43}"), "gave up after 3 attempts"),
         ("/failures".to_string(), "Failures"),
+        ("/subscriptions".to_string(), subscription.as_str()),
         ("/lookup".to_string(), "Did it happen?"),
     ] {
         let page = reqwest::get(format!("{console}{path}"))

@@ -111,6 +111,7 @@ impl Session {
                 "tests/run.sh installs Debian's postgresql; or apt-get install postgresql-client",
             ),
             ("curl", "apt-get install curl"),
+            ("openssl", "apt-get install openssl"),
         ] {
             let found = std::process::Command::new("sh")
                 .args(["-c", &format!("command -v {tool}")])
