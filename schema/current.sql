@@ -209,7 +209,6 @@ $$;
 
 CREATE FUNCTION outbox.destination_of(p_kind text, p_destination text, p_payload jsonb) RETURNS text
     LANGUAGE sql IMMUTABLE
-    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     AS $_$
     SELECT CASE p_kind
         WHEN 'webhook' THEN coalesce(
@@ -835,6 +834,80 @@ BEGIN
     matched := v_matched;
     created := v_created;
     RETURN NEXT;
+END
+$$;
+
+
+--
+-- Name: expand_events(bigint[]); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.expand_events(p_events bigint[]) RETURNS TABLE(event_id bigint, is_event boolean, matched integer, created integer)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    v_ids     bigint[];
+    v_found   boolean[];
+    v_matched integer[];
+    v_created integer[];
+BEGIN
+    WITH ev AS (
+             SELECT l.id, l.key, l.payload, l.created_at, l.traceparent, l.tracestate
+               FROM outbox.intent_log l
+              WHERE l.id = ANY (p_events) AND l.kind = 'event'),
+         pairs AS (
+             SELECT e.id AS event_id, s.id AS subscription_id,
+                    outbox.derive_key(e.key, 'subscription ' || s.id) AS key
+               FROM ev e
+               JOIN outbox.subscriptions s
+                 ON s.disabled_at IS NULL
+                AND s.tenant IS NOT DISTINCT FROM (e.payload->>'tenant')
+                AND outbox.event_type_matches(s.event_types, e.payload->>'type')),
+         fresh AS (
+             SELECT p.* FROM pairs p
+              WHERE NOT EXISTS (SELECT 1 FROM outbox.event_deliveries d
+                                 WHERE d.event_id = p.event_id
+                                   AND d.subscription_id = p.subscription_id)
+                AND NOT EXISTS (SELECT 1 FROM outbox.ledger g WHERE g.key = p.key)),
+         logged AS (
+             INSERT INTO outbox.intent_log (key, kind, payload, source, traceparent, tracestate)
+             SELECT f.key, 'webhook',
+                    jsonb_build_object(
+                        'subscription', f.subscription_id,
+                        'body', jsonb_build_object(
+                            'type', e.payload->>'type',
+                            'timestamp', to_char(e.created_at AT TIME ZONE 'UTC',
+                                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                            'data', e.payload->'data')),
+                    'event ' || e.id, e.traceparent, e.tracestate
+               FROM fresh f JOIN ev e ON e.id = f.event_id
+              ORDER BY f.event_id, f.subscription_id
+             ON CONFLICT (key) DO NOTHING
+             RETURNING intent_log.id, intent_log.key),
+         linked AS (
+             INSERT INTO outbox.event_deliveries (event_id, subscription_id, intent_id)
+             SELECT f.event_id, f.subscription_id, g.id
+               FROM logged g JOIN fresh f ON f.key = g.key
+             ON CONFLICT ON CONSTRAINT event_deliveries_pkey DO NOTHING
+             RETURNING event_deliveries.event_id),
+         counts AS (
+             SELECT u.id, e.id IS NOT NULL AS found,
+                    coalesce(m.n, 0)::integer AS matched, coalesce(k.n, 0)::integer AS created
+               FROM (SELECT DISTINCT unnest(p_events) AS id) u
+               LEFT JOIN ev e ON e.id = u.id
+               LEFT JOIN (SELECT p.event_id, count(*) AS n FROM pairs p GROUP BY 1) m
+                      ON m.event_id = u.id
+               LEFT JOIN (SELECT k.event_id, count(*) AS n FROM linked k GROUP BY 1) k
+                      ON k.event_id = u.id)
+    SELECT array_agg(c.id), array_agg(c.found), array_agg(c.matched), array_agg(c.created)
+      INTO v_ids, v_found, v_matched, v_created
+      FROM counts c;
+    -- the relays wake for the deliveries, as for an enqueue
+    IF EXISTS (SELECT 1 FROM unnest(v_created) n WHERE n > 0) THEN
+        PERFORM pg_notify('outbox_intents', '');
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(v_ids, v_found, v_matched, v_created);
 END
 $$;
 
@@ -1636,6 +1709,29 @@ CREATE FUNCTION outbox.subscriptions_changed() RETURNS trigger
 BEGIN
     PERFORM pg_notify('outbox_subscriptions', '');
     RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: subscriptions_headers_in_clear(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.subscriptions_headers_in_clear() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF NEW.headers IS NULL OR NEW.headers = '{}'::jsonb THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.headers = OLD.headers THEN
+            RETURN NEW;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'outbox.subscriptions: subscription %''s header values are stored sealed (headers_sealed, header_names), never in headers',
+        NEW.id USING ERRCODE = '23514';
 END
 $$;
 
@@ -2531,7 +2627,7 @@ CREATE TABLE outbox.subscriptions (
     tenant text,
     event_types text[] DEFAULT '{}'::text[] NOT NULL,
     url text NOT NULL,
-    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    headers jsonb DEFAULT '{}'::jsonb,
     rate double precision,
     description text,
     secret bytea NOT NULL,
@@ -2541,8 +2637,11 @@ CREATE TABLE outbox.subscriptions (
     disabled_reason text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    header_names text[] DEFAULT '{}'::text[] NOT NULL,
+    headers_sealed bytea,
     CONSTRAINT subscriptions_description_check CHECK (((description IS NULL) OR (length(description) <= 1000))),
     CONSTRAINT subscriptions_headers_check CHECK ((jsonb_typeof(headers) = 'object'::text)),
+    CONSTRAINT subscriptions_headers_sealed CHECK ((((headers_sealed IS NULL) = (headers IS NOT NULL)) AND ((headers_sealed IS NULL) OR (cardinality(header_names) > 0)))),
     CONSTRAINT subscriptions_id_check CHECK ((id ~ '^sub_[A-Za-z0-9]{8,64}$'::text)),
     CONSTRAINT subscriptions_previous CHECK (((previous_secret IS NULL) = (previous_until IS NULL))),
     CONSTRAINT subscriptions_rate_check CHECK (((rate IS NULL) OR (rate > (0)::double precision))),
@@ -3215,6 +3314,13 @@ CREATE TRIGGER outbox_insert INSTEAD OF INSERT ON outbox.outbox FOR EACH ROW EXE
 --
 
 CREATE TRIGGER subscriptions_changed AFTER INSERT OR DELETE OR UPDATE OR TRUNCATE ON outbox.subscriptions FOR EACH STATEMENT EXECUTE FUNCTION outbox.subscriptions_changed();
+
+
+--
+-- Name: subscriptions subscriptions_headers_in_clear; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER subscriptions_headers_in_clear BEFORE INSERT OR UPDATE OF headers ON outbox.subscriptions FOR EACH ROW EXECUTE FUNCTION outbox.subscriptions_headers_in_clear();
 
 
 --

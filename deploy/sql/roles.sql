@@ -47,6 +47,8 @@ GRANT EXECUTE ON FUNCTION outbox.publish(text, text, jsonb, text, text),
 GRANT EXECUTE ON FUNCTION outbox.expand_event(bigint, text),
                           outbox.disable_failing_subscriptions(interval, text, text)
     TO outbox_relay;
+-- (0031) and in batches
+GRANT EXECUTE ON FUNCTION outbox.expand_events(bigint[]) TO outbox_relay;
 GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_relay, outbox_operator;
 GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
 -- the claim asks it whose turn it is within an ordering key (0005)

@@ -57,6 +57,21 @@ pub fn destination_of(
     crate::kinds::destination_of(kind, destination, payload, endpoints, origin)
 }
 
+/// Where an intent's effect goes as `outbox.destination_of` names it in
+/// the database: a named endpoint by its name (the relay's own name for
+/// it is its URL's origin, which the database does not know).
+pub fn stored_destination_of(
+    kind: &str,
+    destination: Option<&str>,
+    payload: &Value,
+) -> Option<String> {
+    let named = Kind::parse(kind).is_some_and(|k| k.fixed_destination().is_none());
+    match destination {
+        Some(name) if named => Some(name.to_string()),
+        _ => destination_of(kind, None, payload, &HashMap::new()),
+    }
+}
+
 /// A subscription's id (`sub_` and 8 to 64 letters or digits): its
 /// deliveries' destination.
 pub fn is_subscription(name: &str) -> bool {

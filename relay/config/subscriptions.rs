@@ -1,5 +1,5 @@
-//! `[subscriptions]`: the key that seals subscriptions' signing secrets,
-//! and when a failing subscription is disabled.
+//! `[subscriptions]`: the key that seals subscriptions' signing secrets
+//! and header values, and when a failing subscription is disabled.
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
@@ -7,6 +7,7 @@ use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use chacha20poly1305::XChaCha20Poly1305;
 use outbox_providers::Secret;
 use serde::Deserialize;
+use serde_json::{Map, Value};
 
 use crate::units::{dur, Dur};
 
@@ -14,7 +15,7 @@ use crate::units::{dur, Dur};
 #[serde(deny_unknown_fields, default)]
 pub struct SubscriptionsSection {
     /// 32 random bytes in base64 (`openssl rand -base64 32`): seals every
-    /// subscription's signing secret in the database. Also
+    /// subscription's signing secret and header values in the database. Also
     /// `OUTBOX_RELAY__SUBSCRIPTIONS__SECRET_KEY` or its `_FILE`.
     pub secret_key: Option<Secret>,
     /// A subscription whose deliveries have failed without a success for
@@ -54,9 +55,11 @@ impl SubscriptionsSection {
     }
 }
 
-/// The key that seals subscriptions' signing secrets: XChaCha20-Poly1305,
-/// a random nonce per secret, the subscription's id as associated data (a
-/// sealed secret moved to another subscription does not open).
+/// The key that seals subscriptions' signing secrets and header values:
+/// XChaCha20-Poly1305, a random nonce each time, and as associated data
+/// the subscription's id for a secret, `<id>/headers` for the headers (a
+/// sealed value moved to another subscription, or from a secret to the
+/// headers or back, does not open).
 #[derive(Clone)]
 pub struct SealingKey(XChaCha20Poly1305);
 
@@ -68,6 +71,12 @@ impl std::fmt::Debug for SealingKey {
 
 /// Nonce length of XChaCha20-Poly1305.
 const NONCE: usize = 24;
+
+/// The associated data of a subscription's sealed headers. (An id is
+/// `sub_` and letters and digits: no secret's associated data ends so.)
+fn headers_aad(id: &str) -> String {
+    format!("{id}/headers")
+}
 
 impl SealingKey {
     /// From 32 bytes in base64. The error never contains the key.
@@ -88,20 +97,7 @@ impl SealingKey {
 
     /// `secret` sealed for subscription `id`: nonce, then ciphertext.
     pub fn seal(&self, id: &str, secret: &Secret) -> Vec<u8> {
-        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
-        let sealed = self
-            .0
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: secret.expose().as_bytes(),
-                    aad: id.as_bytes(),
-                },
-            )
-            .expect("XChaCha20-Poly1305 seals any message that fits in memory");
-        let mut out = nonce.to_vec();
-        out.extend(sealed);
-        out
+        self.seal_bytes(id.as_bytes(), secret.expose().as_bytes())
     }
 
     /// The secret sealed for subscription `id`, or an error that says the
@@ -113,23 +109,60 @@ impl SealingKey {
                  it was sealed with another key"
             )
         };
+        let plain = self.open_bytes(id.as_bytes(), sealed).ok_or_else(wrong)?;
+        String::from_utf8(plain)
+            .map(Secret::new)
+            .map_err(|_| wrong())
+    }
+
+    /// Subscription `id`'s headers (names and values, as a JSON object)
+    /// sealed: nonce, then ciphertext.
+    pub fn seal_headers(&self, id: &str, headers: &Map<String, Value>) -> Vec<u8> {
+        let plain = serde_json::to_vec(headers).expect("a JSON map serializes");
+        self.seal_bytes(headers_aad(id).as_bytes(), &plain)
+    }
+
+    /// The headers sealed for subscription `id`, or an error that says the
+    /// key does not open them; neither names a header nor holds a value.
+    pub fn open_headers(&self, id: &str, sealed: &[u8]) -> Result<Map<String, Value>, String> {
+        let wrong = || {
+            format!(
+                "subscriptions.secret_key does not open subscription {id}'s headers: \
+                 they were sealed with another key"
+            )
+        };
+        let plain = self
+            .open_bytes(headers_aad(id).as_bytes(), sealed)
+            .ok_or_else(wrong)?;
+        serde_json::from_slice(&plain).map_err(|_| wrong())
+    }
+
+    fn seal_bytes(&self, aad: &[u8], msg: &[u8]) -> Vec<u8> {
+        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let sealed = self
+            .0
+            .encrypt(&nonce, Payload { msg, aad })
+            .expect("XChaCha20-Poly1305 seals any message that fits in memory");
+        let mut out = nonce.to_vec();
+        out.extend(sealed);
+        out
+    }
+
+    /// None: not sealed by this key with this associated data.
+    fn open_bytes(&self, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
         if sealed.len() < NONCE {
-            return Err(wrong());
+            return None;
         }
         let (nonce, ciphertext) = sealed.split_at(NONCE);
-        let plain = self
-            .0
+        self.0
             .decrypt(
                 nonce.into(),
                 Payload {
                     msg: ciphertext,
-                    aad: id.as_bytes(),
+                    aad,
                 },
             )
-            .map_err(|_| wrong())?;
-        String::from_utf8(plain)
-            .map(Secret::new)
-            .map_err(|_| wrong())
+            .ok()
     }
 }
 
@@ -168,6 +201,37 @@ mod tests {
         assert!(key(1).open("sub_aaaaaaaa", &sealed[..10]).is_err());
         // a nonce each time: sealing twice gives two ciphertexts
         assert_ne!(sealed, key(1).seal("sub_aaaaaaaa", &secret));
+    }
+
+    #[test]
+    fn sealed_headers_open_with_their_key_and_subscription_only_and_never_as_a_secret() {
+        let mut headers = Map::new();
+        headers.insert("Authorization".into(), Value::from("Bearer s3cr3t"));
+        headers.insert("X-Team".into(), Value::from("billing"));
+        let sealed = key(1).seal_headers("sub_aaaaaaaa", &headers);
+        assert!(!sealed.windows(6).any(|w| w == b"s3cr3t"));
+        assert_eq!(
+            key(1).open_headers("sub_aaaaaaaa", &sealed).unwrap(),
+            headers
+        );
+        for err in [
+            key(2).open_headers("sub_aaaaaaaa", &sealed).unwrap_err(),
+            key(1).open_headers("sub_bbbbbbbb", &sealed).unwrap_err(),
+            key(1)
+                .open_headers("sub_aaaaaaaa", &sealed[..10])
+                .unwrap_err(),
+        ] {
+            assert!(err.contains("headers"), "{err}");
+            assert!(
+                !err.contains("s3cr3t") && !err.contains("Authorization"),
+                "{err}"
+            );
+        }
+        // headers never open as a secret, nor a secret as headers
+        assert!(key(1).open("sub_aaaaaaaa", &sealed).is_err());
+        let secret = key(1).seal("sub_aaaaaaaa", &Secret::new("{}"));
+        assert!(key(1).open_headers("sub_aaaaaaaa", &secret).is_err());
+        assert_ne!(sealed, key(1).seal_headers("sub_aaaaaaaa", &headers));
     }
 
     #[test]

@@ -48,14 +48,25 @@ pub struct Claimer {
 }
 
 impl Claimer {
-    async fn claim(&self, n: usize) -> Result<Vec<Claimed>, sqlx::Error> {
+    /// Claim up to `n`, setting the congested destinations' intents
+    /// aside; also whether any were (more may be behind them).
+    async fn claim(&self, n: usize) -> Result<(Vec<Claimed>, bool), sqlx::Error> {
         let lease_ms = self.lease.as_millis() as i64;
+        let aside = self.deliverer.aside();
         let claims = self
             .store
-            .claim_with(&self.query, &self.owner, n as i64, lease_ms)
+            .claim_setting_aside(&self.query, &self.owner, n as i64, lease_ms, &aside)
             .await?;
-        self.batches.claimed(claims.len());
-        Ok(claims)
+        let mut set_aside = false;
+        for (name, &count) in aside.names.iter().zip(&claims.set_aside) {
+            if count > 0 {
+                set_aside = true;
+                self.deliverer.set_aside(name, count);
+                metrics::counter!("outbox_set_aside_total").increment(count);
+            }
+        }
+        self.batches.claimed(claims.claimed.len());
+        Ok((claims.claimed, set_aside))
     }
 
     /// How long to sleep when caught up: the poll interval, or less when a
@@ -97,6 +108,7 @@ impl Claimer {
         mode: Mode,
     ) -> Result<(), sqlx::Error> {
         let mut backoff = Duration::from_millis(100);
+        let mut set_aside_last = false;
         loop {
             // claims taken while the standbys lag would only wait
             if !self.standbys.until_in_step(&mut stop).await {
@@ -107,13 +119,18 @@ impl Claimer {
             else {
                 return Ok(());
             };
-            self.budget.gather(&mut permits, &mut stop).await;
+            // after a claim that set intents aside, more of them may be
+            // in front of the next claimable ones: claim again at once,
+            // without waiting for a batch of permits to gather
+            if !set_aside_last {
+                self.budget.gather(&mut permits, &mut stop).await;
+            }
             if *stop.borrow() {
                 return Ok(());
             }
             let wanted = permits.len();
-            let claims = match self.claim(wanted).await {
-                Ok(claims) => claims,
+            let (claims, set_aside) = match self.claim(wanted).await {
+                Ok(claimed) => claimed,
                 Err(err) if mode == Mode::Drain => return Err(err),
                 Err(err) => {
                     drop(permits);
@@ -127,6 +144,7 @@ impl Claimer {
                 }
             };
             backoff = Duration::from_millis(100);
+            set_aside_last = set_aside;
             let got = claims.len();
             if *stop.borrow() {
                 self.deliverer.release(&claims).await;
@@ -138,6 +156,8 @@ impl Claimer {
             }
             drop(permits);
             match mode {
+                // intents set aside: others may be behind them
+                _ if set_aside => {}
                 Mode::Drain if got == 0 && idle_before => return Ok(()),
                 // a delivery finishing may make a retry due at once
                 Mode::Drain if got == 0 => self.budget.task_done().await,

@@ -21,7 +21,7 @@ use crate::config::RetryPolicy;
 use crate::engine::budget::{ClaimBudget, Permit};
 use crate::engine::complete::Sink;
 use crate::engine::reconcile::{self, Recovery};
-use crate::engine::room::{self, Rooms};
+use crate::engine::room::{self, Aside, NoRoom, Rooms};
 use crate::engine::settle::settle;
 use crate::engine::standbys::Standbys;
 use crate::engine::supervisor::panic_message;
@@ -138,6 +138,16 @@ impl Deliverer {
     pub fn with_standbys(mut self, standbys: Arc<Standbys>) -> Deliverer {
         self.standbys = standbys;
         self
+    }
+
+    /// The congested destinations a claim of the log sets aside.
+    pub fn aside(&self) -> Aside {
+        self.rooms.aside()
+    }
+
+    /// A claim set `n` intents of the destination `name` aside.
+    pub fn set_aside(&self, name: &str, n: u64) {
+        self.rooms.set_aside(name, n)
     }
 
     /// The kinds this relay delivers.
@@ -262,7 +272,7 @@ async fn run_one(d: Arc<Deliverer>, claim: Claimed, permit: Permit) {
 async fn attempt_guarded(
     d: &Deliverer,
     claim: &Claimed,
-    no_room: Option<String>,
+    no_room: Option<NoRoom>,
     started: chrono::DateTime<Utc>,
 ) -> (Outcome, Completion) {
     let policy = d.settings.retry_policy(&claim.kind);
@@ -310,12 +320,12 @@ async fn attempt_guarded(
 /// what the lease leaves beyond a whole attempt (counted meanwhile as
 /// queued for a delivery slot, so the claim budget's bound on claims
 /// waiting holds; at most as many wait per destination as may be in
-/// flight there). `Err` with the reason to defer; `None` when no bound
-/// applies or the relay is stopping.
+/// flight there). `Err` with the reason to defer and when; `None` when no
+/// bound applies or the relay is stopping.
 async fn enter_room(
     d: &Deliverer,
     claim: &Claimed,
-) -> Option<Result<tokio::sync::OwnedSemaphorePermit, String>> {
+) -> Option<Result<tokio::sync::OwnedSemaphorePermit, NoRoom>> {
     if claim.payload_error.is_some() {
         return None;
     }
@@ -331,12 +341,23 @@ async fn enter_room(
         .saturating_sub(claim.claimed_at.elapsed())
         .saturating_sub(room_for_attempt)
         .min(room::PATIENCE);
+    let name = stored_name(claim);
     let mut stopping = d.stopping.clone();
     tokio::select! {
         biased;
         _ = stopping.wait_for(|s| *s) => None,
-        entered = d.rooms.enter(&limit, patience) => Some(entered),
+        entered = d.rooms.enter(&limit, patience, name.as_deref()) => Some(entered),
     }
+}
+
+/// The claim's destination as the database names it, which a claim of the
+/// log sets aside while it is congested.
+fn stored_name(claim: &Claimed) -> Option<String> {
+    crate::config::destinations::stored_destination_of(
+        &claim.kind,
+        claim.destination.as_deref(),
+        &claim.payload,
+    )
 }
 
 /// What a provider is handed of a claim (`deadline`: the attempt's end).
@@ -373,9 +394,6 @@ async fn wait_for_standbys(d: &Deliverer, claim: &Claimed) -> bool {
         .await
 }
 
-/// When a delivery that found no room at its destination is tried again.
-const NO_ROOM_RETRY: Duration = Duration::from_millis(500);
-
 /// The most the gate's database work may take per attempt, before it and
 /// after it.
 const GATE_TIME: Duration = Duration::from_secs(1);
@@ -392,7 +410,7 @@ const BACKSTOP: Duration = Duration::from_millis(250);
 async fn attempt(
     d: &Deliverer,
     claim: &Claimed,
-    no_room: Option<String>,
+    no_room: Option<NoRoom>,
 ) -> (Outcome, AmbiguityPolicy) {
     if let Some(reason) = &claim.payload_error {
         // nothing can have been sent for it: no attempt ever had a payload
@@ -406,7 +424,11 @@ async fn attempt(
         ));
         return (outcome, AmbiguityPolicy::Park);
     };
-    if let Some(reason) = no_room {
+    if let Some(NoRoom {
+        reason,
+        retry_after,
+    }) = no_room
+    {
         // the destination stayed at its bound: deferred like the
         // provider's own check defers, no attempt spent
         if let Some(previous) = &claim.recovered_from {
@@ -414,7 +436,7 @@ async fn attempt(
         }
         let outcome = Outcome::Deferred {
             reason,
-            retry_after: NO_ROOM_RETRY,
+            retry_after,
         };
         return (outcome, provider.on_ambiguous());
     }

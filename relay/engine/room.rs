@@ -13,13 +13,25 @@
 //! relay's claims from the others), and a wait lasts at most
 //! [`PATIENCE`]. A deferral spends no attempt, as when the provider itself
 //! defers.
+//!
+//! A destination where a delivery waited the whole patience for room is
+//! *congested*: it cannot take more than its limit per patience, so its
+//! backlog would otherwise be claimed and deferred over and over, ahead
+//! of every other destination's intents. Until it has gone
+//! [`CONGESTION_MEMORY`] without a deferral, its intents are set aside:
+//! a deferral, and a claim of the log that meets its intents (see
+//! [`Rooms::aside`]), gives each a turn at most its limit per second, so
+//! they come due no faster than it can take them and the claims reach
+//! the other destinations' intents behind them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox_providers::InFlightLimit;
+
+pub use crate::store::Aside;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The longest a delivery waits for room before it is deferred.
@@ -27,6 +39,16 @@ pub const PATIENCE: Duration = Duration::from_secs(1);
 
 /// Destinations kept beyond those with deliveries in flight.
 const KEEP: usize = 4096;
+
+/// How long a destination stays congested after its last deferral.
+pub const CONGESTION_MEMORY: Duration = Duration::from_secs(10);
+
+/// The soonest a deferred delivery is tried again.
+pub const NO_ROOM_RETRY: Duration = Duration::from_millis(500);
+
+/// Names of one destination as `outbox.destination_of` gives them (a named
+/// endpoint and the URLs of its origin share a room) kept per room.
+const NAMES_KEPT: usize = 8;
 
 /// Room per destination, shared by one relay's deliveries.
 #[derive(Debug, Default)]
@@ -37,11 +59,79 @@ pub struct Rooms {
     min_waiting: usize,
 }
 
-/// One destination's room: its slots and how many deliveries wait for one.
+/// One destination's room: its slots, how many deliveries wait for one,
+/// and its congestion.
 #[derive(Debug)]
 struct Room {
     slots: Arc<Semaphore>,
     waiting: AtomicUsize,
+    /// One turn per `1 / limit` seconds, for the deliveries it defers.
+    turn: Duration,
+    congestion: Mutex<Option<Congestion>>,
+}
+
+/// A congested destination's deferrals: when it last deferred, the turn
+/// after the last one given, and its names in the database.
+#[derive(Debug)]
+struct Congestion {
+    last: Instant,
+    horizon: Instant,
+    names: Vec<String>,
+}
+
+impl Room {
+    fn congestion(&self) -> std::sync::MutexGuard<'_, Option<Congestion>> {
+        self.congestion.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Note a deferral (`waited`: after the whole patience, which makes the
+    /// destination congested; otherwise it only keeps it so) of an intent
+    /// the database names `name`; the delay of its next try.
+    fn defer(&self, waited: bool, name: Option<&str>) -> Duration {
+        let now = Instant::now();
+        let mut congestion = self.congestion();
+        let live = congestion
+            .as_ref()
+            .is_some_and(|c| c.last.elapsed() < CONGESTION_MEMORY);
+        if !live && !waited {
+            return NO_ROOM_RETRY;
+        }
+        let c = congestion.get_or_insert_with(|| Congestion {
+            last: now,
+            horizon: now,
+            names: Vec::new(),
+        });
+        if !live {
+            c.horizon = now;
+            c.names.clear();
+        }
+        c.last = now;
+        if let Some(name) = name {
+            if !c.names.iter().any(|n| n == name) && c.names.len() < NAMES_KEPT {
+                c.names.push(name.to_string());
+            }
+        }
+        let due = c.horizon.max(now + NO_ROOM_RETRY);
+        c.horizon = due + self.turn;
+        due - now
+    }
+
+    /// Give `n` turns from the next: when the first is due (from now).
+    fn turns(&self, n: u64) -> Option<Duration> {
+        let now = Instant::now();
+        let mut congestion = self.congestion();
+        let c = congestion.as_mut()?;
+        let due = c.horizon.max(now + NO_ROOM_RETRY);
+        c.horizon = due + self.turn * n.min(u32::MAX as u64) as u32;
+        Some(due - now)
+    }
+}
+
+/// Why a delivery found no room, and when to try it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoRoom {
+    pub reason: String,
+    pub retry_after: Duration,
 }
 
 /// Counts a delivery as waiting while it lives (a wait given up midway,
@@ -70,12 +160,15 @@ impl Rooms {
     }
 
     /// Room for one delivery under `limit`, waiting at most `patience`;
-    /// `Err` with the reason a deferral gives when none came in time.
+    /// `Err` with the reason a deferral gives when none came in time, and
+    /// its delay. `name`: the intent's destination as the database names
+    /// it, set aside by the claims while the destination is congested.
     pub async fn enter(
         &self,
         limit: &InFlightLimit,
         patience: Duration,
-    ) -> Result<OwnedSemaphorePermit, String> {
+        name: Option<&str>,
+    ) -> Result<OwnedSemaphorePermit, NoRoom> {
         let room = self.room(limit);
         if let Ok(permit) = room.slots.clone().try_acquire_owned() {
             return Ok(permit);
@@ -89,16 +182,65 @@ impl Rooms {
         let may_wait = limit.limit.max(self.min_waiting).max(1);
         if room.waiting.fetch_add(1, Ordering::SeqCst) >= may_wait {
             room.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(busy(&if may_wait == limit.limit {
-                " and as many waiting".to_string()
-            } else {
-                format!(" and {may_wait} waiting")
-            }));
+            return Err(NoRoom {
+                reason: busy(&if may_wait == limit.limit {
+                    " and as many waiting".to_string()
+                } else {
+                    format!(" and {may_wait} waiting")
+                }),
+                retry_after: room.defer(false, name),
+            });
         }
         let _waiting = Waiting(&room.waiting);
         match tokio::time::timeout(patience, room.slots.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
-            _ => Err(busy(&format!(" for {patience:?}"))),
+            _ => Err(NoRoom {
+                reason: busy(&format!(" for {patience:?}")),
+                // a wait cut short by the lease says nothing of the room
+                retry_after: room.defer(patience >= PATIENCE, name),
+            }),
+        }
+    }
+
+    /// The congested destinations, by their names in the database, with
+    /// their next turns: what a claim of the log sets aside.
+    pub fn aside(&self) -> Aside {
+        let rooms = self
+            .by_destination
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        let mut aside = Aside::default();
+        for room in rooms.values() {
+            let congestion = room.congestion();
+            let Some(c) = congestion
+                .as_ref()
+                .filter(|c| c.last.elapsed() < CONGESTION_MEMORY)
+            else {
+                continue;
+            };
+            let first = c.horizon.max(now + NO_ROOM_RETRY) - now;
+            for name in &c.names {
+                aside.names.push(name.clone());
+                aside.first_ms.push(first.as_secs_f64() * 1000.0);
+                aside.turn_ms.push(room.turn.as_secs_f64() * 1000.0);
+            }
+        }
+        aside
+    }
+
+    /// A claim set `n` intents named `name` aside: their turns are given.
+    pub fn set_aside(&self, name: &str, n: u64) {
+        let rooms = self
+            .by_destination
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(room) = rooms.values().find(|r| {
+            r.congestion()
+                .as_ref()
+                .is_some_and(|c| c.names.iter().any(|x| x == name))
+        }) {
+            room.turns(n);
         }
     }
 
@@ -112,7 +254,12 @@ impl Rooms {
             // bounded (a destination's limit is its provider's, the same
             // for every delivery, so forgetting loses no count)
             rooms.retain(|_, room| {
-                Arc::strong_count(room) > 1 || Arc::strong_count(&room.slots) > 1
+                Arc::strong_count(room) > 1
+                    || Arc::strong_count(&room.slots) > 1
+                    || room
+                        .congestion()
+                        .as_ref()
+                        .is_some_and(|c| c.last.elapsed() < CONGESTION_MEMORY)
             });
         }
         if let Some(room) = rooms.get(&limit.destination) {
@@ -124,6 +271,8 @@ impl Rooms {
                 Arc::new(Room {
                     slots: Arc::new(Semaphore::new(limit.limit.max(1))),
                     waiting: AtomicUsize::new(0),
+                    turn: Duration::from_secs(1) / limit.limit.clamp(1, u32::MAX as usize) as u32,
+                    congestion: Mutex::new(None),
                 })
             })
             .clone()
@@ -146,12 +295,12 @@ mod tests {
     async fn a_delivery_over_the_limit_waits_for_room_then_gets_it() {
         let rooms = Arc::new(Rooms::default());
         let a = limit("http://a:80", 2);
-        let first = rooms.enter(&a, PATIENCE).await.unwrap();
-        let _second = rooms.enter(&a, PATIENCE).await.unwrap();
+        let first = rooms.enter(&a, PATIENCE, None).await.unwrap();
+        let _second = rooms.enter(&a, PATIENCE, None).await.unwrap();
         let waiting = tokio::spawn({
             let rooms = rooms.clone();
             let a = a.clone();
-            async move { rooms.enter(&a, Duration::from_secs(30)).await.is_ok() }
+            async move { rooms.enter(&a, Duration::from_secs(30), None).await.is_ok() }
         });
         tokio::task::yield_now().await;
         assert!(
@@ -160,7 +309,7 @@ mod tests {
         );
         // another destination has room of its own
         assert!(rooms
-            .enter(&limit("http://b:80", 2), Duration::ZERO)
+            .enter(&limit("http://b:80", 2), Duration::ZERO, None)
             .await
             .is_ok());
         drop(first);
@@ -172,20 +321,26 @@ mod tests {
         let rooms = Arc::new(Rooms::default());
         let a = limit("http://slow:80", 2);
         let _in_flight = (
-            rooms.enter(&a, PATIENCE).await.unwrap(),
-            rooms.enter(&a, PATIENCE).await.unwrap(),
+            rooms.enter(&a, PATIENCE, None).await.unwrap(),
+            rooms.enter(&a, PATIENCE, None).await.unwrap(),
         );
         let waiters: Vec<_> = (0..2)
             .map(|_| {
                 let (rooms, a) = (rooms.clone(), a.clone());
-                tokio::spawn(async move { rooms.enter(&a, Duration::from_secs(30)).await.is_ok() })
+                tokio::spawn(
+                    async move { rooms.enter(&a, Duration::from_secs(30), None).await.is_ok() },
+                )
             })
             .collect();
         while rooms.room(&a).waiting.load(Ordering::SeqCst) < 2 {
             tokio::task::yield_now().await;
         }
         let started = std::time::Instant::now();
-        let err = rooms.enter(&a, Duration::from_secs(30)).await.unwrap_err();
+        let err = rooms
+            .enter(&a, Duration::from_secs(30), None)
+            .await
+            .unwrap_err()
+            .reason;
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "deferred at once"
@@ -200,10 +355,10 @@ mod tests {
     async fn a_wait_given_up_is_no_longer_counted() {
         let rooms = Rooms::default();
         let a = limit("http://a:80", 1);
-        let _held = rooms.enter(&a, PATIENCE).await.unwrap();
+        let _held = rooms.enter(&a, PATIENCE, None).await.unwrap();
         let gave_up = tokio::time::timeout(
             Duration::from_millis(20),
-            rooms.enter(&a, Duration::from_secs(30)),
+            rooms.enter(&a, Duration::from_secs(30), None),
         )
         .await;
         assert!(gave_up.is_err());
@@ -214,11 +369,12 @@ mod tests {
     async fn no_room_within_the_patience_is_a_deferral_naming_the_setting() {
         let rooms = Rooms::default();
         let a = limit("http://a:80", 1);
-        let _held = rooms.enter(&a, PATIENCE).await.unwrap();
+        let _held = rooms.enter(&a, PATIENCE, None).await.unwrap();
         let err = rooms
-            .enter(&a, Duration::from_millis(20))
+            .enter(&a, Duration::from_millis(20), None)
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .reason;
         assert!(
             err.contains("http://a:80") && err.contains("webhook.max_in_flight_per_host"),
             "{err}"
@@ -231,17 +387,19 @@ mod tests {
         for n in 0..=KEEP + 1 {
             drop(
                 rooms
-                    .enter(&limit(&format!("http://h{n}:80"), 1), PATIENCE)
+                    .enter(&limit(&format!("http://h{n}:80"), 1), PATIENCE, None)
                     .await,
             );
         }
         // the last of those found more than KEEP and forgot them all
         assert_eq!(rooms.by_destination.lock().unwrap().len(), 1);
-        let held = rooms.enter(&limit("http://busy:80", 1), PATIENCE).await;
+        let held = rooms
+            .enter(&limit("http://busy:80", 1), PATIENCE, None)
+            .await;
         for n in 0..KEEP {
             drop(
                 rooms
-                    .enter(&limit(&format!("http://g{n}:80"), 1), PATIENCE)
+                    .enter(&limit(&format!("http://g{n}:80"), 1), PATIENCE, None)
                     .await,
             );
         }
@@ -254,5 +412,62 @@ mod tests {
         );
         drop(kept);
         drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_destination_that_kept_a_delivery_waiting_its_patience_is_set_aside() {
+        let rooms = Rooms::default();
+        let a = limit("sub_slow0000", 4);
+        let _held: Vec<_> = futures_util::future::join_all(
+            (0..4).map(|_| rooms.enter(&a, PATIENCE, Some("sub_slow0000"))),
+        )
+        .await;
+        assert!(
+            rooms.aside().is_empty(),
+            "a full room alone is no congestion"
+        );
+        let first = rooms
+            .enter(&a, PATIENCE, Some("sub_slow0000"))
+            .await
+            .unwrap_err();
+        assert!(first.retry_after >= NO_ROOM_RETRY, "{first:?}");
+        let aside = rooms.aside();
+        assert_eq!(aside.names, ["sub_slow0000"]);
+        assert_eq!(aside.turn_ms, [250.0], "four a second");
+        // the next deferral's turn comes one turn later, and turns given
+        // to a claim's intents push the following ones back
+        let second = rooms
+            .enter(&a, Duration::ZERO, Some("sub_slow0000"))
+            .await
+            .unwrap_err();
+        assert!(
+            second.retry_after >= first.retry_after + Duration::from_millis(200),
+            "{first:?} then {second:?}"
+        );
+        let before = rooms.aside().first_ms[0];
+        rooms.set_aside("sub_slow0000", 40);
+        let after = rooms.aside().first_ms[0];
+        assert!(after - before >= 9_900.0, "{before} then {after}");
+    }
+
+    #[tokio::test]
+    async fn deferrals_at_once_of_an_uncongested_destination_set_nothing_aside() {
+        let rooms = Arc::new(Rooms::default());
+        let a = limit("http://busy:80", 1);
+        let _held = rooms.enter(&a, PATIENCE, None).await.unwrap();
+        let waiter = tokio::spawn({
+            let (rooms, a) = (rooms.clone(), a.clone());
+            async move { rooms.enter(&a, Duration::from_secs(30), None).await.is_ok() }
+        });
+        while rooms.room(&a).waiting.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+        let at_once = rooms
+            .enter(&a, Duration::from_secs(30), Some("http://busy"))
+            .await
+            .unwrap_err();
+        assert_eq!(at_once.retry_after, NO_ROOM_RETRY);
+        assert!(rooms.aside().is_empty());
+        waiter.abort();
     }
 }

@@ -195,12 +195,24 @@ pub const LOG_CLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(20291, 0)";
 /// knows). The cursor moves past the intents taken whose transaction is
 /// older than every transaction still running: one that commits later has a
 /// larger xid, so its intents come after the cursor.
+///
+/// Set aside: the intents of a congested destination ($4, its names as
+/// `outbox.destination_of` gives them) get their row too, pending, each at
+/// its turn (the destination's first turn $5 ms from now, then one per $6
+/// ms), and are returned with `aside` (its index in $4) and no payload.
+/// The claim looks at up to $7 more intents than it claims for them: the
+/// intents it takes are those up to its $1-th claimed one, so the cursor
+/// still passes only intents taken.
 fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
     format!(
-        "WITH cand AS (
+        "WITH scan AS (
              SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after,
                     l.ordering_key, l.waiting, l.source, l.created_at, l.traceparent,
-                    l.tracestate, (l.kind = ANY({known}) {served}) AS eligible
+                    l.tracestate, (l.kind = ANY({known}) {served}) AS served,
+                    CASE WHEN cardinality($4::text[]) > 0
+                         THEN array_position($4::text[],
+                                             outbox.destination_of(l.kind, l.destination, l.payload))
+                    END AS aside
                FROM outbox.intent_log l
               WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
                                       ORDER BY c.seq DESC LIMIT 1)
@@ -214,13 +226,34 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                 AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
                                  WHERE b.ids @> ARRAY[l.id] OFFSET 0)
               ORDER BY l.xid, l.id
-              LIMIT $1),
+              LIMIT $1 + $7),
+         ranked AS (
+             SELECT s.*, s.served AND s.aside IS NULL AS eligible,
+                    -- those claimable before this one (a running count
+                    -- to this row, less itself: a frame ending before the
+                    -- row is counted again for every row)
+                    count(*) FILTER (WHERE s.served AND s.aside IS NULL)
+                        OVER (ORDER BY s.xid, s.id ROWS UNBOUNDED PRECEDING)
+                    - (s.served AND s.aside IS NULL)::int AS before,
+                    row_number() OVER (PARTITION BY s.aside ORDER BY s.xid, s.id) AS turn
+               FROM scan s),
+         cand AS (SELECT * FROM ranked r WHERE r.before < $1),
          tracked AS (
              INSERT INTO outbox.intent_rows (id, key, kind, destination, payload, run_after,
                                              ordering_key, waiting, source, created_at,
-                                             updated_at, traceparent, tracestate)
-             SELECT c.id, c.key, c.kind, c.destination, c.payload, c.run_after, c.ordering_key,
-                    c.waiting, c.source, c.created_at, c.created_at, c.traceparent, c.tracestate
+                                             updated_at, traceparent, tracestate, last_error)
+             SELECT c.id, c.key, c.kind, c.destination, c.payload,
+                    CASE WHEN c.aside IS NULL THEN c.run_after
+                         ELSE greatest(c.run_after,
+                                       now() + (($5::float8[])[c.aside]
+                                                + (c.turn - 1) * ($6::float8[])[c.aside])
+                                               * interval '1 millisecond')
+                    END,
+                    c.ordering_key, c.waiting, c.source, c.created_at, c.created_at,
+                    c.traceparent, c.tracestate,
+                    CASE WHEN c.aside IS NOT NULL
+                         THEN 'deferred: its destination is congested (deliveries waited for '
+                              || 'room there); it takes its turn' END
                FROM cand c
               WHERE NOT c.eligible
              ON CONFLICT (id) DO NOTHING),
@@ -236,13 +269,14 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
               ORDER BY c.xid DESC, c.id DESC LIMIT 1)
          -- every column from the scan itself: joined to the log again, the
          -- generic plan (the limit bound) hashed the whole log per claim
-         SELECT c.id, c.key, c.kind, c.destination, c.payload::text AS payload, 1 AS attempts,
+         SELECT c.id, c.key, c.kind, c.destination,
+                CASE WHEN c.eligible THEN c.payload::text END AS payload, 1 AS attempts,
                 0 AS attempts_base, 1::bigint AS fence, 0 AS key_generation, c.created_at,
                 false AS delivered_before, NULL::text AS recover_owner,
                 NULL::timestamptz AS recover_at, c.traceparent, c.tracestate, c.ordering_key,
-                {mark}
+                c.aside, {mark}
            FROM cand c
-          WHERE c.eligible
+          WHERE c.eligible OR c.aside IS NOT NULL
           ORDER BY c.xid, c.id"
     )
 }

@@ -26,6 +26,30 @@ pub(super) fn first_delivery(c: &Completion) -> bool {
         && c.error.is_none()
 }
 
+/// The destinations a claim of the log sets aside (congested ones): each
+/// name as `outbox.destination_of` gives it, when its first turn is due
+/// (ms from now) and the time between its turns (ms).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Aside {
+    pub names: Vec<String>,
+    pub first_ms: Vec<f64>,
+    pub turn_ms: Vec<f64>,
+}
+
+impl Aside {
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+/// What a claim took: its claims, and how many intents of each name in
+/// its [`Aside`] it set aside.
+#[derive(Debug, Default)]
+pub struct Claims {
+    pub claimed: Vec<Claimed>,
+    pub set_aside: Vec<u64>,
+}
+
 /// A committed claim on one intent: the relay may now perform its effect.
 #[derive(Debug, Clone)]
 pub struct Claimed {
@@ -324,6 +348,22 @@ impl Store {
         limit: i64,
         lease_ms: i64,
     ) -> Result<Vec<Claimed>, sqlx::Error> {
+        let claims = self
+            .claim_setting_aside(query, owner, limit, lease_ms, &Aside::default())
+            .await?;
+        Ok(claims.claimed)
+    }
+
+    /// [`Store::claim_with`], setting the intents of congested
+    /// destinations (`aside`) met in the log aside.
+    pub async fn claim_setting_aside(
+        &self,
+        query: &ClaimQuery,
+        owner: &str,
+        limit: i64,
+        lease_ms: i64,
+        aside: &Aside,
+    ) -> Result<Claims, sqlx::Error> {
         let limit = limit.clamp(0, query.cap());
         let rows = sqlx::query(query.sql_for(limit))
             .bind(limit)
@@ -336,8 +376,14 @@ impl Store {
             .map(|r| claimed_from_row(r, false))
             .collect::<Result<Vec<_>, _>>()?;
         let rest = limit - claimed.len() as i64;
-        claimed.extend(self.claim_from_log(query, owner, rest, lease_ms).await?);
-        Ok(claimed)
+        let mut from_log = self
+            .claim_from_log(query, owner, rest, lease_ms, aside)
+            .await?;
+        claimed.append(&mut from_log.claimed);
+        Ok(Claims {
+            claimed,
+            set_aside: from_log.set_aside,
+        })
     }
 
     /// EXPLAIN (ANALYZE, BUFFERS) of the claim statement for `limit` rows,

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::claim_query::{ClaimQuery, LOG_CLAIM_LOCK};
-use super::claims::{claimed_from_row, Accepted, Claimed, Completion};
+use super::claims::{claimed_from_row, Accepted, Aside, Claims, Completion};
 use super::{storable, Store};
 
 /// Expired batches the sweeper settles in one transaction.
@@ -42,28 +42,57 @@ const LOG_COMPLETE_SQL: &str = "INSERT INTO outbox.log_outcomes AS o (intent_id,
      RETURNING o.intent_id,
                (SELECT l.created_at FROM outbox.intent_log l WHERE l.id = o.intent_id) AS created_at";
 
+/// Intents a claim looked at beyond what it claims, per claimable one, to
+/// set a congested destination's intents aside.
+const ASIDE_PER_CLAIM: i64 = 50;
+
 impl Store {
-    /// Claim up to `limit` intents from the log (after those with rows).
+    /// Claim up to `limit` intents from the log (after those with rows),
+    /// setting the intents of the destinations in `aside` aside.
     pub(super) async fn claim_from_log(
         &self,
         query: &ClaimQuery,
         owner: &str,
         limit: i64,
         lease_ms: i64,
-    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        aside: &Aside,
+    ) -> Result<Claims, sqlx::Error> {
+        let mut claims = Claims {
+            set_aside: vec![0; aside.names.len()],
+            ..Claims::default()
+        };
         if limit <= 0 {
-            return Ok(Vec::new());
+            return Ok(claims);
         }
+        let more = if aside.is_empty() {
+            0
+        } else {
+            query.cap() * ASIDE_PER_CLAIM
+        };
         let mut tx = self.pool.begin().await?;
         sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
         let rows = sqlx::query(query.log_sql())
             .bind(limit)
             .bind(owner)
             .bind(lease_ms)
+            .bind(&aside.names)
+            .bind(&aside.first_ms)
+            .bind(&aside.turn_ms)
+            .bind(more)
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        rows.iter().map(|r| claimed_from_row(r, false)).collect()
+        for row in &rows {
+            match row.try_get::<Option<i32>, _>("aside")? {
+                Some(i) => {
+                    if let Some(n) = claims.set_aside.get_mut((i - 1).max(0) as usize) {
+                        *n += 1;
+                    }
+                }
+                None => claims.claimed.push(claimed_from_row(row, false)?),
+            }
+        }
+        Ok(claims)
     }
 
     /// Record the deliveries at the first attempt of intents claimed from

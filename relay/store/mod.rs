@@ -13,6 +13,7 @@ pub mod claims;
 pub mod console;
 pub mod destinations;
 pub mod enqueue;
+mod expansion;
 pub mod fleet;
 pub mod listener;
 mod log;
@@ -34,6 +35,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 pub use claim_query::ClaimQuery;
+pub use claims::{Aside, Claims};
 pub use claims::{Claimed, Completion, WalMark, Written};
 pub use enqueue::{enqueue, enqueue_many, EnqueueError, Enqueued, NewIntent};
 

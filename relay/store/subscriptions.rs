@@ -1,5 +1,4 @@
-//! Subscriptions (`outbox.subscriptions`) and the expansion of events into
-//! their deliveries (`outbox.expand_event`).
+//! Subscriptions (`outbox.subscriptions`).
 
 use std::time::Duration;
 
@@ -9,7 +8,6 @@ use serde_json::Value;
 use sqlx::FromRow;
 
 use super::Store;
-use crate::kinds::event::{Expand, ExpandError, Expanded};
 
 /// A subscription as `list` and `show` print it: never its secret, and of
 /// its headers only their names (a header may carry a credential).
@@ -56,24 +54,42 @@ pub struct EventDelivery {
     pub made_at: DateTime<Utc>,
 }
 
-/// A subscription to create; `secret` is already sealed.
+/// A subscription to create; `secret` and `headers_sealed` are already
+/// sealed.
 #[derive(Debug, Clone)]
 pub struct NewSubscription {
     pub id: String,
     pub tenant: Option<String>,
     pub event_types: Vec<String>,
     pub url: String,
-    pub headers: serde_json::Map<String, Value>,
+    /// The names of its headers, in order.
+    pub header_names: Vec<String>,
+    /// Its headers (a JSON object), sealed; none when it has none.
+    pub headers_sealed: Option<Vec<u8>>,
     pub rate: Option<f64>,
     pub description: Option<String>,
     pub secret: Vec<u8>,
+}
+
+/// A subscription's sealed values.
+#[derive(Debug, Clone, FromRow)]
+pub struct Sealed {
+    pub id: String,
+    /// Its secret, and the replaced one while it signs.
+    pub secrets: Vec<Vec<u8>>,
+    /// Its headers; none when it has none.
+    pub headers: Option<Vec<u8>>,
 }
 
 /// What a delivery to a subscription needs of its row.
 #[derive(Debug, Clone, FromRow)]
 pub struct TargetRow {
     pub url: String,
-    pub headers: sqlx::types::Json<serde_json::Map<String, Value>>,
+    /// Its headers, sealed; none when it has none.
+    pub headers_sealed: Option<Vec<u8>>,
+    /// Its headers are still in clear (a row older than their sealing that
+    /// no relay with the key has started on since): not read.
+    pub headers_in_clear: bool,
     pub secret: Vec<u8>,
     /// The replaced secret, while its grace window lasts.
     pub previous_secret: Option<Vec<u8>>,
@@ -83,7 +99,7 @@ pub struct TargetRow {
 
 const SELECT: &str = "
     SELECT s.id, s.tenant, s.event_types, s.url,
-           ARRAY(SELECT jsonb_object_keys(s.headers) ORDER BY 1) AS header_names,
+           s.header_names,
            s.rate, s.description, s.disabled_at, s.disabled_reason,
            coalesce(h.state, 'closed') AS health,
            CASE WHEN h.state IN ('open', 'half_open') THEN h.opened_at END AS failing_since,
@@ -105,14 +121,17 @@ impl Store {
     pub async fn add_subscription(&self, s: &NewSubscription) -> Result<(), sqlx::Error> {
         sqlx::query(
             "INSERT INTO outbox.subscriptions
-                 (id, tenant, event_types, url, headers, rate, description, secret)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                 (id, tenant, event_types, url, headers, header_names, headers_sealed, rate,
+                  description, secret)
+             VALUES ($1, $2, $3, $4, CASE WHEN $6::bytea IS NULL THEN '{}'::jsonb END, $5, $6,
+                     $7, $8, $9)",
         )
         .bind(&s.id)
         .bind(&s.tenant)
         .bind(&s.event_types)
         .bind(&s.url)
-        .bind(sqlx::types::Json(&s.headers))
+        .bind(&s.header_names)
+        .bind(&s.headers_sealed)
         .bind(s.rate)
         .bind(&s.description)
         .bind(&s.secret)
@@ -200,7 +219,8 @@ impl Store {
     /// What a delivery to subscription `id` needs; None when it was removed.
     pub async fn subscription_target(&self, id: &str) -> Result<Option<TargetRow>, sqlx::Error> {
         sqlx::query_as(
-            "SELECT url, headers, secret,
+            "SELECT url, headers_sealed,
+                    coalesce(headers <> '{}'::jsonb, false) AS headers_in_clear, secret,
                     CASE WHEN previous_until > now() THEN previous_secret END AS previous_secret,
                     disabled_at, disabled_reason
                FROM outbox.subscriptions WHERE id = $1",
@@ -255,50 +275,52 @@ impl Store {
         .await
     }
 
-    /// Every subscription's sealed secrets (the current one, and the
-    /// replaced one while it signs): to check at start-up that the
+    /// Every subscription's sealed values (its secret, the replaced one
+    /// while it signs, its headers): to check at start-up that the
     /// configured key opens them.
-    pub async fn sealed_secrets(&self) -> Result<Vec<(String, Vec<Vec<u8>>)>, sqlx::Error> {
+    pub async fn sealed_values(&self) -> Result<Vec<Sealed>, sqlx::Error> {
         sqlx::query_as(
             "SELECT id, array_remove(ARRAY[secret,
                                            CASE WHEN previous_until > now()
-                                                THEN previous_secret END], NULL)
+                                                THEN previous_secret END], NULL) AS secrets,
+                    headers_sealed AS headers
                FROM outbox.subscriptions ORDER BY id",
         )
         .fetch_all(&self.pool)
         .await
     }
-}
 
-#[async_trait::async_trait]
-impl Expand for Store {
-    /// One statement, a transaction of its own: one round trip of one
-    /// pooled connection per event.
-    async fn expand(&self, event_id: i64, budget: Duration) -> Result<Expanded, ExpandError> {
-        let expanded =
-            sqlx::query_as::<_, (i32, i32)>("SELECT matched, created FROM outbox.expand_event($1)")
-                .bind(event_id)
-                .fetch_one(&self.pool);
-        let (matched, created) = match tokio::time::timeout(budget, expanded).await {
-            Ok(Ok(row)) => row,
-            Ok(Err(sqlx::Error::Database(e))) if e.code().as_deref() == Some("P0002") => {
-                return Err(ExpandError::NoEvent(e.message().to_string()))
-            }
-            // the server refused it: rolled back
-            Ok(Err(e @ sqlx::Error::Database(_))) | Ok(Err(e @ sqlx::Error::PoolTimedOut)) => {
-                return Err(ExpandError::NotDone(format!("expansion: {e}")))
-            }
-            // sent, and no answer: it may have committed
-            Ok(Err(e)) => return Err(ExpandError::Unknown(format!("expansion: {e}"))),
-            Err(_) => {
-                return Err(ExpandError::Unknown(format!(
-                    "the expansion took longer than its budget ({budget:?}, event.timeout) and may still commit"
-                )))
-            }
-        };
-        Ok(Expanded {
-            matched: matched.max(0) as u32,
-            created: created.max(0) as u32,
-        })
+    /// Seal the headers still held in clear (rows older than their
+    /// sealing), each with `seal`, and clear `headers`, in one transaction;
+    /// how many subscriptions' headers it sealed. Relays starting together
+    /// seal each row once: the first locks the rows, and the others find
+    /// them sealed.
+    pub async fn seal_clear_headers(
+        &self,
+        seal: impl Fn(&str, &serde_json::Map<String, Value>) -> Vec<u8>,
+    ) -> Result<usize, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let clear: Vec<(String, sqlx::types::Json<serde_json::Map<String, Value>>)> =
+            sqlx::query_as(
+                "SELECT id, headers FROM outbox.subscriptions
+                  WHERE headers <> '{}'::jsonb ORDER BY id FOR UPDATE",
+            )
+            .fetch_all(&mut *tx)
+            .await?;
+        for (id, headers) in &clear {
+            let names: Vec<&str> = headers.0.keys().map(String::as_str).collect();
+            sqlx::query(
+                "UPDATE outbox.subscriptions
+                    SET headers = NULL, header_names = $2, headers_sealed = $3
+                  WHERE id = $1",
+            )
+            .bind(id)
+            .bind(names)
+            .bind(seal(id, &headers.0))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(clear.len())
     }
 }

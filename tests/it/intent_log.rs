@@ -148,12 +148,24 @@ async fn the_log_claim_reads_the_log_in_order_whatever_the_history() {
             .unwrap_or_else(|e| panic!("{statement}: {e}"));
     }
     let query = outbox_relay::store::ClaimQuery::new(100, &[]);
-    let prepare = format!(
-        "PREPARE log_claim(bigint, text, bigint) AS {}",
-        query.log_sql()
-    );
-    let execute = "EXECUTE log_claim(100, 'explain', 60000)";
-    for (mode, plan) in common::plans::plans_both_ways(&db, &prepare, execute).await {
+    // with nothing set aside, and with a congested destination's intents
+    // set aside (the claim then looks at more of the log)
+    let mut plans = Vec::new();
+    for (name, args) in [
+        ("log_claim", "'{}', '{}', '{}', 0"),
+        (
+            "log_claim_aside",
+            "'{http://127.0.0.1:9}', '{500}', '{31.25}', 5000",
+        ),
+    ] {
+        let prepare = format!(
+            "PREPARE {name}(bigint, text, bigint, text[], float8[], float8[], bigint) AS {}",
+            query.log_sql()
+        );
+        let execute = format!("EXECUTE {name}(100, 'explain', 60000, {args})");
+        plans.extend(common::plans::plans_both_ways(&db, &prepare, &execute).await);
+    }
+    for (mode, plan) in plans {
         assert!(
             plan.contains("Index Scan using intent_log_xid on intent_log l"),
             "{mode}: the claim must read the log in (xid, id) order:\n{plan}"

@@ -4,6 +4,7 @@
 //! `derive_key(event key, 'subscription ' || id)`, so expanding it again
 //! (a lost completion, a lease taken over) makes no second delivery.
 
+mod batch;
 mod section;
 
 use std::sync::Arc;
@@ -92,22 +93,31 @@ pub enum ExpandError {
     NoEvent(String),
 }
 
-/// Expands an event into its deliveries (the store does, in one
-/// transaction that ends within `budget`).
+/// Expands events into their deliveries (the store does, in one
+/// transaction that ends within `budget`): each event's id with what its
+/// expansion did, or None when it is no event.
 #[async_trait::async_trait]
 pub trait Expand: Send + Sync {
-    async fn expand(&self, event_id: i64, budget: Duration) -> Result<Expanded, ExpandError>;
+    async fn expand(
+        &self,
+        events: &[i64],
+        budget: Duration,
+    ) -> Result<Vec<(i64, Option<Expanded>)>, ExpandError>;
 }
 
-/// The `event` kind's provider: the expansion, through [`Expand`].
+/// The `event` kind's provider: the expansion, through [`Expand`], of the
+/// events expanded at once in one statement ([`batch`]).
 pub struct EventProvider {
-    expander: Arc<dyn Expand>,
+    batcher: batch::Batcher,
     timeout: Duration,
 }
 
 impl EventProvider {
     pub fn new(expander: Arc<dyn Expand>, timeout: Duration) -> EventProvider {
-        EventProvider { expander, timeout }
+        EventProvider {
+            batcher: batch::Batcher::new(expander),
+            timeout,
+        }
     }
 }
 
@@ -121,11 +131,8 @@ impl Provider for EventProvider {
         if let Err(reason) = check(d.payload) {
             return Outcome::invalid(reason);
         }
-        match self
-            .expander
-            .expand(d.intent_id, d.time_left(self.timeout))
-            .await
-        {
+        let deadline = tokio::time::Instant::now() + d.time_left(self.timeout);
+        match self.batcher.expand(d.intent_id, deadline).await {
             Ok(e) => Outcome::Delivered {
                 reference: Some(format!(
                     "{} of {} matching subscriptions",

@@ -1,5 +1,5 @@
-//! The webhook provider's view of subscriptions: a delivery's URL, headers
-//! and signing secrets, opened with the relay's sealing key.
+//! The webhook provider's view of subscriptions: a delivery's URL, and its
+//! headers and signing secrets, opened with the relay's sealing key.
 //!
 //! A subscription's target is kept for [`KEEP`] after it is read, and
 //! forgotten as soon as any subscription changes: the table's trigger
@@ -97,9 +97,24 @@ impl Directory {
         if let Some(previous) = &row.previous_secret {
             secrets.push(self.key.open(id, previous).map_err(Refusal::Unsigned)?);
         }
+        // headers that do not open refuse the delivery, as a secret does:
+        // it is never sent without them
+        let headers = match &row.headers_sealed {
+            Some(sealed) => self
+                .key
+                .open_headers(id, sealed)
+                .map_err(Refusal::Unsigned)?,
+            None if row.headers_in_clear => {
+                return Err(Refusal::Unavailable(format!(
+                    "subscription {id}'s headers are not sealed yet: a relay started with \
+                     subscriptions.secret_key seals them"
+                )))
+            }
+            None => Default::default(),
+        };
         Ok(Target {
             url: row.url,
-            headers: row.headers.0,
+            headers,
             secrets,
         })
     }

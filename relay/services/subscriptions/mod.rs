@@ -1,6 +1,7 @@
 //! Subscriptions: what is checked before one is made, how its signing
-//! secret is made and sealed, and the parts of the relay that read them
-//! (the webhook provider's [`directory`], the `event` kind's expansion).
+//! secret is made and sealed (and its headers' values with it), and the
+//! parts of the relay that read them (the webhook provider's
+//! [`directory`], the `event` kind's expansion).
 
 pub mod directory;
 pub mod replay;
@@ -40,11 +41,15 @@ pub fn context(store: &Store, config: &Config) -> anyhow::Result<Context> {
 }
 
 /// At start-up: where subscriptions exist, the configured key must open
-/// every one of their secrets (a relay that could not would have to send
-/// their deliveries unsigned). The error is the configuration's.
+/// every one of their secrets and sealed headers (a relay that could not
+/// would have to send their deliveries unsigned, or without their
+/// headers). The error is the configuration's. Then the headers a row
+/// still holds in clear (made before header values were sealed) are
+/// sealed with that key, and their clear values removed, in one
+/// transaction.
 pub async fn check_key(store: &Store, config: &Config) -> anyhow::Result<()> {
     let sealed = store
-        .sealed_secrets()
+        .sealed_values()
         .await
         .context("reading the subscriptions")?;
     if sealed.is_empty() {
@@ -56,16 +61,31 @@ pub async fn check_key(store: &Store, config: &Config) -> anyhow::Result<()> {
             sealed.len()
         )
     })?;
-    for (id, secrets) in &sealed {
-        for s in secrets {
-            key.open(id, s).map_err(anyhow::Error::msg)?;
+    for s in &sealed {
+        for secret in &s.secrets {
+            key.open(&s.id, secret).map_err(anyhow::Error::msg)?;
         }
+        if let Some(headers) = &s.headers {
+            key.open_headers(&s.id, headers)
+                .map_err(anyhow::Error::msg)?;
+        }
+    }
+    let n = store
+        .seal_clear_headers(|id, headers| key.seal_headers(id, headers))
+        .await
+        .context("sealing the subscriptions' headers held in clear")?;
+    if n > 0 {
+        tracing::info!(
+            subscriptions = n,
+            "sealed the header values of subscriptions that held them in clear"
+        );
     }
     Ok(())
 }
 
-/// A subscription as asked for, before it is checked.
-#[derive(Debug, Clone, Default)]
+/// A subscription as asked for, before it is checked. (Its `Debug` shows
+/// no header's value.)
+#[derive(Clone, Default)]
 pub struct Request {
     pub url: String,
     pub tenant: Option<String>,
@@ -78,17 +98,38 @@ pub struct Request {
     pub description: Option<String>,
 }
 
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let header_names: Vec<&str> = self
+            .headers
+            .iter()
+            .map(|h| h.split_once(':').map_or("?", |(name, _)| name.trim()))
+            .collect();
+        f.debug_struct("Request")
+            .field("url", &outbox_providers::redact::urls_in(&self.url))
+            .field("tenant", &self.tenant)
+            .field("event_types", &self.event_types)
+            .field("header_names", &header_names)
+            .field("rate", &self.rate)
+            .field("description", &self.description)
+            .finish()
+    }
+}
+
 /// Check a request and make the subscription; returns its id and its new
-/// signing secret, which nothing shows again. Each error names its field.
+/// signing secret, which nothing shows again. Each error names its field
+/// (and never holds a header's value). The header values are stored
+/// sealed, as the secret is.
 pub async fn add(
     store: &Store,
     config: &Config,
     req: &Request,
 ) -> anyhow::Result<(String, Secret)> {
     let key = config.subscriptions.require_key()?;
-    let mut new = checked(config, req)?;
+    let (mut new, headers) = checked(config, req)?;
     let secret = new_signing_secret()?;
     new.secret = key.seal(&new.id, &secret);
+    new.headers_sealed = (!headers.is_empty()).then(|| key.seal_headers(&new.id, &headers));
     store
         .add_subscription(&new)
         .await
@@ -114,8 +155,12 @@ pub async fn rotate(
     Ok(rotated.then_some(secret))
 }
 
-/// The request checked, as a row without its secret yet.
-fn checked(config: &Config, req: &Request) -> anyhow::Result<NewSubscription> {
+/// The request checked, as a row without its sealed values yet, and its
+/// headers to seal.
+fn checked(
+    config: &Config,
+    req: &Request,
+) -> anyhow::Result<(NewSubscription, Map<String, Value>)> {
     let url = check_url(config, &req.url).map_err(|e| anyhow::anyhow!("url: {e}"))?;
     if let Some(t) = &req.tenant {
         if t.is_empty() || t.chars().count() > 200 {
@@ -143,16 +188,18 @@ fn checked(config: &Config, req: &Request) -> anyhow::Result<NewSubscription> {
             bail!("description: at most 1000 characters");
         }
     }
-    Ok(NewSubscription {
+    let new = NewSubscription {
         id: new_id()?,
         tenant: req.tenant.clone(),
         event_types: req.event_types.clone(),
         url,
-        headers,
+        header_names: headers.keys().cloned().collect(),
+        headers_sealed: None,
         rate,
         description: req.description.clone(),
         secret: Vec::new(),
-    })
+    };
+    Ok((new, headers))
 }
 
 /// An http(s) URL the webhook provider accepts, whose host, when it is an
@@ -184,13 +231,18 @@ pub fn check_pattern(p: &str) -> Result<(), String> {
     }
 }
 
-/// `Name: value` lines as a header map, each checked as a webhook's.
+/// `Name: value` lines as a header map, each checked as a webhook's. An
+/// error names a header by its name or its place, never shows a value.
 fn parse_headers(lines: &[String]) -> Result<Map<String, Value>, String> {
     let mut map = Map::new();
-    for line in lines {
-        let (name, value) = line
-            .split_once(':')
-            .ok_or_else(|| format!("{line:?} is not `Name: value`"))?;
+    for (n, line) in lines.iter().enumerate() {
+        let (name, value) = line.split_once(':').ok_or_else(|| {
+            format!(
+                "header {} of {} is not `Name: value` (it has no colon)",
+                n + 1,
+                lines.len()
+            )
+        })?;
         let name = name.trim();
         if map.contains_key(name) {
             return Err(format!("{name:?} is given twice"));
@@ -241,11 +293,29 @@ mod tests {
             rate: Some("50/s".into()),
             description: Some("billing".into()),
         };
-        let s = checked(&config(), &req).unwrap();
+        let (s, headers) = checked(&config(), &req).unwrap();
         assert!(s.id.starts_with("sub_") && s.id.len() == 26, "{}", s.id);
         assert_eq!(s.rate, Some(50.0));
-        assert_eq!(s.headers["X-Team"], "billing");
+        assert_eq!(s.header_names, ["X-Team"]);
+        assert_eq!(headers["X-Team"], "billing");
+        assert!(s.headers_sealed.is_none(), "sealed by add, with the key");
         assert_ne!(new_id().unwrap(), new_id().unwrap());
+    }
+
+    #[test]
+    fn neither_an_error_nor_a_request_shown_holds_a_header_value() {
+        let req = Request {
+            headers: vec![
+                "Authorization: Bearer s3cr3t".into(),
+                "Bearer s3cr3t".into(),
+            ],
+            ..request("http://127.0.0.1:9/hooks")
+        };
+        let err = checked(&config(), &req).unwrap_err().to_string();
+        assert!(err.starts_with("header: header 2 of 2 "), "{err}");
+        let shown = format!("{err} {req:?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("Authorization"), "{shown}");
     }
 
     #[test]

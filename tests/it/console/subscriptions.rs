@@ -279,6 +279,21 @@ async fn the_form_makes_one_shows_its_secret_once_and_refuses_a_field_by_name() 
             Some(50.0)
         )
     );
+    // the headers: their names readable, their values only sealed
+    let (whole, names, sealed): (String, Vec<String>, Vec<u8>) = sqlx::query_as(
+        "SELECT s::text, header_names, headers_sealed FROM outbox.subscriptions s WHERE id = $1",
+    )
+    .bind(&id)
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert!(!whole.contains("HEADERVALUE"), "{whole}");
+    assert!(!sealed.windows(11).any(|w| w == b"HEADERVALUE"));
+    assert_eq!(names, ["X-Team", "X-Token"]);
+    let key = SealingKey::parse(&Secret::new(KEY)).unwrap();
+    let opened = key.open_headers(&id, &sealed).unwrap();
+    assert_eq!(opened["X-Token"], "HEADERVALUE");
+    assert_eq!(opened["X-Team"], "billing");
 
     // the same form again makes nothing more, and shows no secret
     let again = post(&mut s, &good).await;

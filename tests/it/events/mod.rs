@@ -4,6 +4,8 @@
 
 mod cli;
 mod expansion;
+mod fairness;
+mod headers;
 mod health;
 mod lookup;
 mod replay;

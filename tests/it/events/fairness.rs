@@ -1,0 +1,125 @@
+//! One tenant's backlog at a slow endpoint does not hold back another
+//! tenant's deliveries: the slow subscription is congested, so the claims
+//! set its deliveries aside, each at its turn, and reach the others.
+//!
+//! The backlog is made as a burst (100,000 events published at once and
+//! expanded), so the test first waits for the relay to meet it all, as it
+//! meets a backlog that builds up over time: a thousand intents a claim.
+
+use std::time::{Duration, Instant};
+
+use outbox_relay::config::Dur;
+use serde_json::json;
+
+use super::*;
+use crate::common::{engine, wait_for, Receiver, Reply, TestDb};
+
+/// The slow tenant's backlog.
+const BACKLOG: i64 = 100_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_100k_deliveries_to_a_slow_endpoint_do_not_delay_another_tenants() {
+    let db = TestDb::new().await;
+    let slow = Receiver::start(|_, _| Reply::status(200).after(Duration::from_millis(1500))).await;
+    let fast = Receiver::ok().await;
+    let (acme, _) = subscribe(&db, &["--url", &slow.url("/acme"), "--tenant", "acme"]).await;
+    subscribe(&db, &["--url", &fast.url("/globex"), "--tenant", "globex"]).await;
+    // the backlog: acme's events, published in transactions of 10,000
+    for chunk in 0..BACKLOG / 10_000 {
+        sqlx::query(
+            "SELECT count(*) FROM outbox.publish_many(
+                 ARRAY(SELECT 'acme-' || g FROM generate_series($1, $1 + 9999) g),
+                 array_fill('order.paid'::text, ARRAY[10000]),
+                 ARRAY(SELECT jsonb_build_object('order', g) FROM generate_series($1, $1 + 9999) g),
+                 array_fill('acme'::text, ARRAY[10000]))",
+        )
+        .bind(chunk * 10_000)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    }
+    // the relay's defaults where they matter here: 64 deliveries in
+    // flight, 32 of them to one destination at most
+    let mut cfg = events_config();
+    cfg.relay.concurrency = 64;
+    cfg.relay.lease = Dur(Duration::from_secs(30));
+    cfg.webhook.max_in_flight_per_host = 32;
+    cfg.webhook.timeout = Dur(Duration::from_secs(5));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(engine(db.store.clone(), &cfg).run(async {
+        let _ = stopped.await;
+    }));
+
+    // every event expanded: acme has its backlog of deliveries
+    let expanded = wait_for(Duration::from_secs(240), || async {
+        db.count(&format!(
+            "id IN (SELECT intent_id FROM outbox.event_deliveries WHERE subscription_id = '{acme}')"
+        ))
+        .await
+            == BACKLOG
+    })
+    .await;
+    assert!(expanded, "acme's events were not all expanded");
+    // and the relay has met them all: each delivery not sent yet was set
+    // aside at its turn (a claim looks at a thousand at a time)
+    let met = Instant::now();
+    let set_aside = wait_for(Duration::from_secs(120), || async {
+        db.count(&format!(
+            "id IN (SELECT intent_id FROM outbox.event_deliveries WHERE subscription_id = '{acme}')
+             AND id IN (SELECT id FROM outbox.intent_rows)"
+        ))
+        .await
+            > BACKLOG - 1_000
+    })
+    .await;
+    assert!(set_aside, "acme's deliveries were not set aside");
+    eprintln!(
+        "acme's {BACKLOG} deliveries were met in {:?}",
+        met.elapsed()
+    );
+
+    // globex publishes behind acme's backlog; its delivery comes at once
+    let published = Instant::now();
+    publish(
+        &db,
+        "globex-1",
+        "order.paid",
+        json!({"order": 1}),
+        Some("globex"),
+    )
+    .await
+    .unwrap();
+    let arrived = wait_for(Duration::from_secs(60), || async {
+        !fast.requests().is_empty()
+    })
+    .await;
+    let took = published.elapsed();
+    let acme_pending = db
+        .count(&format!(
+            "state IN ('pending', 'claimed') AND id IN (SELECT intent_id FROM outbox.event_deliveries
+                                                         WHERE subscription_id = '{acme}')"
+        ))
+        .await;
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+
+    assert!(
+        arrived,
+        "globex's delivery never arrived behind acme's backlog"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "globex's delivery took {took:?} behind acme's backlog"
+    );
+    assert!(
+        acme_pending > BACKLOG - 5_000,
+        "acme's backlog was still there: {acme_pending} pending"
+    );
+    // acme's endpoint was kept at its bound meanwhile
+    assert!(slow.max_in_flight() <= 32, "{}", slow.max_in_flight());
+    // and its deliveries wait, set aside, with the reason
+    let aside = db
+        .count("state = 'pending' AND last_error LIKE 'deferred: its destination is congested%'")
+        .await;
+    assert!(aside > 0, "no delivery was set aside");
+}
