@@ -97,6 +97,13 @@ pub struct TargetRow {
     pub disabled_reason: Option<String>,
 }
 
+#[derive(FromRow)]
+struct IdTarget {
+    id: String,
+    #[sqlx(flatten)]
+    target: TargetRow,
+}
+
 const SELECT: &str = "
     SELECT s.id, s.tenant, s.event_types, s.url,
            s.header_names,
@@ -216,18 +223,23 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// What a delivery to subscription `id` needs; None when it was removed.
-    pub async fn subscription_target(&self, id: &str) -> Result<Option<TargetRow>, sqlx::Error> {
-        sqlx::query_as(
-            "SELECT url, headers_sealed,
+    /// What deliveries to these subscriptions need, by id, in one
+    /// statement; a removed one is missing.
+    pub async fn subscription_targets(
+        &self,
+        ids: &[String],
+    ) -> Result<Vec<(String, TargetRow)>, sqlx::Error> {
+        let rows: Vec<IdTarget> = sqlx::query_as(
+            "SELECT id, url, headers_sealed,
                     coalesce(headers <> '{}'::jsonb, false) AS headers_in_clear, secret,
                     CASE WHEN previous_until > now() THEN previous_secret END AS previous_secret,
                     disabled_at, disabled_reason
-               FROM outbox.subscriptions WHERE id = $1",
+               FROM outbox.subscriptions WHERE id = ANY($1)",
         )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.id, r.target)).collect())
     }
 
     /// Disable the subscriptions whose breaker has been open for `after`,

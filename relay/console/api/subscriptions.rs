@@ -100,8 +100,9 @@ pub async fn detail(
     )
 }
 
-/// `POST /api/v1/subscriptions`.
-#[derive(Debug, Deserialize)]
+/// `POST /api/v1/subscriptions` (no `Debug`: its headers may hold a
+/// credential).
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateBody {
     url: String,

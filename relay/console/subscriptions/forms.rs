@@ -19,8 +19,9 @@ use super::super::{check_post, operator, App, Caller, Refusal};
 use super::{create, field_of, key_problem, nonce, rotate, set_disabled};
 use crate::services::subscriptions::Request;
 
-/// The create form's fields, as typed.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// The create form's fields, as typed (no `Debug`: its headers may hold a
+/// credential).
+#[derive(Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct NewForm {
     pub csrf: String,

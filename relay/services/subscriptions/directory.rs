@@ -9,6 +9,11 @@
 //! the latest [`KEEP`] after it. Where the relay does not LISTEN
 //! (`relay.listen = false`, a transaction pooler) or its listening
 //! connection is down, every delivery reads the row.
+//!
+//! The rows read at once are read together: a task takes every read
+//! waiting, reads their rows in one statement and answers each, so the
+//! first deliveries of an event to a thousand subscriptions make tens of
+//! statements, not a thousand.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,8 +22,16 @@ use std::time::{Duration, Instant};
 
 use outbox_providers::webhook::subscription::{self, Refusal, Target};
 
+use tokio::sync::{mpsc, oneshot};
+
 use crate::config::SealingKey;
+use crate::store::subscriptions::TargetRow;
 use crate::store::Store;
+
+/// The most rows one read of the directory reads.
+const READ_AT_ONCE: usize = 500;
+
+type Read = (String, oneshot::Sender<Result<Option<TargetRow>, String>>);
 
 /// How long a target read is used at most.
 pub const KEEP: Duration = Duration::from_secs(2);
@@ -51,6 +64,9 @@ pub struct Directory {
     /// Keep targets (and start the listening task on first use).
     caching: bool,
     started: AtomicBool,
+    /// The reading task's queue, made on the first read (the task needs
+    /// the runtime); the task ends with the directory.
+    reads: std::sync::OnceLock<mpsc::UnboundedSender<Read>>,
 }
 
 impl Directory {
@@ -64,7 +80,25 @@ impl Directory {
             closed: Arc::default(),
             caching: listen,
             started: AtomicBool::new(false),
+            reads: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The row of subscription `id`, read with the others asked for at
+    /// once.
+    async fn row(&self, id: &str) -> Result<Option<TargetRow>, String> {
+        let reads = self.reads.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(read_rows(self.store.clone(), rx));
+            tx
+        });
+        let (answer, answered) = oneshot::channel();
+        reads
+            .send((id.to_string(), answer))
+            .map_err(|_| "the directory's reading task has ended".to_string())?;
+        answered
+            .await
+            .map_err(|_| "the directory's reading task ended".to_string())?
     }
 
     fn kept(&self, id: &str) -> Option<Target> {
@@ -80,8 +114,7 @@ impl Directory {
 
     async fn read(&self, id: &str) -> Result<Target, Refusal> {
         let row = self
-            .store
-            .subscription_target(id)
+            .row(id)
             .await
             .map_err(|e| Refusal::Unavailable(format!("subscription {id}: {e}")))?
             .ok_or_else(|| Refusal::Gone(format!("subscription {id} was removed")))?;
@@ -117,6 +150,36 @@ impl Directory {
             headers,
             secrets,
         })
+    }
+}
+
+/// Answer the reads waiting, up to [`READ_AT_ONCE`] a statement, until the
+/// directory is dropped.
+async fn read_rows(store: Store, mut reads: mpsc::UnboundedReceiver<Read>) {
+    while let Some(first) = reads.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < READ_AT_ONCE {
+            match reads.try_recv() {
+                Ok(read) => batch.push(read),
+                Err(_) => break,
+            }
+        }
+        let mut ids: Vec<String> = batch.iter().map(|(id, _)| id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        match store.subscription_targets(&ids).await {
+            Ok(rows) => {
+                let rows: HashMap<String, TargetRow> = rows.into_iter().collect();
+                for (id, answer) in batch {
+                    let _ = answer.send(Ok(rows.get(&id).cloned()));
+                }
+            }
+            Err(err) => {
+                for (_, answer) in batch {
+                    let _ = answer.send(Err(err.to_string()));
+                }
+            }
+        }
     }
 }
 
