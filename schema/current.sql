@@ -884,11 +884,16 @@ BEGIN
                FROM fresh f JOIN ev e ON e.id = f.event_id
               ORDER BY f.event_id, f.subscription_id
              ON CONFLICT (key) DO NOTHING
-             RETURNING intent_log.id, intent_log.key),
+             -- each delivery names its event (its source) and its
+             -- subscription: the link is made from what the insert
+             -- returns, without joining back to `fresh` (a CTE Postgres
+             -- cannot size, joined as a nested loop)
+             RETURNING intent_log.id, substr(intent_log.source, 7)::bigint AS event_id,
+                       intent_log.payload->>'subscription' AS subscription_id),
          linked AS (
              INSERT INTO outbox.event_deliveries (event_id, subscription_id, intent_id)
-             SELECT f.event_id, f.subscription_id, g.id
-               FROM logged g JOIN fresh f ON f.key = g.key
+             SELECT g.event_id, g.subscription_id, g.id
+               FROM logged g
              ON CONFLICT ON CONSTRAINT event_deliveries_pkey DO NOTHING
              RETURNING event_deliveries.event_id),
          counts AS (
