@@ -131,8 +131,25 @@ fn logged(log: &Path) -> String {
     text
 }
 
+/// Publish an event, run a relay (logging to a file of `name`) until its
+/// one delivery is delivered or [`LIMIT`] passes: whether it was, and what
+/// the relay logged.
+async fn one_delivered_by_a_relay(db: &TestDb, name: &str) -> (bool, String) {
+    publish(db, "order-1", "order.paid", json!({"order": 1}), None)
+        .await
+        .unwrap();
+    let log = log_path(name);
+    let mut relay = spawn_relay_logging(db, &log);
+    let delivered = wait_for(LIMIT, || async {
+        deliveries_in(db, "delivered").await == 1
+    })
+    .await;
+    terminate(&mut relay).await;
+    (delivered, logged(&log))
+}
+
 fn log_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!(
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "outbox-relay-headers-{name}-{}-{:08x}.log",
         std::process::id(),
         fastrand::u32(..)
@@ -267,17 +284,7 @@ async fn a_header_value_is_stored_sealed_sent_with_each_delivery_and_shown_by_na
     assert!(page.body.contains("Authorization, X-Team"), "{}", page.body);
 
     // a real relay delivers with the headers, opened; its log holds none
-    publish(&db, "order-1", "order.paid", json!({"order": 1}), None)
-        .await
-        .unwrap();
-    let log = log_path("sealed");
-    let mut relay = spawn_relay_logging(&db, &log);
-    let delivered = wait_for(LIMIT, || async {
-        deliveries_in(&db, "delivered").await == 1
-    })
-    .await;
-    terminate(&mut relay).await;
-    let log = logged(&log);
+    let (delivered, log) = one_delivered_by_a_relay(&db, "sealed").await;
     assert!(delivered, "the delivery; the relay logged:\n{log}");
     let requests = rx.requests();
     assert_eq!(requests.len(), 1);
@@ -393,17 +400,7 @@ async fn headers_a_row_holds_in_clear_are_sealed_by_the_relay_that_starts_with_t
         .expect("a row in clear keeps changing otherwise");
 
     // the relay seals them as it starts, and delivers with them
-    publish(&db, "order-1", "order.paid", json!({"order": 1}), None)
-        .await
-        .unwrap();
-    let log = log_path("legacy");
-    let mut relay = spawn_relay_logging(&db, &log);
-    let delivered = wait_for(LIMIT, || async {
-        deliveries_in(&db, "delivered").await == 1
-    })
-    .await;
-    terminate(&mut relay).await;
-    let log = logged(&log);
+    let (delivered, log) = one_delivered_by_a_relay(&db, "legacy").await;
     assert!(delivered, "the delivery; the relay logged:\n{log}");
     assert!(
         log.contains("sealed the header values of subscriptions that held them in clear"),

@@ -80,8 +80,9 @@ async fn a_standby_hold_is_counted_by_stats_and_told_by_readyz() {
 
 /// The backlog read counts each pending or claimed row where
 /// `outbox.destination_of` puts it, whatever names its destination: the
-/// kind, the `destination` column, or a webhook's URL however spelled (or
-/// not a string, as a row written past `outbox.enqueue` may hold).
+/// kind, the `destination` column, a delivery's subscription, or a
+/// webhook's URL however spelled (or not a string, as a row written past
+/// `outbox.enqueue` may hold).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backlog_read_counts_each_row_where_destination_of_puts_it() {
     let db = TestDb::new().await;
@@ -113,6 +114,12 @@ async fn the_backlog_read_counts_each_row_where_destination_of_puts_it() {
             json!({"url": {"host": "c.example"}, "body": 6}),
         ),
         ("webhook", None, json!({"body": 7})),
+        // an event's delivery: its subscription is its destination
+        (
+            "webhook",
+            None,
+            json!({"subscription": "sub_0123456789", "body": {"type": "a.b"}}),
+        ),
         ("email", Some("ignored"), json!({"to": "a@example.com"})),
         ("nats", None, json!({"subject": "s"})),
         ("kafka", Some("ignored"), json!({"topic": "t"})),
@@ -154,9 +161,13 @@ async fn the_backlog_read_counts_each_row_where_destination_of_puts_it() {
     per_row.sort();
     grouped.sort();
     assert_eq!(grouped, per_row);
-    assert_eq!(grouped.iter().map(|r| r.1).sum::<i64>(), 9);
+    assert_eq!(grouped.iter().map(|r| r.1).sum::<i64>(), 10);
     assert!(
         grouped.contains(&(Some("https://a.example".into()), 2)),
+        "{grouped:?}"
+    );
+    assert!(
+        grouped.contains(&(Some("sub_0123456789".into()), 1)),
         "{grouped:?}"
     );
 }
