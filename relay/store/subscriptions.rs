@@ -97,6 +97,13 @@ pub struct TargetRow {
     pub disabled_reason: Option<String>,
 }
 
+/// A subscription's target row, as [`TargetRow`] has it.
+const TARGET_SELECT: &str = "SELECT id, url, headers_sealed,
+        coalesce(headers <> '{}'::jsonb, false) AS headers_in_clear, secret,
+        CASE WHEN previous_until > now() THEN previous_secret END AS previous_secret,
+        disabled_at, disabled_reason
+   FROM outbox.subscriptions";
+
 #[derive(FromRow)]
 struct IdTarget {
     id: String,
@@ -223,22 +230,29 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// What deliveries to every subscription need, at most `limit` of
+    /// them, in one statement.
+    pub async fn every_subscription_target(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<(String, TargetRow)>, sqlx::Error> {
+        let rows: Vec<IdTarget> = sqlx::query_as(&format!("{TARGET_SELECT} LIMIT $1"))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|r| (r.id, r.target)).collect())
+    }
+
     /// What deliveries to these subscriptions need, by id, in one
     /// statement; a removed one is missing.
     pub async fn subscription_targets(
         &self,
         ids: &[String],
     ) -> Result<Vec<(String, TargetRow)>, sqlx::Error> {
-        let rows: Vec<IdTarget> = sqlx::query_as(
-            "SELECT id, url, headers_sealed,
-                    coalesce(headers <> '{}'::jsonb, false) AS headers_in_clear, secret,
-                    CASE WHEN previous_until > now() THEN previous_secret END AS previous_secret,
-                    disabled_at, disabled_reason
-               FROM outbox.subscriptions WHERE id = ANY($1)",
-        )
-        .bind(ids)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<IdTarget> = sqlx::query_as(&format!("{TARGET_SELECT} WHERE id = ANY($1)"))
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(rows.into_iter().map(|r| (r.id, r.target)).collect())
     }
 

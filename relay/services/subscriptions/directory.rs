@@ -11,9 +11,10 @@
 //! connection is down, every delivery reads the row.
 //!
 //! The rows read at once are read together: a task takes every read
-//! waiting, reads their rows in one statement and answers each, so the
-//! first deliveries of an event to a thousand subscriptions make tens of
-//! statements, not a thousand.
+//! waiting, reads their rows in one statement and answers each. While
+//! there are at most [`ALL_AT_ONCE`] subscriptions, that statement reads
+//! them all and keeps every target, so the first deliveries of an event
+//! to a thousand subscriptions make one statement, not a thousand.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,8 +29,15 @@ use crate::config::SealingKey;
 use crate::store::subscriptions::TargetRow;
 use crate::store::Store;
 
-/// The most rows one read of the directory reads.
+/// The most rows one read of the directory reads by id.
 const READ_AT_ONCE: usize = 500;
+
+/// The most subscriptions a read reads whole.
+const ALL_AT_ONCE: i64 = 10_000;
+
+/// How long after a whole read found more than [`ALL_AT_ONCE`] the next
+/// tries again.
+const ALL_AGAIN: Duration = Duration::from_secs(60);
 
 type Read = (String, oneshot::Sender<Result<Option<TargetRow>, String>>);
 
@@ -89,7 +97,8 @@ impl Directory {
     async fn row(&self, id: &str) -> Result<Option<TargetRow>, String> {
         let reads = self.reads.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(read_rows(self.store.clone(), rx));
+            let cache = self.caching.then(|| self.cache.clone());
+            tokio::spawn(read_rows(self.store.clone(), self.key.clone(), cache, rx));
             tx
         });
         let (answer, answered) = oneshot::channel();
@@ -118,44 +127,57 @@ impl Directory {
             .await
             .map_err(|e| Refusal::Unavailable(format!("subscription {id}: {e}")))?
             .ok_or_else(|| Refusal::Gone(format!("subscription {id} was removed")))?;
-        if row.disabled_at.is_some() {
-            return Err(Refusal::Gone(format!(
-                "subscription {id} is disabled{}: a replay sends its events once it is enabled",
-                row.disabled_reason
-                    .map(|r| format!(" ({r})"))
-                    .unwrap_or_default()
-            )));
-        }
-        let mut secrets = vec![self.key.open(id, &row.secret).map_err(Refusal::Unsigned)?];
-        if let Some(previous) = &row.previous_secret {
-            secrets.push(self.key.open(id, previous).map_err(Refusal::Unsigned)?);
-        }
-        // headers that do not open refuse the delivery, as a secret does:
-        // it is never sent without them
-        let headers = match &row.headers_sealed {
-            Some(sealed) => self
-                .key
-                .open_headers(id, sealed)
-                .map_err(Refusal::Unsigned)?,
-            None if row.headers_in_clear => {
-                return Err(Refusal::Unavailable(format!(
-                    "subscription {id}'s headers are not sealed yet: a relay started with \
-                     subscriptions.secret_key seals them"
-                )))
-            }
-            None => Default::default(),
-        };
-        Ok(Target {
-            url: row.url,
-            headers,
-            secrets,
-        })
+        open(&self.key, id, row)
     }
 }
 
+/// A subscription's target from its row, opened with `key`; the refusal
+/// of a delivery to it otherwise.
+fn open(key: &SealingKey, id: &str, row: TargetRow) -> Result<Target, Refusal> {
+    if row.disabled_at.is_some() {
+        return Err(Refusal::Gone(format!(
+            "subscription {id} is disabled{}: a replay sends its events once it is enabled",
+            row.disabled_reason
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        )));
+    }
+    let mut secrets = vec![key.open(id, &row.secret).map_err(Refusal::Unsigned)?];
+    if let Some(previous) = &row.previous_secret {
+        secrets.push(key.open(id, previous).map_err(Refusal::Unsigned)?);
+    }
+    // headers that do not open refuse the delivery, as a secret does: it
+    // is never sent without them
+    let headers = match &row.headers_sealed {
+        Some(sealed) => key.open_headers(id, sealed).map_err(Refusal::Unsigned)?,
+        None if row.headers_in_clear => {
+            return Err(Refusal::Unavailable(format!(
+                "subscription {id}'s headers are not sealed yet: a relay started with \
+                 subscriptions.secret_key seals them"
+            )))
+        }
+        None => Default::default(),
+    };
+    Ok(Target {
+        url: row.url,
+        headers,
+        secrets,
+    })
+}
+
 /// Answer the reads waiting, up to [`READ_AT_ONCE`] a statement, until the
-/// directory is dropped.
-async fn read_rows(store: Store, mut reads: mpsc::UnboundedReceiver<Read>) {
+/// directory is dropped. While the subscriptions are few (at most
+/// [`ALL_AT_ONCE`]), a read reads them all and keeps every target it
+/// opens (where `cache` is kept at all): the first deliveries of an event
+/// to a thousand subscriptions then make one statement.
+async fn read_rows(
+    store: Store,
+    key: SealingKey,
+    cache: Option<Arc<Cache>>,
+    mut reads: mpsc::UnboundedReceiver<Read>,
+) {
+    // when the last read of every subscription found too many (none yet)
+    let mut too_many: Option<Instant> = None;
     while let Some(first) = reads.recv().await {
         let mut batch = vec![first];
         while batch.len() < READ_AT_ONCE {
@@ -164,20 +186,71 @@ async fn read_rows(store: Store, mut reads: mpsc::UnboundedReceiver<Read>) {
                 Err(_) => break,
             }
         }
-        let mut ids: Vec<String> = batch.iter().map(|(id, _)| id.clone()).collect();
-        ids.sort();
-        ids.dedup();
-        match store.subscription_targets(&ids).await {
-            Ok(rows) => {
-                let rows: HashMap<String, TargetRow> = rows.into_iter().collect();
-                for (id, answer) in batch {
-                    let _ = answer.send(Ok(rows.get(&id).cloned()));
-                }
-            }
+        // (only while a change would be heard: what it reads is kept)
+        let listening = cache
+            .as_ref()
+            .is_some_and(|c| c.listening.load(Ordering::Acquire));
+        let all = listening && too_many.is_none_or(|at| at.elapsed() >= ALL_AGAIN);
+        let read = if all {
+            store.every_subscription_target(ALL_AT_ONCE + 1).await
+        } else {
+            let mut ids: Vec<String> = batch.iter().map(|(id, _)| id.clone()).collect();
+            ids.sort();
+            ids.dedup();
+            store.subscription_targets(&ids).await
+        };
+        let rows = match read {
+            Ok(rows) => rows,
             Err(err) => {
                 for (_, answer) in batch {
                     let _ = answer.send(Err(err.to_string()));
                 }
+                continue;
+            }
+        };
+        if all && rows.len() > ALL_AT_ONCE as usize {
+            // too many to read whole: these reads by id, and the next
+            // whole read a while later
+            too_many = Some(Instant::now());
+            let mut ids: Vec<String> = batch.iter().map(|(id, _)| id.clone()).collect();
+            ids.sort();
+            ids.dedup();
+            let rows = store.subscription_targets(&ids).await;
+            answer_all(batch, rows.map_err(|e| e.to_string()));
+            continue;
+        }
+        if all {
+            too_many = None;
+            if let Some(cache) = &cache {
+                let now = Instant::now();
+                let opened: Vec<(String, Target)> = rows
+                    .iter()
+                    .filter_map(|(id, row)| {
+                        open(&key, id, row.clone()).ok().map(|t| (id.clone(), t))
+                    })
+                    .collect();
+                let mut targets = cache.targets.lock().unwrap_or_else(|p| p.into_inner());
+                for (id, target) in opened {
+                    targets.insert(id, (now, target));
+                }
+            }
+        }
+        answer_all(batch, Ok(rows));
+    }
+}
+
+/// Answer each read from `rows` (a subscription missing was removed).
+fn answer_all(batch: Vec<Read>, rows: Result<Vec<(String, TargetRow)>, String>) {
+    match rows {
+        Ok(rows) => {
+            let rows: HashMap<String, TargetRow> = rows.into_iter().collect();
+            for (id, answer) in batch {
+                let _ = answer.send(Ok(rows.get(&id).cloned()));
+            }
+        }
+        Err(err) => {
+            for (_, answer) in batch {
+                let _ = answer.send(Err(err.clone()));
             }
         }
     }
