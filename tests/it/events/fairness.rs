@@ -4,7 +4,7 @@
 //!
 //! The backlog is made as a burst (100,000 events published at once and
 //! expanded), so the test first waits for the relay to meet it all, as it
-//! meets a backlog that builds up over time: a thousand intents a claim.
+//! meets a backlog that builds up over time: up to 5,000 intents a claim.
 
 use std::time::{Duration, Instant};
 
@@ -61,7 +61,7 @@ async fn a_tenants_100k_deliveries_to_a_slow_endpoint_do_not_delay_another_tenan
     .await;
     assert!(expanded, "acme's events were not all expanded");
     // and the relay has met them all: each delivery not sent yet was set
-    // aside at its turn (a claim looks at a thousand at a time)
+    // aside at its turn (a claim looks at up to 5,000 at a time)
     let met = Instant::now();
     let set_aside = wait_for(Duration::from_secs(120), || async {
         db.count(&format!(
