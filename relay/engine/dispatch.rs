@@ -341,12 +341,11 @@ async fn enter_room(
         .saturating_sub(claim.claimed_at.elapsed())
         .saturating_sub(room_for_attempt)
         .min(room::PATIENCE);
-    let name = stored_name(claim);
     let mut stopping = d.stopping.clone();
     tokio::select! {
         biased;
         _ = stopping.wait_for(|s| *s) => None,
-        entered = d.rooms.enter(&limit, patience, name.as_deref()) => Some(entered),
+        entered = d.rooms.enter(&limit, patience, || stored_name(claim)) => Some(entered),
     }
 }
 

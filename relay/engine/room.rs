@@ -57,6 +57,9 @@ pub struct Rooms {
     /// Deliveries that may wait at one destination however low its limit
     /// ([`Rooms::with_min_waiting`]); otherwise as many as may be in flight.
     min_waiting: usize,
+    /// The rooms that turned congested (those no longer so are dropped
+    /// when next read): what a claim reads, not every room.
+    congested: Mutex<Vec<Arc<Room>>>,
 }
 
 /// One destination's room: its slots, how many deliveries wait for one,
@@ -86,15 +89,16 @@ impl Room {
 
     /// Note a deferral (`waited`: after the whole patience, which makes the
     /// destination congested; otherwise it only keeps it so) of an intent
-    /// the database names `name`; the delay of its next try.
-    fn defer(&self, waited: bool, name: Option<&str>) -> Duration {
+    /// the database names `name()`; the delay of its next try, and whether
+    /// the destination turned congested with it.
+    fn defer(&self, waited: bool, name: impl FnOnce() -> Option<String>) -> (Duration, bool) {
         let now = Instant::now();
         let mut congestion = self.congestion();
         let live = congestion
             .as_ref()
             .is_some_and(|c| c.last.elapsed() < CONGESTION_MEMORY);
         if !live && !waited {
-            return NO_ROOM_RETRY;
+            return (NO_ROOM_RETRY, false);
         }
         let c = congestion.get_or_insert_with(|| Congestion {
             last: now,
@@ -106,24 +110,31 @@ impl Room {
             c.names.clear();
         }
         c.last = now;
-        if let Some(name) = name {
-            if !c.names.iter().any(|n| n == name) && c.names.len() < NAMES_KEPT {
-                c.names.push(name.to_string());
+        if c.names.len() < NAMES_KEPT {
+            if let Some(name) = name() {
+                if !c.names.contains(&name) {
+                    c.names.push(name);
+                }
             }
         }
         let due = c.horizon.max(now + NO_ROOM_RETRY);
         c.horizon = due + self.turn;
-        due - now
+        (due - now, !live)
     }
 
-    /// Give `n` turns from the next: when the first is due (from now).
-    fn turns(&self, n: u64) -> Option<Duration> {
+    /// Give `n` turns from the next.
+    fn turns(&self, n: u64) {
         let now = Instant::now();
-        let mut congestion = self.congestion();
-        let c = congestion.as_mut()?;
-        let due = c.horizon.max(now + NO_ROOM_RETRY);
-        c.horizon = due + self.turn * n.min(u32::MAX as u64) as u32;
-        Some(due - now)
+        if let Some(c) = self.congestion().as_mut() {
+            let due = c.horizon.max(now + NO_ROOM_RETRY);
+            c.horizon = due + self.turn * n.min(u32::MAX as u64) as u32;
+        }
+    }
+
+    fn congested(&self) -> bool {
+        self.congestion()
+            .as_ref()
+            .is_some_and(|c| c.last.elapsed() < CONGESTION_MEMORY)
     }
 }
 
@@ -162,12 +173,13 @@ impl Rooms {
     /// Room for one delivery under `limit`, waiting at most `patience`;
     /// `Err` with the reason a deferral gives when none came in time, and
     /// its delay. `name`: the intent's destination as the database names
-    /// it, set aside by the claims while the destination is congested.
+    /// it, set aside by the claims while the destination is congested
+    /// (asked for only at a deferral).
     pub async fn enter(
         &self,
         limit: &InFlightLimit,
         patience: Duration,
-        name: Option<&str>,
+        name: impl FnOnce() -> Option<String>,
     ) -> Result<OwnedSemaphorePermit, NoRoom> {
         let room = self.room(limit);
         if let Ok(permit) = room.slots.clone().try_acquire_owned() {
@@ -188,7 +200,7 @@ impl Rooms {
                 } else {
                     format!(" and {may_wait} waiting")
                 }),
-                retry_after: room.defer(false, name),
+                retry_after: self.defer(&room, false, name),
             });
         }
         let _waiting = Waiting(&room.waiting);
@@ -197,26 +209,40 @@ impl Rooms {
             _ => Err(NoRoom {
                 reason: busy(&format!(" for {patience:?}")),
                 // a wait cut short by the lease says nothing of the room
-                retry_after: room.defer(patience >= PATIENCE, name),
+                retry_after: self.defer(&room, patience >= PATIENCE, name),
             }),
         }
+    }
+
+    /// A deferral at `room` (see [`Room::defer`]): its delay.
+    fn defer(
+        &self,
+        room: &Arc<Room>,
+        waited: bool,
+        name: impl FnOnce() -> Option<String>,
+    ) -> Duration {
+        let (delay, turned) = room.defer(waited, name);
+        if turned {
+            self.congested_rooms().push(room.clone());
+        }
+        delay
+    }
+
+    /// The congested rooms, those no longer so dropped.
+    fn congested_rooms(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Room>>> {
+        let mut rooms = self.congested.lock().unwrap_or_else(|p| p.into_inner());
+        rooms.retain(|r| r.congested());
+        rooms
     }
 
     /// The congested destinations, by their names in the database, with
     /// their next turns: what a claim of the log sets aside.
     pub fn aside(&self) -> Aside {
-        let rooms = self
-            .by_destination
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let now = Instant::now();
         let mut aside = Aside::default();
-        for room in rooms.values() {
+        for room in self.congested_rooms().iter() {
             let congestion = room.congestion();
-            let Some(c) = congestion
-                .as_ref()
-                .filter(|c| c.last.elapsed() < CONGESTION_MEMORY)
-            else {
+            let Some(c) = congestion.as_ref() else {
                 continue;
             };
             let first = c.horizon.max(now + NO_ROOM_RETRY) - now;
@@ -231,15 +257,13 @@ impl Rooms {
 
     /// A claim set `n` intents named `name` aside: their turns are given.
     pub fn set_aside(&self, name: &str, n: u64) {
-        let rooms = self
-            .by_destination
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(room) = rooms.values().find(|r| {
+        let rooms = self.congested_rooms();
+        let named = rooms.iter().find(|r| {
             r.congestion()
                 .as_ref()
                 .is_some_and(|c| c.names.iter().any(|x| x == name))
-        }) {
+        });
+        if let Some(room) = named {
             room.turns(n);
         }
     }
@@ -256,10 +280,7 @@ impl Rooms {
             rooms.retain(|_, room| {
                 Arc::strong_count(room) > 1
                     || Arc::strong_count(&room.slots) > 1
-                    || room
-                        .congestion()
-                        .as_ref()
-                        .is_some_and(|c| c.last.elapsed() < CONGESTION_MEMORY)
+                    || room.congested()
             });
         }
         if let Some(room) = rooms.get(&limit.destination) {
@@ -295,12 +316,17 @@ mod tests {
     async fn a_delivery_over_the_limit_waits_for_room_then_gets_it() {
         let rooms = Arc::new(Rooms::default());
         let a = limit("http://a:80", 2);
-        let first = rooms.enter(&a, PATIENCE, None).await.unwrap();
-        let _second = rooms.enter(&a, PATIENCE, None).await.unwrap();
+        let first = rooms.enter(&a, PATIENCE, || None).await.unwrap();
+        let _second = rooms.enter(&a, PATIENCE, || None).await.unwrap();
         let waiting = tokio::spawn({
             let rooms = rooms.clone();
             let a = a.clone();
-            async move { rooms.enter(&a, Duration::from_secs(30), None).await.is_ok() }
+            async move {
+                rooms
+                    .enter(&a, Duration::from_secs(30), || None)
+                    .await
+                    .is_ok()
+            }
         });
         tokio::task::yield_now().await;
         assert!(
@@ -309,7 +335,7 @@ mod tests {
         );
         // another destination has room of its own
         assert!(rooms
-            .enter(&limit("http://b:80", 2), Duration::ZERO, None)
+            .enter(&limit("http://b:80", 2), Duration::ZERO, || None)
             .await
             .is_ok());
         drop(first);
@@ -321,15 +347,18 @@ mod tests {
         let rooms = Arc::new(Rooms::default());
         let a = limit("http://slow:80", 2);
         let _in_flight = (
-            rooms.enter(&a, PATIENCE, None).await.unwrap(),
-            rooms.enter(&a, PATIENCE, None).await.unwrap(),
+            rooms.enter(&a, PATIENCE, || None).await.unwrap(),
+            rooms.enter(&a, PATIENCE, || None).await.unwrap(),
         );
         let waiters: Vec<_> = (0..2)
             .map(|_| {
                 let (rooms, a) = (rooms.clone(), a.clone());
-                tokio::spawn(
-                    async move { rooms.enter(&a, Duration::from_secs(30), None).await.is_ok() },
-                )
+                tokio::spawn(async move {
+                    rooms
+                        .enter(&a, Duration::from_secs(30), || None)
+                        .await
+                        .is_ok()
+                })
             })
             .collect();
         while rooms.room(&a).waiting.load(Ordering::SeqCst) < 2 {
@@ -337,7 +366,7 @@ mod tests {
         }
         let started = std::time::Instant::now();
         let err = rooms
-            .enter(&a, Duration::from_secs(30), None)
+            .enter(&a, Duration::from_secs(30), || None)
             .await
             .unwrap_err()
             .reason;
@@ -355,10 +384,10 @@ mod tests {
     async fn a_wait_given_up_is_no_longer_counted() {
         let rooms = Rooms::default();
         let a = limit("http://a:80", 1);
-        let _held = rooms.enter(&a, PATIENCE, None).await.unwrap();
+        let _held = rooms.enter(&a, PATIENCE, || None).await.unwrap();
         let gave_up = tokio::time::timeout(
             Duration::from_millis(20),
-            rooms.enter(&a, Duration::from_secs(30), None),
+            rooms.enter(&a, Duration::from_secs(30), || None),
         )
         .await;
         assert!(gave_up.is_err());
@@ -369,9 +398,9 @@ mod tests {
     async fn no_room_within_the_patience_is_a_deferral_naming_the_setting() {
         let rooms = Rooms::default();
         let a = limit("http://a:80", 1);
-        let _held = rooms.enter(&a, PATIENCE, None).await.unwrap();
+        let _held = rooms.enter(&a, PATIENCE, || None).await.unwrap();
         let err = rooms
-            .enter(&a, Duration::from_millis(20), None)
+            .enter(&a, Duration::from_millis(20), || None)
             .await
             .unwrap_err()
             .reason;
@@ -387,19 +416,19 @@ mod tests {
         for n in 0..=KEEP + 1 {
             drop(
                 rooms
-                    .enter(&limit(&format!("http://h{n}:80"), 1), PATIENCE, None)
+                    .enter(&limit(&format!("http://h{n}:80"), 1), PATIENCE, || None)
                     .await,
             );
         }
         // the last of those found more than KEEP and forgot them all
         assert_eq!(rooms.by_destination.lock().unwrap().len(), 1);
         let held = rooms
-            .enter(&limit("http://busy:80", 1), PATIENCE, None)
+            .enter(&limit("http://busy:80", 1), PATIENCE, || None)
             .await;
         for n in 0..KEEP {
             drop(
                 rooms
-                    .enter(&limit(&format!("http://g{n}:80"), 1), PATIENCE, None)
+                    .enter(&limit(&format!("http://g{n}:80"), 1), PATIENCE, || None)
                     .await,
             );
         }
@@ -419,7 +448,7 @@ mod tests {
         let rooms = Rooms::default();
         let a = limit("sub_slow0000", 4);
         let _held: Vec<_> = futures_util::future::join_all(
-            (0..4).map(|_| rooms.enter(&a, PATIENCE, Some("sub_slow0000"))),
+            (0..4).map(|_| rooms.enter(&a, PATIENCE, || Some("sub_slow0000".into()))),
         )
         .await;
         assert!(
@@ -427,7 +456,7 @@ mod tests {
             "a full room alone is no congestion"
         );
         let first = rooms
-            .enter(&a, PATIENCE, Some("sub_slow0000"))
+            .enter(&a, PATIENCE, || Some("sub_slow0000".into()))
             .await
             .unwrap_err();
         assert!(first.retry_after >= NO_ROOM_RETRY, "{first:?}");
@@ -437,7 +466,7 @@ mod tests {
         // the next deferral's turn comes one turn later, and turns given
         // to a claim's intents push the following ones back
         let second = rooms
-            .enter(&a, Duration::ZERO, Some("sub_slow0000"))
+            .enter(&a, Duration::ZERO, || Some("sub_slow0000".into()))
             .await
             .unwrap_err();
         assert!(
@@ -454,16 +483,21 @@ mod tests {
     async fn deferrals_at_once_of_an_uncongested_destination_set_nothing_aside() {
         let rooms = Arc::new(Rooms::default());
         let a = limit("http://busy:80", 1);
-        let _held = rooms.enter(&a, PATIENCE, None).await.unwrap();
+        let _held = rooms.enter(&a, PATIENCE, || None).await.unwrap();
         let waiter = tokio::spawn({
             let (rooms, a) = (rooms.clone(), a.clone());
-            async move { rooms.enter(&a, Duration::from_secs(30), None).await.is_ok() }
+            async move {
+                rooms
+                    .enter(&a, Duration::from_secs(30), || None)
+                    .await
+                    .is_ok()
+            }
         });
         while rooms.room(&a).waiting.load(Ordering::SeqCst) < 1 {
             tokio::task::yield_now().await;
         }
         let at_once = rooms
-            .enter(&a, Duration::from_secs(30), Some("http://busy"))
+            .enter(&a, Duration::from_secs(30), || Some("http://busy".into()))
             .await
             .unwrap_err();
         assert_eq!(at_once.retry_after, NO_ROOM_RETRY);

@@ -194,10 +194,7 @@ async fn read_rows(
         let read = if all {
             store.every_subscription_target(ALL_AT_ONCE + 1).await
         } else {
-            let mut ids: Vec<String> = batch.iter().map(|(id, _)| id.clone()).collect();
-            ids.sort();
-            ids.dedup();
-            store.subscription_targets(&ids).await
+            store.subscription_targets(&ids_of(&batch)).await
         };
         let rows = match read {
             Ok(rows) => rows,
@@ -212,10 +209,7 @@ async fn read_rows(
             // too many to read whole: these reads by id, and the next
             // whole read a while later
             too_many = Some(Instant::now());
-            let mut ids: Vec<String> = batch.iter().map(|(id, _)| id.clone()).collect();
-            ids.sort();
-            ids.dedup();
-            let rows = store.subscription_targets(&ids).await;
+            let rows = store.subscription_targets(&ids_of(&batch)).await;
             answer_all(batch, rows.map_err(|e| e.to_string()));
             continue;
         }
@@ -237,6 +231,14 @@ async fn read_rows(
         }
         answer_all(batch, Ok(rows));
     }
+}
+
+/// The subscriptions these reads ask for, each once.
+fn ids_of(batch: &[Read]) -> Vec<String> {
+    let mut ids: Vec<String> = batch.iter().map(|(id, _)| id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
 /// Answer each read from `rows` (a subscription missing was removed).
