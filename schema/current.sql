@@ -957,6 +957,91 @@ CREATE FUNCTION outbox.fingerprint(p_payload jsonb) RETURNS bytea
 
 
 --
+-- Name: fold_tallies(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.fold_tallies() RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $_$
+DECLARE
+    v_last pg_snapshot;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(20291, 2) THEN
+        RETURN false;
+    END IF;
+    IF NOT (SELECT valid FROM outbox.tally_mark) THEN
+        -- counting everything is a pass over the tables
+        PERFORM set_config('enable_seqscan', 'on', true);
+        DELETE FROM outbox.tallies;
+        -- one statement, one snapshot: what it counts, the deltas it drops
+        -- and the snapshot it keeps agree
+        WITH dropped AS (DELETE FROM outbox.tally_deltas),
+             counted AS (
+                 SELECT kind, destination, outbox.tally_subscription(kind, destination, payload)
+                            AS subscription,
+                        outbox.tally_url(kind, destination, payload) AS url, state, count(*) AS n
+                   FROM outbox.intent_rows
+                  WHERE state IN ('pending', 'claimed', 'ambiguous', 'dead')
+                  GROUP BY 1, 2, 3, 4, 5
+                 UNION ALL
+                 SELECT l.kind, l.destination,
+                        outbox.tally_subscription(l.kind, l.destination, l.payload),
+                        outbox.tally_url(l.kind, l.destination, l.payload), 'log', count(*)
+                   FROM outbox.intent_log l
+                  WHERE outbox.log_untracked(l.ordering_key, l.waiting, l.run_after, l.created_at)
+                    AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)
+                    AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o WHERE o.intent_id = l.id)
+                    AND NOT EXISTS (SELECT 1 FROM outbox.log_batches x WHERE x.ids @> ARRAY[l.id])
+                  GROUP BY 1, 2, 3, 4),
+             ins AS (INSERT INTO outbox.tallies (kind, destination, subscription, url, state, n)
+                     SELECT * FROM counted)
+        UPDATE outbox.tally_mark SET snapshot = pg_current_snapshot(), valid = true;
+        RETURN true;
+    END IF;
+    SELECT m.snapshot INTO v_last FROM outbox.tally_mark m;
+    -- planned with the last snapshot's values, not as a generic plan
+    EXECUTE $q$
+    WITH d AS (DELETE FROM outbox.tally_deltas RETURNING *),
+         -- what this snapshot sees and the last did not: the transactions
+         -- from its xmax on, and those it saw running
+         arrived AS (
+             SELECT l.kind, l.destination, l.payload, l.ordering_key, l.waiting, l.run_after,
+                    l.created_at
+               FROM outbox.intent_log l
+              WHERE l.xid >= pg_snapshot_xmax($1)
+             UNION ALL
+             SELECT l.kind, l.destination, l.payload, l.ordering_key, l.waiting, l.run_after,
+                    l.created_at
+               FROM pg_snapshot_xip($1) AS r(xid)
+              CROSS JOIN LATERAL (SELECT * FROM outbox.intent_log y
+                                   WHERE y.xid = r.xid OFFSET 0) l),
+         changes AS (
+             SELECT u.kind, u.destination, u.subscription, u.url, u.state, u.n
+               FROM d CROSS JOIN LATERAL unnest(d.kinds, d.destinations, d.subscriptions, d.urls,
+                                                d.states, d.ns)
+                                      AS u(kind, destination, subscription, url, state, n)
+             UNION ALL
+             SELECT a.kind, a.destination,
+                    outbox.tally_subscription(a.kind, a.destination, a.payload),
+                    outbox.tally_url(a.kind, a.destination, a.payload), 'log', 1
+               FROM arrived a
+              WHERE outbox.log_untracked(a.ordering_key, a.waiting, a.run_after, a.created_at)),
+         sums AS (SELECT kind, destination, subscription, url, state, sum(n)::bigint AS n
+                    FROM changes GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0),
+         ins AS (INSERT INTO outbox.tallies AS t (kind, destination, subscription, url, state, n)
+                 SELECT * FROM sums
+                 ON CONFLICT ON CONSTRAINT tallies_group DO UPDATE SET n = t.n + excluded.n)
+    UPDATE outbox.tally_mark SET snapshot = pg_current_snapshot()
+    $q$ USING v_last;
+    DELETE FROM outbox.tallies WHERE n = 0;
+    RETURN true;
+END
+$_$;
+
+
+--
 -- Name: forget_stale_failures(interval); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -1057,6 +1142,35 @@ CREATE FUNCTION outbox.log_outcomes_follow() RETURNS trigger
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     AS $$
 BEGIN
+    -- the fold counts arrivals under this lock, exclusively
+    PERFORM pg_advisory_xact_lock_shared(20291, 2);
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- this snapshot may predate a fold that counted these intents
+        UPDATE outbox.tally_mark SET valid = false WHERE valid;
+        DELETE FROM outbox.intent_rows t USING gone WHERE t.id = gone.id;
+    ELSE
+        WITH rows_gone AS (
+                 DELETE FROM outbox.intent_rows t USING gone WHERE t.id = gone.id RETURNING t.id)
+        INSERT INTO outbox.tally_deltas
+        SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
+               array_agg('log'::text), array_agg(n)
+          FROM (SELECT kind, destination, subscription, url, sum(left_log - counted) AS n
+                  FROM (SELECT g.kind, g.destination,
+                               outbox.tally_subscription(g.kind, g.destination, g.payload)
+                                   AS subscription,
+                               outbox.tally_url(g.kind, g.destination, g.payload) AS url,
+                               (EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                                         WHERE o.intent_id = g.id)
+                                OR EXISTS (SELECT 1 FROM outbox.log_batches b
+                                            WHERE b.ids @> ARRAY[g.id])
+                                OR g.id IN (SELECT r.id FROM rows_gone r))::int AS left_log,
+                               pg_visible_in_snapshot(g.xid, m.snapshot)::int AS counted
+                          FROM gone g, outbox.tally_mark m
+                         WHERE outbox.log_untracked(g.ordering_key, g.waiting, g.run_after,
+                                                    g.created_at)) x
+                 GROUP BY 1, 2, 3, 4 HAVING sum(left_log - counted) <> 0) s
+        HAVING count(*) > 0;
+    END IF;
     DELETE FROM outbox.log_outcomes o USING gone WHERE o.intent_id = gone.id;
     RETURN NULL;
 END
@@ -1081,6 +1195,15 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+
+--
+-- Name: log_untracked(text, boolean, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.log_untracked(p_ordering_key text, p_waiting boolean, p_run_after timestamp with time zone, p_created_at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT p_ordering_key IS NULL AND NOT p_waiting AND p_run_after <= p_created_at $$;
 
 
 --
@@ -1793,6 +1916,159 @@ BEGIN
     RETURN v_granted;
 END
 $$;
+
+
+--
+-- Name: tally_batches(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.tally_batches() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO outbox.tally_deltas
+    SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
+           array_agg('log'::text), array_agg(n)
+      FROM (SELECT l.kind, l.destination,
+                   outbox.tally_subscription(l.kind, l.destination, l.payload) AS subscription,
+                   outbox.tally_url(l.kind, l.destination, l.payload) AS url,
+                   -count(*) AS n
+              FROM new_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
+             CROSS JOIN LATERAL (SELECT * FROM outbox.intent_log y
+                                  WHERE y.id = x.id OFFSET 0) l
+             GROUP BY 1, 2, 3, 4) g
+    HAVING count(*) > 0;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: tally_recount(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.tally_recount() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    UPDATE outbox.tally_mark SET valid = false WHERE valid;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: tally_rows(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.tally_rows() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO outbox.tally_deltas
+        SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
+               array_agg(state), array_agg(n)
+          FROM (SELECT kind, destination, subscription, url, state, sum(n) AS n
+                  FROM (SELECT r.kind, r.destination,
+                               outbox.tally_subscription(r.kind, r.destination, r.payload)
+                                   AS subscription,
+                               outbox.tally_url(r.kind, r.destination, r.payload) AS url,
+                               r.state, 1 AS n
+                          FROM new_rows r
+                         WHERE r.state IN ('pending', 'claimed', 'ambiguous', 'dead')
+                        UNION ALL
+                        SELECT l.kind, l.destination,
+                               outbox.tally_subscription(l.kind, l.destination, l.payload),
+                               outbox.tally_url(l.kind, l.destination, l.payload), 'log', -1
+                          FROM new_rows r
+                         CROSS JOIN LATERAL (SELECT * FROM outbox.intent_log x
+                                              WHERE x.id = r.id OFFSET 0) l
+                         WHERE outbox.log_untracked(l.ordering_key, l.waiting, l.run_after,
+                                                    l.created_at)
+                           AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                                            WHERE o.intent_id = l.id)
+                           AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                                            WHERE b.ids @> ARRAY[l.id])) d
+                 GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0) g
+        HAVING count(*) > 0;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO outbox.tally_deltas
+        SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
+               array_agg(state), array_agg(n)
+          FROM (SELECT kind, destination, subscription, url, state, sum(n) AS n
+                  FROM (SELECT o.kind, o.destination,
+                               outbox.tally_subscription(o.kind, o.destination, o.payload)
+                                   AS subscription,
+                               outbox.tally_url(o.kind, o.destination, o.payload) AS url,
+                               o.state, -1 AS n
+                          FROM old_rows o
+                         WHERE o.state IN ('pending', 'claimed', 'ambiguous', 'dead')
+                        UNION ALL
+                        SELECT r.kind, r.destination,
+                               outbox.tally_subscription(r.kind, r.destination, r.payload),
+                               outbox.tally_url(r.kind, r.destination, r.payload), r.state, 1
+                          FROM new_rows r
+                         WHERE r.state IN ('pending', 'claimed', 'ambiguous', 'dead')) d
+                 GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0) g
+        HAVING count(*) > 0;
+    ELSE
+        INSERT INTO outbox.tally_deltas
+        SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
+               array_agg(state), array_agg(n)
+          FROM (SELECT kind, destination, subscription, url, state, sum(n) AS n
+                  FROM (SELECT o.kind, o.destination,
+                               outbox.tally_subscription(o.kind, o.destination, o.payload)
+                                   AS subscription,
+                               outbox.tally_url(o.kind, o.destination, o.payload) AS url,
+                               o.state, -1 AS n
+                          FROM old_rows o
+                         WHERE o.state IN ('pending', 'claimed', 'ambiguous', 'dead')
+                        UNION ALL
+                        SELECT l.kind, l.destination,
+                               outbox.tally_subscription(l.kind, l.destination, l.payload),
+                               outbox.tally_url(l.kind, l.destination, l.payload), 'log', 1
+                          FROM old_rows o
+                         CROSS JOIN LATERAL (SELECT * FROM outbox.intent_log x
+                                              WHERE x.id = o.id OFFSET 0) l
+                         WHERE outbox.log_untracked(l.ordering_key, l.waiting, l.run_after,
+                                                    l.created_at)
+                           AND (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
+                                                 ORDER BY c.seq DESC LIMIT 1)
+                           AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes x
+                                            WHERE x.intent_id = l.id)
+                           AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                                            WHERE b.ids @> ARRAY[l.id])) d
+                 GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0) g
+        HAVING count(*) > 0;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: tally_subscription(text, text, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.tally_subscription(p_kind text, p_destination text, p_payload jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT CASE WHEN p_kind = 'webhook' AND p_destination IS NULL
+                  THEN p_payload->>'subscription' END $$;
+
+
+--
+-- Name: tally_url(text, text, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.tally_url(p_kind text, p_destination text, p_payload jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT CASE WHEN p_kind = 'webhook' AND p_destination IS NULL
+                       AND p_payload->>'subscription' IS NULL
+                  THEN p_payload->>'url' END $$;
 
 
 --
@@ -2656,6 +2932,47 @@ CREATE TABLE outbox.subscriptions (
 
 
 --
+-- Name: tallies; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.tallies (
+    kind text NOT NULL,
+    destination text,
+    subscription text,
+    url text,
+    state text NOT NULL,
+    n bigint NOT NULL,
+    CONSTRAINT tallies_state_check CHECK ((state = ANY (ARRAY['log'::text, 'pending'::text, 'claimed'::text, 'ambiguous'::text, 'dead'::text])))
+);
+
+
+--
+-- Name: tally_deltas; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.tally_deltas (
+    kinds text[] NOT NULL,
+    destinations text[] NOT NULL,
+    subscriptions text[] NOT NULL,
+    urls text[] NOT NULL,
+    states text[] NOT NULL,
+    ns bigint[] NOT NULL
+);
+
+
+--
+-- Name: tally_mark; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.tally_mark (
+    one boolean DEFAULT true NOT NULL,
+    snapshot pg_snapshot NOT NULL,
+    valid boolean NOT NULL,
+    CONSTRAINT tally_mark_one_check CHECK (one)
+);
+
+
+--
 -- Name: totals; Type: TABLE; Schema: outbox; Owner: -
 --
 
@@ -2916,6 +3233,22 @@ ALTER TABLE ONLY outbox.schedules
 
 ALTER TABLE ONLY outbox.subscriptions
     ADD CONSTRAINT subscriptions_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: tallies tallies_group; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.tallies
+    ADD CONSTRAINT tallies_group UNIQUE NULLS NOT DISTINCT (kind, destination, subscription, url, state);
+
+
+--
+-- Name: tally_mark tally_mark_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.tally_mark
+    ADD CONSTRAINT tally_mark_pkey PRIMARY KEY (one);
 
 
 --
@@ -3252,6 +3585,13 @@ CREATE TRIGGER intent_log_outcomes_follow AFTER DELETE ON outbox.intent_log REFE
 
 
 --
+-- Name: intent_log intent_log_tally_truncate; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER intent_log_tally_truncate AFTER TRUNCATE ON outbox.intent_log FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
+
+
+--
 -- Name: intent_log intent_log_track; Type: TRIGGER; Schema: outbox; Owner: -
 --
 
@@ -3301,10 +3641,59 @@ CREATE TRIGGER intents_promote_next_in_order AFTER UPDATE OF state ON outbox.int
 
 
 --
+-- Name: intent_rows intents_tally_delete; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER intents_tally_delete AFTER DELETE ON outbox.intent_rows REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_rows();
+
+
+--
+-- Name: intent_rows intents_tally_insert; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER intents_tally_insert AFTER INSERT ON outbox.intent_rows REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_rows();
+
+
+--
+-- Name: intent_rows intents_tally_truncate; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER intents_tally_truncate AFTER TRUNCATE ON outbox.intent_rows FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
+
+
+--
+-- Name: intent_rows intents_tally_update; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER intents_tally_update AFTER UPDATE ON outbox.intent_rows REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_rows();
+
+
+--
 -- Name: intents intents_write; Type: TRIGGER; Schema: outbox; Owner: -
 --
 
 CREATE TRIGGER intents_write INSTEAD OF INSERT OR DELETE OR UPDATE ON outbox.intents FOR EACH ROW EXECUTE FUNCTION outbox.intents_write();
+
+
+--
+-- Name: log_batches log_batches_tally; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER log_batches_tally AFTER INSERT ON outbox.log_batches REFERENCING NEW TABLE AS new_batches FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_batches();
+
+
+--
+-- Name: log_batches log_batches_tally_truncate; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER log_batches_tally_truncate AFTER TRUNCATE ON outbox.log_batches FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
+
+
+--
+-- Name: log_outcomes log_outcomes_tally_truncate; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER log_outcomes_tally_truncate AFTER TRUNCATE ON outbox.log_outcomes FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
 
 
 --
@@ -3357,7 +3746,7 @@ ALTER TABLE ONLY outbox.event_deliveries
 --
 
 ALTER TABLE ONLY outbox.intent_rows
-    ADD CONSTRAINT intent_rows_logged FOREIGN KEY (id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
+    ADD CONSTRAINT intent_rows_logged FOREIGN KEY (id) REFERENCES outbox.intent_log(id) DEFERRABLE INITIALLY DEFERRED;
 
 
 --

@@ -11,12 +11,18 @@
 # first. Then it runs each periodic statement RUNS times (default 5) and prints
 # its mean execution time from EXPLAIN ANALYZE and the buffers it read, with
 # how often a relay runs it and so what it costs the server per minute:
+#   recount   the first fold of the tallies, which counts every live intent
+#             once (after the migration, a TRUNCATE; not periodic)
+#   fold      outbox.fold_tallies() with nothing changed since the last, and
+#   fold+1k   after 1,000 more intents were enqueued and 100 claimed
+#             (each relay folds before its gauges, every 5 s)
 #   backlog   the destinations' backlog gauge, every 15 s
-#             (relay/store/destinations.rs BACKLOG_SQL)
+#             (relay/store/tallies.rs TALLY_BACKLOG)
+#   counts    the gauges' counts of the live states by kind, every 5 s
+#             (relay/store/tallies.rs TALLY_COUNTS)
+#   oldest    the oldest due intent per kind, every 5 s (OLDEST_DUE)
 #   stranded  the stranded ordering intents of every key, as `stats` counts
 #             them (relay/store/fleet.rs STRANDED)
-#   counts    the gauges' counts of the live states and oldest due intent
-#             by kind, every 5 s (relay/store/stats.rs GAUGE_COUNTS)
 #   noted     the same over the keys noted for the next sweep, as the gauge
 #             counts them every 5 s (STRANDED_NOTED), beside 100 notes
 set -euo pipefail
@@ -63,17 +69,19 @@ statement() { # FILE NAME
 		on && !started { if (sub(/^[^"]*"/, "")) started = 1; else next }
 		on { if ($0 ~ /";$/) { sub(/";$/, ""); print; exit } print }' "$REPO_ROOT/$1"
 }
-BACKLOG=$(statement relay/store/destinations.rs BACKLOG_SQL)
+BACKLOG=$(statement relay/store/tallies.rs TALLY_BACKLOG)
+COUNTS=$(statement relay/store/tallies.rs TALLY_COUNTS)
+OLDEST=$(statement relay/store/tallies.rs OLDEST_DUE)
 STRANDED=$(statement relay/store/fleet.rs STRANDED)
 NOTED=$(statement relay/store/fleet.rs STRANDED_NOTED)
-COUNTS=$(statement relay/store/stats.rs GAUGE_COUNTS)
-for s in "$BACKLOG" "$STRANDED" "$NOTED" "$COUNTS"; do
+for s in "$BACKLOG" "$COUNTS" "$OLDEST" "$STRANDED" "$NOTED"; do
 	[ -n "$s" ] || { echo "could not read the statements from relay/store" >&2; exit 1; }
 done
 
-measure() { # NAME EVERY_SECONDS SQL
+measure() { # NAME EVERY_SECONDS SQL [SETUP_SQL]
 	local total=0 buffers=0 out ms hit
 	for _ in $(seq "$RUNS"); do
+		[ -z "${4:-}" ] || psql -X -q "$URL" -c "$4" >/dev/null
 		out=$(psql -X -At "$URL" -c "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) $3")
 		ms=$(echo "$out" | jq '.[0]["Execution Time"]')
 		hit=$(echo "$out" | jq '.[0].Plan["Shared Hit Blocks"] + .[0].Plan["Shared Read Blocks"]')
@@ -81,13 +89,35 @@ measure() { # NAME EVERY_SECONDS SQL
 		buffers=$hit
 	done
 	awk -v n="$1" -v e="$2" -v t="$total" -v r="$RUNS" -v b="$buffers" \
-		'BEGIN { ms = t / r; printf "%-9s every %2d s  %9.1f ms a run  %8d buffers  %7.0f ms of the server a minute\n",
+		'BEGIN { ms = t / r
+		         if (e == 0) { printf "%-9s once      %9.1f ms a run  %8d buffers\n", n, ms, b; exit }
+		         printf "%-9s every %2d s  %9.1f ms a run  %8d buffers  %7.0f ms of the server a minute\n",
 		         n, e, ms, b, ms * 60 / e }'
 }
 command -v jq >/dev/null || { echo "needs jq (Debian: apt-get install jq)" >&2; exit 2; }
+# the first fold counts everything; RUNS=1 for it, as there is one
+RUNS_ASKED=$RUNS
+RUNS=1 measure recount 0 "SELECT outbox.fold_tallies()"
+RUNS=$RUNS_ASKED
+measure fold 5 "SELECT outbox.fold_tallies()"
+# a claim's batch of 100 (its trigger writes the tallies' delta) and 1,000
+# new intents, as between two folds of a busy relay
+CHANGE="SELECT count(*) FROM outbox.enqueue_many(
+            ARRAY(SELECT 'more:' || gen_random_uuid() FROM generate_series(1, 1000)),
+            array_fill('webhook'::text, ARRAY[1000]),
+            ARRAY(SELECT jsonb_build_object('url', 'https://r' || g || '.example.com/hooks')
+                    FROM generate_series(1, 1000) g));
+        INSERT INTO outbox.log_batches (owner, lease_expires_at, ids)
+        SELECT 'bench', now() + interval '1 hour', ARRAY(
+            SELECT l.id FROM outbox.intent_log l
+             WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)
+               AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b WHERE b.ids @> ARRAY[l.id])
+             ORDER BY l.xid DESC, l.id DESC LIMIT 100);"
+measure fold+1k 5 "SELECT outbox.fold_tallies()" "$CHANGE"
 measure backlog 15 "$BACKLOG"
-measure stranded 5 "$STRANDED"
 measure counts 5 "$COUNTS"
+measure oldest 5 "$OLDEST"
+measure stranded 5 "$STRANDED"
 # the notes between two sweeps of a steady enqueue: one per intent enqueued
 # waiting within the sweep interval; here the sweep has taken those of the
 # load, and a hundred are new

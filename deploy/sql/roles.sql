@@ -49,6 +49,9 @@ GRANT EXECUTE ON FUNCTION outbox.expand_event(bigint, text),
     TO outbox_relay;
 -- (0031) and in batches
 GRANT EXECUTE ON FUNCTION outbox.expand_events(bigint[]) TO outbox_relay;
+-- (0033) the gauges fold what changed into outbox.tallies before reading them
+GRANT EXECUTE ON FUNCTION outbox.fold_tallies(), outbox.tally_subscription(text, text, jsonb),
+                          outbox.tally_url(text, text, jsonb) TO outbox_relay;
 GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_relay, outbox_operator;
 GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
 -- the claim asks it whose turn it is within an ordering key (0005)

@@ -57,26 +57,6 @@ pub const UNHEALTHY_SQL: &str =
   ORDER BY state = 'paused' DESC, state = 'closed', updated_at DESC
   LIMIT $2";
 
-/// The pending backlog per destination, in one grouped scan. The rows are
-/// counted by what names their destination (the kind, the `destination`
-/// column and, for a webhook without one, its subscription or its URL), and
-/// `outbox.destination_of` runs once per such group rather than once per
-/// row: called per row it cost some 15 µs each while it had its own
-/// `search_path` and was never inlined (15.5 s a run beside 1,000,000
-/// pending intents over 1,000 receivers, `bench/pgbench/periodic-work.sh`,
-/// 2026-12-04), and its regular expressions still cost per call.
-const BACKLOG_SQL: &str = "SELECT outbox.destination_of(kind, destination,
-                                  jsonb_build_object('url', url, 'subscription', subscription)),
-        sum(n)::bigint
-   FROM (SELECT kind, destination,
-                CASE WHEN kind = 'webhook' AND destination IS NULL THEN payload->>'url' END AS url,
-                CASE WHEN kind = 'webhook' AND destination IS NULL
-                     THEN payload->>'subscription' END AS subscription,
-                count(*) AS n
-           FROM outbox.intents WHERE state IN ('pending', 'claimed')
-          GROUP BY 1, 2, 3, 4) g
-  GROUP BY 1";
-
 /// A duration as a Postgres interval.
 pub fn interval(d: Duration) -> PgInterval {
     PgInterval {
@@ -247,9 +227,11 @@ impl Store {
     }
 
     /// Intents pending or claimed, per destination (None: the payload names
-    /// none).
+    /// none), from the tallies folded first ([`super::tallies`]): the read
+    /// does not grow with the backlog.
     pub async fn destination_backlogs(&self) -> Result<Vec<(Option<String>, i64)>, sqlx::Error> {
-        sqlx::query_as(BACKLOG_SQL).fetch_all(self.pool()).await
+        self.fold_tallies().await?;
+        self.tallied_backlogs().await
     }
 
     /// Open breakers a minute past their due probe.

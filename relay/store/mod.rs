@@ -28,6 +28,7 @@ pub mod stats;
 pub mod storable;
 pub mod subscription_pages;
 pub mod subscriptions;
+pub mod tallies;
 
 use std::time::Duration;
 

@@ -153,15 +153,6 @@ const BLOCKED_KEYS: &str = "SELECT count(DISTINCT h.ordering_key) FROM outbox.in
                         WHERE e.ordering_key = h.ordering_key AND e.id < h.id
                           AND e.state IN ('pending', 'claimed', 'ambiguous', 'dead'))";
 
-/// The gauges' counts of the live states by kind (`outbox_intents`) and,
-/// in the same pass, the age of the oldest due intent of each kind
-/// (`outbox_oldest_due_seconds`, on the `pending` rows; NULL elsewhere).
-pub(crate) const GAUGE_COUNTS: &str = "SELECT kind, state, count(*),
-            extract(epoch FROM now() - min(run_after)
-                    FILTER (WHERE state = 'pending' AND run_after <= now()))::float8
-       FROM outbox.intents
-      WHERE state IN ('pending', 'claimed', 'ambiguous', 'dead') GROUP BY kind, state";
-
 impl Store {
     pub async fn stats(&self) -> Result<Stats, StoreError> {
         let by_state = sqlx::query_as(
@@ -222,21 +213,28 @@ impl Store {
     }
 
     /// The live queue for the gauges: counts of the non-terminal states
-    /// (pending, claimed, ambiguous, dead) by kind and the age of the
-    /// oldest due intent per kind, in one pass over the live intents
-    /// ([`GAUGE_COUNTS`]), the blocked ordering keys and the intents
-    /// waiting with nothing live ahead among the keys noted for the next
-    /// sweep. Delivered history is never scanned.
+    /// (pending, claimed, ambiguous, dead) by kind from the tallies, folded
+    /// first ([`super::tallies`]), the age of the oldest due intent per kind
+    /// from the first due intents, the blocked ordering keys and the
+    /// intents waiting with nothing live ahead among the keys noted for the
+    /// next sweep. None of them reads the backlog.
     pub async fn stats_for_gauges(&self) -> Result<GaugeStats, sqlx::Error> {
-        let rows: Vec<(String, String, i64, Option<f64>)> =
-            sqlx::query_as(GAUGE_COUNTS).fetch_all(&self.pool).await?;
-        let oldest = rows
+        self.fold_tallies().await?;
+        let counts = self.tallied_counts().await?;
+        let due = self.oldest_due().await?;
+        let mut kinds: Vec<(&str, i64)> = counts
             .iter()
-            .filter_map(|(kind, _, _, age)| age.map(|age| (kind.clone(), age)))
+            .filter(|(_, state, _)| state == "pending")
+            .map(|(kind, _, n)| (kind.as_str(), *n))
             .collect();
-        let counts = rows
+        for (kind, _) in &due.seen {
+            if !kinds.iter().any(|(k, _)| k == kind) {
+                kinds.push((kind.as_str(), 0));
+            }
+        }
+        let oldest = kinds
             .into_iter()
-            .map(|(kind, state, n, _)| (kind, state, n))
+            .map(|(kind, pending)| (kind.to_string(), due.of(kind, pending)))
             .collect();
         let blocked: i64 = sqlx::query_scalar(BLOCKED_KEYS)
             .fetch_one(&self.pool)

@@ -57,6 +57,7 @@ mod runbooks;
 mod schedules;
 mod secrets;
 mod standbys;
+mod tallies;
 mod tls;
 mod trace_context;
 mod traces;

@@ -62,8 +62,9 @@ const TOP_BACKLOGS: usize = 10;
 
 /// `outbox_destination_pending{destination}`: the pending backlog of the
 /// configured destinations (pending or claimed), of the [`TOP_BACKLOGS`] largest others, and of
-/// the rest summed as `other`, and no other series. One grouped scan of
-/// the pending intents. `reported` becomes the names reported.
+/// the rest summed as `other`, and no other series. Read from the
+/// tallies, one row per destination group, whatever the backlog.
+/// `reported` becomes the names reported.
 pub async fn refresh_backlog_gauges(
     store: &Store,
     settings: &HealthSettings,
