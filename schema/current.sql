@@ -964,6 +964,7 @@ CREATE FUNCTION outbox.fold_tallies() RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $_$
 DECLARE
     v_last pg_snapshot;
@@ -1987,7 +1988,11 @@ BEGIN
                           FROM new_rows r
                          CROSS JOIN LATERAL (SELECT * FROM outbox.intent_log x
                                               WHERE x.id = r.id OFFSET 0) l
-                         WHERE outbox.log_untracked(l.ordering_key, l.waiting, l.run_after,
+                         -- a row has its log intent's ordering key and
+                         -- waiting as they were: one with either is
+                         -- tracked from its enqueue, without a probe
+                         WHERE r.ordering_key IS NULL AND NOT r.waiting
+                           AND outbox.log_untracked(l.ordering_key, l.waiting, l.run_after,
                                                     l.created_at)
                            AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
                                             WHERE o.intent_id = l.id)
@@ -2957,7 +2962,8 @@ CREATE TABLE outbox.tally_deltas (
     urls text[] NOT NULL,
     states text[] NOT NULL,
     ns bigint[] NOT NULL
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000');
 
 
 --
