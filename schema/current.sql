@@ -1141,15 +1141,18 @@ $$;
 CREATE FUNCTION outbox.log_outcomes_follow() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
-    AS $$
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $_$
 BEGIN
     -- the fold counts arrivals under this lock, exclusively
     PERFORM pg_advisory_xact_lock_shared(20291, 2);
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         -- this snapshot may predate a fold that counted these intents
         UPDATE outbox.tally_mark SET valid = false WHERE valid;
-        DELETE FROM outbox.intent_rows t USING gone WHERE t.id = gone.id;
+        EXECUTE 'DELETE FROM outbox.intent_rows t USING gone WHERE t.id = gone.id';
     ELSE
+        EXECUTE $q$
         WITH rows_gone AS (
                  DELETE FROM outbox.intent_rows t USING gone WHERE t.id = gone.id RETURNING t.id)
         INSERT INTO outbox.tally_deltas
@@ -1170,12 +1173,13 @@ BEGIN
                          WHERE outbox.log_untracked(g.ordering_key, g.waiting, g.run_after,
                                                     g.created_at)) x
                  GROUP BY 1, 2, 3, 4 HAVING sum(left_log - counted) <> 0) s
-        HAVING count(*) > 0;
+        HAVING count(*) > 0
+        $q$;
     END IF;
     DELETE FROM outbox.log_outcomes o USING gone WHERE o.intent_id = gone.id;
     RETURN NULL;
 END
-$$;
+$_$;
 
 
 --
@@ -1926,8 +1930,16 @@ $$;
 CREATE FUNCTION outbox.tally_batches() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 BEGIN
+    -- a claim that found nothing inserts no batch, and its statement
+    -- still fires this: nothing to plan the read of the log on (a plan
+    -- made on an empty log is the session's for good)
+    IF NOT EXISTS (SELECT 1 FROM new_batches) THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO outbox.tally_deltas
     SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
            array_agg('log'::text), array_agg(n)
@@ -1936,8 +1948,7 @@ BEGIN
                    outbox.tally_url(l.kind, l.destination, l.payload) AS url,
                    -count(*) AS n
               FROM new_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
-             CROSS JOIN LATERAL (SELECT * FROM outbox.intent_log y
-                                  WHERE y.id = x.id OFFSET 0) l
+              JOIN outbox.intent_log l ON l.id = x.id
              GROUP BY 1, 2, 3, 4) g
     HAVING count(*) > 0;
     RETURN NULL;
@@ -1967,39 +1978,57 @@ $$;
 CREATE FUNCTION outbox.tally_rows() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
-    AS $$
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $_$
 BEGIN
+    -- statements that changed no row (a claim of rows that found none)
+    -- fire this too
+    IF TG_OP = 'DELETE' THEN
+        IF NOT EXISTS (SELECT 1 FROM old_rows) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF NOT EXISTS (SELECT 1 FROM new_rows) THEN
+        RETURN NULL;
+    END IF;
     IF TG_OP = 'INSERT' THEN
         INSERT INTO outbox.tally_deltas
         SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
                array_agg(state), array_agg(n)
-          FROM (SELECT kind, destination, subscription, url, state, sum(n) AS n
-                  FROM (SELECT r.kind, r.destination,
-                               outbox.tally_subscription(r.kind, r.destination, r.payload)
-                                   AS subscription,
-                               outbox.tally_url(r.kind, r.destination, r.payload) AS url,
-                               r.state, 1 AS n
-                          FROM new_rows r
-                         WHERE r.state IN ('pending', 'claimed', 'ambiguous', 'dead')
-                        UNION ALL
-                        SELECT l.kind, l.destination,
-                               outbox.tally_subscription(l.kind, l.destination, l.payload),
-                               outbox.tally_url(l.kind, l.destination, l.payload), 'log', -1
-                          FROM new_rows r
-                         CROSS JOIN LATERAL (SELECT * FROM outbox.intent_log x
-                                              WHERE x.id = r.id OFFSET 0) l
-                         -- a row has its log intent's ordering key and
-                         -- waiting as they were: one with either is
-                         -- tracked from its enqueue, without a probe
-                         WHERE r.ordering_key IS NULL AND NOT r.waiting
-                           AND outbox.log_untracked(l.ordering_key, l.waiting, l.run_after,
-                                                    l.created_at)
-                           AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
-                                            WHERE o.intent_id = l.id)
-                           AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
-                                            WHERE b.ids @> ARRAY[l.id])) d
-                 GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0) g
+          FROM (SELECT r.kind, r.destination,
+                       outbox.tally_subscription(r.kind, r.destination, r.payload) AS subscription,
+                       outbox.tally_url(r.kind, r.destination, r.payload) AS url,
+                       r.state, count(*) AS n
+                  FROM new_rows r
+                 WHERE r.state IN ('pending', 'claimed', 'ambiguous', 'dead')
+                 GROUP BY 1, 2, 3, 4, 5) g
         HAVING count(*) > 0;
+        -- a row has its log intent's ordering key and waiting as they
+        -- were: one with either is tracked from its enqueue, and its log
+        -- intent never counted
+        IF EXISTS (SELECT 1 FROM new_rows r WHERE r.ordering_key IS NULL AND NOT r.waiting) THEN
+            EXECUTE $q$
+            INSERT INTO outbox.tally_deltas
+            SELECT array_agg(kind), array_agg(destination), array_agg(subscription),
+                   array_agg(url), array_agg('log'::text), array_agg(n)
+              FROM (SELECT l.kind, l.destination,
+                           outbox.tally_subscription(l.kind, l.destination, l.payload)
+                               AS subscription,
+                           outbox.tally_url(l.kind, l.destination, l.payload) AS url,
+                           -count(*) AS n
+                      FROM new_rows r
+                      JOIN outbox.intent_log l ON l.id = r.id
+                     WHERE r.ordering_key IS NULL AND NOT r.waiting
+                       AND outbox.log_untracked(l.ordering_key, l.waiting, l.run_after,
+                                                l.created_at)
+                       AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                                        WHERE o.intent_id = l.id)
+                       AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                                        WHERE b.ids @> ARRAY[l.id])
+                     GROUP BY 1, 2, 3, 4) g
+            HAVING count(*) > 0
+            $q$;
+        END IF;
     ELSIF TG_OP = 'UPDATE' THEN
         INSERT INTO outbox.tally_deltas
         SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
@@ -2024,35 +2053,35 @@ BEGIN
         INSERT INTO outbox.tally_deltas
         SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
                array_agg(state), array_agg(n)
-          FROM (SELECT kind, destination, subscription, url, state, sum(n) AS n
-                  FROM (SELECT o.kind, o.destination,
-                               outbox.tally_subscription(o.kind, o.destination, o.payload)
-                                   AS subscription,
-                               outbox.tally_url(o.kind, o.destination, o.payload) AS url,
-                               o.state, -1 AS n
-                          FROM old_rows o
-                         WHERE o.state IN ('pending', 'claimed', 'ambiguous', 'dead')
-                        UNION ALL
-                        SELECT l.kind, l.destination,
-                               outbox.tally_subscription(l.kind, l.destination, l.payload),
-                               outbox.tally_url(l.kind, l.destination, l.payload), 'log', 1
-                          FROM old_rows o
-                         CROSS JOIN LATERAL (SELECT * FROM outbox.intent_log x
-                                              WHERE x.id = o.id OFFSET 0) l
-                         WHERE outbox.log_untracked(l.ordering_key, l.waiting, l.run_after,
-                                                    l.created_at)
-                           AND (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
-                                                 ORDER BY c.seq DESC LIMIT 1)
-                           AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes x
-                                            WHERE x.intent_id = l.id)
-                           AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
-                                            WHERE b.ids @> ARRAY[l.id])) d
-                 GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0) g
+          FROM (SELECT o.kind, o.destination,
+                       outbox.tally_subscription(o.kind, o.destination, o.payload) AS subscription,
+                       outbox.tally_url(o.kind, o.destination, o.payload) AS url,
+                       o.state, -count(*) AS n
+                  FROM old_rows o
+                 WHERE o.state IN ('pending', 'claimed', 'ambiguous', 'dead')
+                 GROUP BY 1, 2, 3, 4, 5) g
         HAVING count(*) > 0;
+        EXECUTE $q$
+        INSERT INTO outbox.tally_deltas
+        SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
+               array_agg('log'::text), array_agg(n)
+          FROM (SELECT l.kind, l.destination,
+                       outbox.tally_subscription(l.kind, l.destination, l.payload) AS subscription,
+                       outbox.tally_url(l.kind, l.destination, l.payload) AS url, count(*) AS n
+                  FROM old_rows o
+                  JOIN outbox.intent_log l ON l.id = o.id
+                 WHERE outbox.log_untracked(l.ordering_key, l.waiting, l.run_after, l.created_at)
+                   AND (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
+                                         ORDER BY c.seq DESC LIMIT 1)
+                   AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes x WHERE x.intent_id = l.id)
+                   AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b WHERE b.ids @> ARRAY[l.id])
+                 GROUP BY 1, 2, 3, 4) g
+        HAVING count(*) > 0
+        $q$;
     END IF;
     RETURN NULL;
 END
-$$;
+$_$;
 
 
 --
