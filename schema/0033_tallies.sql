@@ -87,9 +87,8 @@ AS $$ SELECT CASE WHEN p_kind = 'webhook' AND p_destination IS NULL
 -- The triggers below read the log and the rows by primary key only (seq
 -- scans off, and then JIT off for the cost that puts on a scan). A
 -- session keeps a statement's first plan, and one made while the log was
--- empty looks for an id by scanning the whole (xid, id) index: the claim's
--- batch is read only when there is one (by then the log is not empty),
--- and the rarer reads are planned on each call (EXECUTE).
+-- empty looks for an id by scanning the whole (xid, id) index: so these
+-- reads are planned on each call (EXECUTE), and none is on the hot path.
 
 -- Deltas of intent_rows statements: the live states each row leaves and
 -- enters; an inserted row of a log intent no batch took leaves 'log'; a
@@ -212,7 +211,12 @@ CREATE TRIGGER intents_tally_update AFTER UPDATE ON outbox.intent_rows
 CREATE TRIGGER intents_tally_delete AFTER DELETE ON outbox.intent_rows
     REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_rows();
 
--- A claim's batch takes its intents out of 'log'.
+-- A claim's batch takes its intents out of 'log'. A claim writes its
+-- batch's groups with it (`tally`: [[kind, destination, subscription, url,
+-- n], ...]), so that this reads no log row; a batch without them (a relay
+-- of an earlier version) has its intents' groups read from the log.
+ALTER TABLE outbox.log_batches ADD COLUMN tally jsonb;
+
 CREATE FUNCTION outbox.tally_batches() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -230,14 +234,29 @@ BEGIN
     INSERT INTO outbox.tally_deltas
     SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
            array_agg('log'::text), array_agg(n)
-      FROM (SELECT l.kind, l.destination,
-                   outbox.tally_subscription(l.kind, l.destination, l.payload) AS subscription,
-                   outbox.tally_url(l.kind, l.destination, l.payload) AS url,
-                   -count(*) AS n
-              FROM new_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
-              JOIN outbox.intent_log l ON l.id = x.id
+      FROM (SELECT kind, destination, subscription, url, -sum(n)::bigint AS n
+              FROM (SELECT g->>0 AS kind, g->>1 AS destination, g->>2 AS subscription,
+                           g->>3 AS url, (g->>4)::bigint AS n
+                      FROM new_batches b CROSS JOIN LATERAL jsonb_array_elements(b.tally) AS g
+                     WHERE b.tally IS NOT NULL) c
              GROUP BY 1, 2, 3, 4) g
     HAVING count(*) > 0;
+    IF EXISTS (SELECT 1 FROM new_batches WHERE tally IS NULL) THEN
+        EXECUTE $q$
+        INSERT INTO outbox.tally_deltas
+        SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
+               array_agg('log'::text), array_agg(n)
+          FROM (SELECT l.kind, l.destination,
+                       outbox.tally_subscription(l.kind, l.destination, l.payload) AS subscription,
+                       outbox.tally_url(l.kind, l.destination, l.payload) AS url,
+                       -count(*) AS n
+                  FROM new_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
+                  JOIN outbox.intent_log l ON l.id = x.id
+                 WHERE b.tally IS NULL
+                 GROUP BY 1, 2, 3, 4) g
+        HAVING count(*) > 0
+        $q$;
+    END IF;
     RETURN NULL;
 END
 $$;

@@ -1932,7 +1932,7 @@ CREATE FUNCTION outbox.tally_batches() RETURNS trigger
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET jit TO 'off'
-    AS $$
+    AS $_$
 BEGIN
     -- a claim that found nothing inserts no batch, and its statement
     -- still fires this: nothing to plan the read of the log on (a plan
@@ -1943,17 +1943,32 @@ BEGIN
     INSERT INTO outbox.tally_deltas
     SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
            array_agg('log'::text), array_agg(n)
-      FROM (SELECT l.kind, l.destination,
-                   outbox.tally_subscription(l.kind, l.destination, l.payload) AS subscription,
-                   outbox.tally_url(l.kind, l.destination, l.payload) AS url,
-                   -count(*) AS n
-              FROM new_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
-              JOIN outbox.intent_log l ON l.id = x.id
+      FROM (SELECT kind, destination, subscription, url, -sum(n)::bigint AS n
+              FROM (SELECT g->>0 AS kind, g->>1 AS destination, g->>2 AS subscription,
+                           g->>3 AS url, (g->>4)::bigint AS n
+                      FROM new_batches b CROSS JOIN LATERAL jsonb_array_elements(b.tally) AS g
+                     WHERE b.tally IS NOT NULL) c
              GROUP BY 1, 2, 3, 4) g
     HAVING count(*) > 0;
+    IF EXISTS (SELECT 1 FROM new_batches WHERE tally IS NULL) THEN
+        EXECUTE $q$
+        INSERT INTO outbox.tally_deltas
+        SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
+               array_agg('log'::text), array_agg(n)
+          FROM (SELECT l.kind, l.destination,
+                       outbox.tally_subscription(l.kind, l.destination, l.payload) AS subscription,
+                       outbox.tally_url(l.kind, l.destination, l.payload) AS url,
+                       -count(*) AS n
+                  FROM new_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
+                  JOIN outbox.intent_log l ON l.id = x.id
+                 WHERE b.tally IS NULL
+                 GROUP BY 1, 2, 3, 4) g
+        HAVING count(*) > 0
+        $q$;
+    END IF;
     RETURN NULL;
 END
-$$;
+$_$;
 
 
 --
@@ -2774,7 +2789,8 @@ CREATE TABLE outbox.log_batches (
     owner text NOT NULL,
     claimed_at timestamp with time zone DEFAULT now() NOT NULL,
     lease_expires_at timestamp with time zone NOT NULL,
-    ids bigint[] NOT NULL
+    ids bigint[] NOT NULL,
+    tally jsonb
 );
 
 

@@ -257,9 +257,21 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                FROM cand c
               WHERE NOT c.eligible
              ON CONFLICT (id) DO NOTHING),
+         -- the batch's groups for outbox.tallies (schema 0033), so that its
+         -- trigger reads no log row
+         groups AS (
+             SELECT jsonb_agg(jsonb_build_array(g.kind, g.destination, g.subscription, g.url,
+                                                g.n)) AS tally
+               FROM (SELECT c.kind, c.destination,
+                            outbox.tally_subscription(c.kind, c.destination, c.payload)
+                                AS subscription,
+                            outbox.tally_url(c.kind, c.destination, c.payload) AS url,
+                            count(*) AS n
+                       FROM cand c WHERE c.eligible GROUP BY 1, 2, 3, 4) g),
          batch AS (
-             INSERT INTO outbox.log_batches (owner, lease_expires_at, ids)
-             SELECT $2, now() + $3 * interval '1 millisecond', array_agg(c.id ORDER BY c.xid, c.id)
+             INSERT INTO outbox.log_batches (owner, lease_expires_at, ids, tally)
+             SELECT $2, now() + $3 * interval '1 millisecond', array_agg(c.id ORDER BY c.xid, c.id),
+                    (SELECT tally FROM groups)
                FROM cand c WHERE c.eligible
              HAVING count(*) > 0),
          moved AS (

@@ -234,6 +234,22 @@ async fn an_enqueue_that_commits_across_folds_is_counted_once() {
         .unwrap();
     gone.rollback().await.unwrap();
     assert_agree(&db, "after a rollback").await;
+
+    // a batch written without its groups, as a relay of an earlier version
+    // claims: its intents' groups are read from the log
+    exec(
+        &db,
+        "INSERT INTO outbox.log_batches (owner, lease_expires_at, ids)
+         SELECT 'earlier', now() + interval '1 minute',
+                ARRAY(SELECT id FROM outbox.intent_log WHERE key LIKE 'beside:%')",
+    )
+    .await;
+    assert_agree(&db, "after a batch without its groups").await;
+    let claimed = counted(&db)
+        .await
+        .get(&("webhook".to_string(), "claimed".to_string()))
+        .copied();
+    assert_eq!(claimed, Some(3));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
