@@ -25,9 +25,33 @@
 -- arrive until a claim's batch or a row takes it; one that a batch or a
 -- row took before any fold saw it leaves 'log' first and is counted at its
 -- arrival after, which nets to nothing.
--- A TRUNCATE of the tables, or a delete in a transaction that reads an
--- older snapshot, marks the tallies to be counted again from the tables by
--- the next fold; so does this migration.
+-- A TRUNCATE of the rows or the batches (the log's takes its rows with
+-- it), or a delete in a transaction that reads an older snapshot, marks the
+-- tallies to be counted again from the tables by the next fold; so does
+-- this migration.
+--
+-- It changes three tables that relays and applications use while it
+-- runs: it takes their locks together or not at all, each wait shorter
+-- than Postgres's deadlock check, and tries again (a claim holds one of
+-- them and asks for another), for at most a minute. It holds them for
+-- the few milliseconds it takes: nothing in it reads the tables.
+DO $$
+BEGIN
+    FOR i IN 1 .. 600 LOOP
+        BEGIN
+            SET LOCAL lock_timeout = '100ms';
+            LOCK TABLE outbox.log_batches, outbox.intent_rows, outbox.intent_log
+                IN ACCESS EXCLUSIVE MODE;
+            SET LOCAL lock_timeout TO DEFAULT;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.01 * (i % 10));
+        END;
+    END LOOP;
+    RAISE EXCEPTION 'could not lock outbox.log_batches, intent_rows and intent_log within a minute'
+        USING HINT = 'run outbox-relay migrate again';
+END
+$$;
 
 CREATE TABLE outbox.tallies (
     kind         text   NOT NULL,
@@ -264,19 +288,18 @@ CREATE TRIGGER log_batches_tally AFTER INSERT ON outbox.log_batches
     REFERENCING NEW TABLE AS new_batches FOR EACH STATEMENT
     EXECUTE FUNCTION outbox.tally_batches();
 
--- A log intent that goes takes its row with it, here rather than by a
--- cascade (which deletes row by row, after this trigger: the rows' own
--- trigger would run once per intent, and too late to say which intent
--- had one). It takes back its arrival, once counted, and gives back its
--- leaving 'log', once it left (a batch, an outcome, a row). Then its
--- outcomes go with it, as before. The rows' foreign key is checked at
--- commit, and still holds an enqueue's log row against a delete while a
--- row for it is written.
+-- A log intent that goes takes its row with it, here, in one statement,
+-- rather than by the rows' foreign key cascade, which runs before this
+-- trigger (so that it could not tell which intent had a row) and row by
+-- row. The key is checked at commit instead, and still holds a log row
+-- against a delete while a row for it is written. (Every row met the key
+-- already: it is not validated again.) It takes back its arrival, once
+-- counted, and gives back its leaving 'log', once it left (a batch, an
+-- outcome, a row). Then its outcomes go with it, as before.
 ALTER TABLE outbox.intent_rows DROP CONSTRAINT intent_rows_logged;
 ALTER TABLE outbox.intent_rows
     ADD CONSTRAINT intent_rows_logged FOREIGN KEY (id) REFERENCES outbox.intent_log (id)
     DEFERRABLE INITIALLY DEFERRED NOT VALID;
-ALTER TABLE outbox.intent_rows VALIDATE CONSTRAINT intent_rows_logged;
 
 CREATE OR REPLACE FUNCTION outbox.log_outcomes_follow() RETURNS trigger
 LANGUAGE plpgsql
@@ -322,7 +345,8 @@ BEGIN
 END
 $$;
 
--- Emptied tables: count again.
+-- Emptied tables: count again. (The log is truncated only with its rows,
+-- which its foreign key holds.)
 CREATE FUNCTION outbox.tally_recount() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -333,13 +357,9 @@ BEGIN
     RETURN NULL;
 END
 $$;
-CREATE TRIGGER intent_log_tally_truncate AFTER TRUNCATE ON outbox.intent_log
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
 CREATE TRIGGER intents_tally_truncate AFTER TRUNCATE ON outbox.intent_rows
     FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
 CREATE TRIGGER log_batches_tally_truncate AFTER TRUNCATE ON outbox.log_batches
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
-CREATE TRIGGER log_outcomes_tally_truncate AFTER TRUNCATE ON outbox.log_outcomes
     FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
 
 -- Fold the deltas and the log's arrivals into outbox.tallies, or count

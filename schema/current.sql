@@ -3636,13 +3636,6 @@ CREATE TRIGGER intent_log_outcomes_follow AFTER DELETE ON outbox.intent_log REFE
 
 
 --
--- Name: intent_log intent_log_tally_truncate; Type: TRIGGER; Schema: outbox; Owner: -
---
-
-CREATE TRIGGER intent_log_tally_truncate AFTER TRUNCATE ON outbox.intent_log FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
-
-
---
 -- Name: intent_log intent_log_track; Type: TRIGGER; Schema: outbox; Owner: -
 --
 
@@ -3741,13 +3734,6 @@ CREATE TRIGGER log_batches_tally_truncate AFTER TRUNCATE ON outbox.log_batches F
 
 
 --
--- Name: log_outcomes log_outcomes_tally_truncate; Type: TRIGGER; Schema: outbox; Owner: -
---
-
-CREATE TRIGGER log_outcomes_tally_truncate AFTER TRUNCATE ON outbox.log_outcomes FOR EACH STATEMENT EXECUTE FUNCTION outbox.tally_recount();
-
-
---
 -- Name: outbox outbox_insert; Type: TRIGGER; Schema: outbox; Owner: -
 --
 
@@ -3797,7 +3783,7 @@ ALTER TABLE ONLY outbox.event_deliveries
 --
 
 ALTER TABLE ONLY outbox.intent_rows
-    ADD CONSTRAINT intent_rows_logged FOREIGN KEY (id) REFERENCES outbox.intent_log(id) DEFERRABLE INITIALLY DEFERRED;
+    ADD CONSTRAINT intent_rows_logged FOREIGN KEY (id) REFERENCES outbox.intent_log(id) DEFERRABLE INITIALLY DEFERRED NOT VALID;
 
 
 --
