@@ -2018,10 +2018,33 @@ BEGIN
                  WHERE r.state IN ('pending', 'claimed', 'ambiguous', 'dead')
                  GROUP BY 1, 2, 3, 4, 5) g
         HAVING count(*) > 0;
-        -- a row has its log intent's ordering key and waiting as they
-        -- were: one with either is tracked from its enqueue, and its log
-        -- intent never counted
-        IF EXISTS (SELECT 1 FROM new_rows r WHERE r.ordering_key IS NULL AND NOT r.waiting) THEN
+        -- A row has its log intent's kind, destination, payload, ordering
+        -- key, waiting and created_at as they were, and its run_after too
+        -- but where a claim set it aside for later (and wrote the row's
+        -- updated_at then). So a row with a key or waiting, or with a later
+        -- run_after written with its enqueue, is one its log intent had
+        -- from its enqueue (never counted in 'log'); one with an earlier
+        -- run_after is its log intent leaving 'log', unless a batch took it
+        -- before (it has an outcome).
+        INSERT INTO outbox.tally_deltas
+        SELECT array_agg(kind), array_agg(destination), array_agg(subscription), array_agg(url),
+               array_agg('log'::text), array_agg(n)
+          FROM (SELECT r.kind, r.destination,
+                       outbox.tally_subscription(r.kind, r.destination, r.payload) AS subscription,
+                       outbox.tally_url(r.kind, r.destination, r.payload) AS url, -count(*) AS n
+                  FROM new_rows r
+                 WHERE r.ordering_key IS NULL AND NOT r.waiting AND r.run_after <= r.created_at
+                   AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                                    WHERE o.intent_id = r.id OFFSET 0)
+                   AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                                    WHERE b.ids @> ARRAY[r.id] OFFSET 0)
+                 GROUP BY 1, 2, 3, 4) g
+        HAVING count(*) > 0;
+        -- a later run_after written after the enqueue: a claim's set-aside
+        -- (or a row written so by hand), checked against the log
+        IF EXISTS (SELECT 1 FROM new_rows r
+                    WHERE r.ordering_key IS NULL AND NOT r.waiting
+                      AND r.run_after > r.created_at AND r.updated_at <> r.created_at) THEN
             EXECUTE $q$
             INSERT INTO outbox.tally_deltas
             SELECT array_agg(kind), array_agg(destination), array_agg(subscription),
@@ -2034,6 +2057,7 @@ BEGIN
                       FROM new_rows r
                       JOIN outbox.intent_log l ON l.id = r.id
                      WHERE r.ordering_key IS NULL AND NOT r.waiting
+                       AND r.run_after > r.created_at AND r.updated_at <> r.created_at
                        AND outbox.log_untracked(l.ordering_key, l.waiting, l.run_after,
                                                 l.created_at)
                        AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o

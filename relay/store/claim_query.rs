@@ -249,7 +249,10 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                                                 + (c.turn - 1) * ($6::float8[])[c.aside])
                                                * interval '1 millisecond')
                     END,
-                    c.ordering_key, c.waiting, c.source, c.created_at, c.created_at,
+                    c.ordering_key, c.waiting, c.source, c.created_at,
+                    -- written now: a row whose run_after moved past its
+                    -- enqueue says so (outbox.tally_rows reads it)
+                    CASE WHEN c.aside IS NULL THEN c.created_at ELSE now() END,
                     c.traceparent, c.tracestate,
                     CASE WHEN c.aside IS NOT NULL
                          THEN 'deferred: its destination is congested (deliveries waited for '
