@@ -223,7 +223,11 @@ impl Rooms {
     ) -> Duration {
         let (delay, turned) = room.defer(waited, name);
         if turned {
-            self.congested_rooms().push(room.clone());
+            // (a room congested again before any read dropped it is there)
+            let mut rooms = self.congested_rooms();
+            if !rooms.iter().any(|r| Arc::ptr_eq(r, room)) {
+                rooms.push(room.clone());
+            }
         }
         delay
     }

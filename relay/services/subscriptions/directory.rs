@@ -199,9 +199,7 @@ async fn read_rows(
         let rows = match read {
             Ok(rows) => rows,
             Err(err) => {
-                for (_, answer) in batch {
-                    let _ = answer.send(Err(err.to_string()));
-                }
+                answer_all(batch, Err(err.to_string()));
                 continue;
             }
         };
