@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/pgbench/write-once-enqueue.sh: what keeping an intent's key unique
 # costs one enqueue when the intents live in partitions that retention
-# drops, against a plain INSERT and against outbox.intents' unique key.
+# drops, against a plain INSERT and against outbox.intent_log's unique key.
 #
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres bench/pgbench/write-once-enqueue.sh [SECONDS]
 #
@@ -13,10 +13,13 @@
 # dropped), pgbench, one client, SECONDS (default 8) per step, two rounds in
 # alternation, one intent per transaction, new keys:
 #   plain      INSERT into a table with an identity key and a unique key
-#   unique     INSERT into outbox.intents ... ON CONFLICT (key) DO NOTHING
+#   unique     INSERT into outbox.intent_log ... ON CONFLICT on its unique key
 #   probed     tk.enqueue(): the lock, the probe and the INSERT, into four
 #              partitions of 100,000 intents (the newest takes the inserts)
 #              with a primary key, a key index and an (xid, id) index
+#   keyed      tk.enqueue_keyed(): the key into one narrow table of every
+#              key (its primary key, as awa keeps unique jobs' keys), then
+#              the INSERT into the same partitions without their key index
 #   enqueue    SELECT outbox.enqueue(...), for scale
 # and prints transactions per second and the server's CPU per transaction
 # (its processes' time, as write-once.sh reads it). Ratios within one run
@@ -58,7 +61,17 @@ INSERT INTO tk.intents (id, key, kind, payload)
 SELECT p * 100000000 + g, 'old-' || p || '-' || g, 'webhook', '$PAYLOAD'
   FROM generate_series(0, 3) p, generate_series(1, 100000) g;
 SELECT setval('tk.ids', 300100001);
-VACUUM ANALYZE tk.intents;
+CREATE TABLE tk.keyed (LIKE tk.intents INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (id);
+ALTER TABLE tk.keyed ADD PRIMARY KEY (id);
+CREATE INDEX ON tk.keyed (xid, id);
+CREATE TABLE tk.keyed_1 PARTITION OF tk.keyed FOR VALUES FROM (1) TO (100000001);
+CREATE TABLE tk.keyed_2 PARTITION OF tk.keyed FOR VALUES FROM (100000001) TO (200000001);
+CREATE TABLE tk.keyed_3 PARTITION OF tk.keyed FOR VALUES FROM (200000001) TO (300000001);
+CREATE TABLE tk.keyed_4 PARTITION OF tk.keyed FOR VALUES FROM (300000001) TO (400000001);
+CREATE TABLE tk.keys (key text PRIMARY KEY, id bigint NOT NULL);
+INSERT INTO tk.keyed SELECT * FROM tk.intents;
+INSERT INTO tk.keys SELECT key, id FROM tk.intents;
+VACUUM ANALYZE tk.intents, tk.keyed, tk.keys;
 CREATE FUNCTION tk.enqueue(p_key text, p_kind text, p_payload jsonb)
 RETURNS TABLE (id bigint, duplicate boolean)
 LANGUAGE plpgsql AS \$\$
@@ -76,24 +89,42 @@ BEGIN
     RETURN QUERY SELECT v_id, false;
 END
 \$\$;
+CREATE FUNCTION tk.enqueue_keyed(p_key text, p_kind text, p_payload jsonb)
+RETURNS TABLE (id bigint, duplicate boolean)
+LANGUAGE plpgsql AS \$\$
+DECLARE
+    v_id bigint := nextval('tk.ids');
+BEGIN
+    INSERT INTO tk.keys (key, id) VALUES (p_key, v_id) ON CONFLICT (key) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT k.id, true FROM tk.keys k WHERE k.key = p_key;
+        RETURN;
+    END IF;
+    INSERT INTO tk.keyed (id, key, kind, payload) VALUES (v_id, p_key, p_kind, p_payload);
+    RETURN QUERY SELECT v_id, false;
+END
+\$\$;
 SQL
 
 printf '%s\n' '\set n random(1, 2000000000)' \
 	"INSERT INTO plain (key, kind, payload) VALUES ('plain-' || :n || '-' || :client_id, 'webhook', '$PAYLOAD');" \
 	>"$WORK/plain.sql"
 printf '%s\n' '\set n random(1, 2000000000)' \
-	"INSERT INTO outbox.intents (key, kind, payload) VALUES ('unique-' || :n || '-' || :client_id, 'webhook', '$PAYLOAD') ON CONFLICT (key) DO NOTHING;" \
+	"INSERT INTO outbox.intent_log (key, kind, payload) VALUES ('unique-' || :n || '-' || :client_id, 'webhook', '$PAYLOAD') ON CONFLICT ON CONSTRAINT intent_log_key_unique DO NOTHING;" \
 	>"$WORK/unique.sql"
 printf '%s\n' '\set n random(1, 2000000000)' \
 	"SELECT * FROM tk.enqueue('probed-' || :n || '-' || :client_id, 'webhook', '$PAYLOAD');" \
 	>"$WORK/probed.sql"
+printf '%s\n' '\set n random(1, 2000000000)' \
+	"SELECT * FROM tk.enqueue_keyed('keyed-' || :n || '-' || :client_id, 'webhook', '$PAYLOAD');" \
+	>"$WORK/keyed.sql"
 printf '%s\n' '\set n random(1, 2000000000)' \
 	"SELECT * FROM outbox.enqueue('enqueue-' || :n || '-' || :client_id, 'webhook', '$PAYLOAD');" \
 	>"$WORK/enqueue.sql"
 
 HZ=$(getconf CLK_TCK)
 for round in 1 2; do
-	for step in plain unique probed enqueue; do
+	for step in plain unique probed keyed enqueue; do
 		c0=$(server_ticks)
 		tps=$(step_tps "$step" "$SECONDS_PER_STEP")
 		c1=$(server_ticks)
@@ -104,3 +135,4 @@ for round in 1 2; do
 done
 # every probed insert went to the newest partition
 psql -X -At "$URL" -c "SELECT 'newest partition: ' || count(*) || ' inserted' FROM tk.intents_4 WHERE key LIKE 'probed-%'"
+psql -X -At "$URL" -c "SELECT 'newest partition, keyed: ' || count(*) || ' inserted' FROM tk.keyed_4 WHERE key LIKE 'keyed-%'"

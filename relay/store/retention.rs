@@ -14,6 +14,54 @@ pub(super) fn purgeable(include_dead: bool) -> Vec<&'static str> {
     sql_names(&states)
 }
 
+/// One batch of intents with a row: the rows leave the live table and their
+/// keys enter the ledger atomically, with when a provider last answered
+/// success (the attempts, read in the statement's snapshot, go with the
+/// rows; a delivery resolved by hand has none, and happened at
+/// delivered_at). `$1` the states, `$2` the age in milliseconds, `$3` the
+/// batch; answers how many went.
+const PURGE_ROWS: &str = "WITH gone AS (
+         SELECT * FROM outbox.intent_rows
+          WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'
+          LIMIT $3 FOR UPDATE SKIP LOCKED),
+     -- the log row goes, and its row, attempts and actions with it
+     deleted AS (
+         DELETE FROM outbox.intent_log l USING gone WHERE l.id = gone.id),
+     kept AS (
+         INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
+                                    provider_ref, last_error, created_at, completed_at,
+                                    effect_at)
+         SELECT key, id, kind, destination, outbox.fingerprint(payload), state,
+                provider_ref, last_error, created_at, coalesce(delivered_at, updated_at),
+                coalesce((SELECT max(coalesce(a.finished_at, a.started_at))
+                            FROM outbox.attempt_history a
+                           WHERE a.intent_id = gone.id AND a.outcome = 'delivered'),
+                         CASE WHEN state = 'delivered' THEN delivered_at END)
+           FROM gone
+         ON CONFLICT (key) DO NOTHING)
+     SELECT count(*) FROM gone";
+
+/// One batch of intents delivered at the first attempt, which have no row:
+/// the log row and its outcome. Binds as [`PURGE_ROWS`].
+const PURGE_LOG: &str = "WITH gone AS (
+         SELECT l.id, l.key, l.kind, l.destination, l.payload, l.created_at,
+                o.provider_ref, o.at, coalesce(o.finished_at, o.started_at, o.at) AS effect_at
+           FROM outbox.log_outcomes o JOIN outbox.intent_log l ON l.id = o.intent_id
+          WHERE 'delivered' = ANY($1) AND o.outcome = 'delivered'
+            AND o.at < now() - $2 * interval '1 millisecond'
+            AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = o.intent_id)
+          LIMIT $3 FOR UPDATE OF o SKIP LOCKED),
+     deleted AS (
+         DELETE FROM outbox.intent_log l USING gone WHERE l.id = gone.id),
+     kept AS (
+         INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
+                                    provider_ref, created_at, completed_at, effect_at)
+         SELECT key, id, kind, destination, outbox.fingerprint(payload), 'delivered',
+                provider_ref, created_at, at, effect_at
+           FROM gone
+         ON CONFLICT (key) DO NOTHING)
+     SELECT count(*) FROM gone";
+
 impl Store {
     /// Delete terminal intents last changed before `older_than` ago, in
     /// batches (short transactions, SKIP LOCKED). Returns how many.
@@ -54,65 +102,18 @@ impl Store {
         let ms = older_than.as_millis() as i64;
         let mut total = 0u64;
         loop {
-            // each batch is one short statement: the rows leave the live
-            // table and their keys enter the ledger atomically, with when
-            // a provider last answered success (the attempts, read in the
-            // statement's snapshot, go with the rows; a delivery resolved
-            // by hand has none, and happened at delivered_at)
-            let n: i64 = sqlx::query_scalar(
-                "WITH gone AS (
-                     SELECT * FROM outbox.intent_rows
-                      WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'
-                      LIMIT $3 FOR UPDATE SKIP LOCKED),
-                 -- the log row goes, and its row, attempts and actions with it
-                 deleted AS (
-                     DELETE FROM outbox.intent_log l USING gone WHERE l.id = gone.id),
-                 kept AS (
-                     INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
-                                                provider_ref, last_error, created_at, completed_at,
-                                                effect_at)
-                     SELECT key, id, kind, destination, outbox.fingerprint(payload), state,
-                            provider_ref, last_error, created_at, coalesce(delivered_at, updated_at),
-                            coalesce((SELECT max(coalesce(a.finished_at, a.started_at))
-                                        FROM outbox.attempt_history a
-                                       WHERE a.intent_id = gone.id AND a.outcome = 'delivered'),
-                                     CASE WHEN state = 'delivered' THEN delivered_at END)
-                       FROM gone
-                     ON CONFLICT (key) DO NOTHING)
-                 SELECT count(*) FROM gone",
-            )
-            .bind(&states)
-            .bind(ms)
-            .bind(batch)
-            .fetch_one(&self.pool)
-            .await?;
-            // delivered at the first attempt, with no row: the log row and
-            // its outcome
-            let from_log: i64 = sqlx::query_scalar(
-                "WITH gone AS (
-                     SELECT l.id, l.key, l.kind, l.destination, l.payload, l.created_at,
-                            o.provider_ref, o.at, coalesce(o.finished_at, o.started_at, o.at) AS effect_at
-                       FROM outbox.log_outcomes o JOIN outbox.intent_log l ON l.id = o.intent_id
-                      WHERE 'delivered' = ANY($1) AND o.outcome = 'delivered'
-                        AND o.at < now() - $2 * interval '1 millisecond'
-                        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = o.intent_id)
-                      LIMIT $3 FOR UPDATE OF o SKIP LOCKED),
-                 deleted AS (
-                     DELETE FROM outbox.intent_log l USING gone WHERE l.id = gone.id),
-                 kept AS (
-                     INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
-                                                provider_ref, created_at, completed_at, effect_at)
-                     SELECT key, id, kind, destination, outbox.fingerprint(payload), 'delivered',
-                            provider_ref, created_at, at, effect_at
-                       FROM gone
-                     ON CONFLICT (key) DO NOTHING)
-                 SELECT count(*) FROM gone",
-            )
-            .bind(&states)
-            .bind(ms)
-            .bind(batch)
-            .fetch_one(&self.pool)
-            .await?;
+            let n: i64 = sqlx::query_scalar(PURGE_ROWS)
+                .bind(&states)
+                .bind(ms)
+                .bind(batch)
+                .fetch_one(&self.pool)
+                .await?;
+            let from_log: i64 = sqlx::query_scalar(PURGE_LOG)
+                .bind(&states)
+                .bind(ms)
+                .bind(batch)
+                .fetch_one(&self.pool)
+                .await?;
             total += (n + from_log) as u64;
             if n < batch && from_log < batch {
                 return Ok(total);
