@@ -184,7 +184,15 @@ fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
 /// Taken by every claim from the log for its transaction, and by
 /// `outbox.track` (the same key): claims of the log take turns, and an
 /// intent no batch holds stays so while it is copied into `intent_rows`.
-pub const LOG_CLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(20291, 0)";
+///
+/// It also turns JIT compilation off for the transaction. Beside a large
+/// log the planner prices the claim far above `jit_above_cost` and
+/// `jit_optimize_above_cost` (it cannot tell how few intents after the
+/// cursor pass its probes), and with the server's defaults compiling the
+/// claim took 1.2 s of the server's CPU on every call, for a claim that
+/// then ran in a millisecond.
+pub const LOG_CLAIM_LOCK: &str =
+    "SELECT pg_advisory_xact_lock(20291, 0), set_config('jit', 'off', true)";
 
 /// The claim of at most $1 intents from `outbox.intent_log` (see
 /// schema/0027_intent_log.sql): those after the cursor, in (xid, id) order,

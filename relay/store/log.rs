@@ -95,6 +95,29 @@ impl Store {
         Ok(claims)
     }
 
+    /// EXPLAIN (ANALYZE) of the claim of the log as a claim runs it (its
+    /// transaction, after its lock), for up to `limit` intents with
+    /// nothing set aside, in a transaction that is rolled back: nothing is
+    /// claimed.
+    pub async fn explain_log_claim(&self, limit: i64) -> Result<Vec<String>, sqlx::Error> {
+        let query = ClaimQuery::new(limit, &[]);
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
+        let plan: Vec<String> =
+            sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS) {}", query.log_sql()))
+                .bind(limit)
+                .bind("explain")
+                .bind(60_000i64)
+                .bind(Vec::<String>::new())
+                .bind(Vec::<f64>::new())
+                .bind(Vec::<f64>::new())
+                .bind(0i64)
+                .fetch_all(&mut *tx)
+                .await?;
+        tx.rollback().await?;
+        Ok(plan)
+    }
+
     /// Record the deliveries at the first attempt of intents claimed from
     /// the log. Returns those recorded; the rest of `batch` goes through
     /// the rows.

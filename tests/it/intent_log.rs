@@ -119,6 +119,77 @@ async fn an_intent_that_is_retried_is_copied_into_its_row_once() {
     );
 }
 
+/// Beside a large log the planner prices the claim of the log far above
+/// the server's JIT thresholds, and compiling it cost 1.2 s of the server's
+/// CPU per claim (a tenant's delivery waited a second behind another's
+/// backlog at each claim). A claim's transaction turns JIT off: with every
+/// threshold at zero, so that the server compiles any statement, the claim
+/// as the relay runs it shows no JIT in its plan, and the same statement
+/// outside that transaction does.
+#[tokio::test]
+async fn the_log_claim_is_never_compiled() {
+    let db = TestDb::new().await;
+    for statement in [
+        "SELECT count(*) FROM (SELECT outbox.enqueue('jit-' || g, 'webhook',
+                  jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', '{}'::jsonb))
+                FROM generate_series(1, 10) g) e",
+        "DO $$
+         BEGIN
+             EXECUTE format('ALTER DATABASE %I SET jit = on', current_database());
+             EXECUTE format('ALTER DATABASE %I SET jit_above_cost = 0', current_database());
+             EXECUTE format('ALTER DATABASE %I SET jit_inline_above_cost = 0', current_database());
+             EXECUTE format('ALTER DATABASE %I SET jit_optimize_above_cost = 0', current_database());
+         END
+         $$",
+    ] {
+        sqlx::query(statement)
+            .execute(db.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    // new sessions take the database's settings
+    let store = outbox_relay::store::Store::connect(&db.url, 2)
+        .await
+        .unwrap();
+    let available: bool = sqlx::query_scalar("SELECT pg_jit_available()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(
+        available,
+        "this server cannot compile statements (pg_jit_available() is false), so this test \
+         cannot tell whether the claim is compiled: run it against a server built with LLVM"
+    );
+
+    let plan = store.explain_log_claim(100).await.unwrap().join("\n");
+    assert!(
+        plan.contains("on intent_log l") && plan.contains("Insert on log_batches"),
+        "the claim of the log:\n{plan}"
+    );
+    assert!(!plan.contains("JIT:"), "the claim was compiled:\n{plan}");
+
+    // the same statement, in a transaction of its own
+    let query = outbox_relay::store::ClaimQuery::new(100, &[]);
+    let mut tx = store.pool().begin().await.unwrap();
+    let plain: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN (ANALYZE) {}", query.log_sql()))
+        .bind(100i64)
+        .bind("explain")
+        .bind(60_000i64)
+        .bind(Vec::<String>::new())
+        .bind(Vec::<f64>::new())
+        .bind(Vec::<f64>::new())
+        .bind(0i64)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let plain = plain.join("\n");
+    assert!(
+        plain.contains("JIT:"),
+        "outside the claim's transaction the server compiles it:\n{plain}"
+    );
+}
+
 /// The claim of the log, planned per call and as the cached generic plan
 /// (which does not know the bound limit), beside 2,000 intents waiting in
 /// the log, 1,000 with rows of their own and 30,000 outcomes: it reads the
