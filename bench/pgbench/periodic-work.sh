@@ -61,14 +61,6 @@ psql -X -At "$URL" -c "SELECT count(*) FILTER (WHERE state = 'pending'), count(*
                          FROM outbox.intents" |
 	awk -F'|' '{printf "%s pending, %s waiting behind their ordering key\n", $1, $2}'
 
-# the text of the Rust string constant NAME in FILE: from its opening quote
-# (on the constant's line or the next) to the first line ending the string
-statement() { # FILE NAME
-	awk -v name="$2" '
-		!on && index($0, "const " name ": &str =") { on = 1; if (index($0, "\"") == 0) next }
-		on && !started { if (sub(/^[^"]*"/, "")) started = 1; else next }
-		on { if ($0 ~ /";$/) { sub(/";$/, ""); print; exit } print }' "$REPO_ROOT/$1"
-}
 BACKLOG=$(statement relay/store/tallies.rs TALLY_BACKLOG)
 COUNTS=$(statement relay/store/tallies.rs TALLY_COUNTS)
 OLDEST=$(statement relay/store/tallies.rs OLDEST_DUE)

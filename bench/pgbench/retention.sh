@@ -36,14 +36,6 @@ SEGMENTS=${2:-4}
 . "$REPO_ROOT/bench/pgbench/scratch.sh"
 scratch_database retention
 
-# the text of the Rust string constant NAME in FILE: from its opening quote
-# (on the constant's line or the next) to the first line ending the string
-statement() { # FILE NAME
-	awk -v name="$2" '
-		!on && index($0, "const " name ": &str =") { on = 1; if (index($0, "\"") == 0) next }
-		on && !started { if (sub(/^[^"]*"/, "")) started = 1; else next }
-		on { if ($0 ~ /";$/) { sub(/";$/, ""); print; exit } print }' "$REPO_ROOT/$1"
-}
 PURGE_ROWS=$(statement relay/store/retention.rs PURGE_ROWS)
 PURGE_LOG=$(statement relay/store/retention.rs PURGE_LOG)
 for s in "$PURGE_ROWS" "$PURGE_LOG"; do

@@ -11,6 +11,8 @@
 #                            transaction and reads, so that its snapshot
 #                            holds back the xmin horizon
 #   release_snapshot         ends it
+#   statement FILE NAME      the text of the Rust string constant NAME in
+#                            FILE (relative to REPO_ROOT), as the relay runs it
 #   server_ticks             the CPU clock ticks the server has spent: its
 #                            processes' utime + stime, and the postmaster's
 #                            cutime + cstime (its exited children's); needs
@@ -65,6 +67,15 @@ release_snapshot() {
 	exec 9>&-
 	wait "$HOLDER" || true
 	rm -f "$WORK/hold"
+}
+
+# from the constant's opening quote (on its line or the next) to the first
+# line ending the string
+statement() { # FILE NAME
+	awk -v name="$2" '
+		!on && index($0, "const " name ": &str =") { on = 1; if (index($0, "\"") == 0) next }
+		on && !started { if (sub(/^[^"]*"/, "")) started = 1; else next }
+		on { if ($0 ~ /";$/) { sub(/";$/, ""); print; exit } print }' "$REPO_ROOT/$1"
 }
 
 server_ticks() {
