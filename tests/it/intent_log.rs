@@ -148,9 +148,7 @@ async fn the_log_claim_is_never_compiled() {
             .unwrap_or_else(|e| panic!("{statement}: {e}"));
     }
     // new sessions take the database's settings
-    let store = outbox_relay::store::Store::connect(&db.url, 2)
-        .await
-        .unwrap();
+    let store = db.another_store().await;
     let available: bool = sqlx::query_scalar("SELECT pg_jit_available()")
         .fetch_one(store.pool())
         .await
