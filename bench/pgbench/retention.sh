@@ -78,17 +78,14 @@ ALTER TABLE seg.keyed_outcomes ADD PRIMARY KEY (intent_id);
 DO \$\$
 DECLARE
     lo bigint := (SELECT min(id) FROM outbox.intent_log);
+    t  text;
 BEGIN
     FOR s IN 0 .. $SEGMENTS - 1 LOOP
-        EXECUTE format('CREATE TABLE seg.intent_log_%s PARTITION OF seg.intent_log FOR VALUES FROM (%s) TO (%s)',
-                       s, lo + s * $SPAN, lo + (s + 1) * $SPAN);
+        FOREACH t IN ARRAY ARRAY['intent_log', 'log_outcomes', 'keyed_log', 'keyed_outcomes'] LOOP
+            EXECUTE format('CREATE TABLE seg.%s_%s PARTITION OF seg.%s FOR VALUES FROM (%s) TO (%s)',
+                           t, s, t, lo + s * $SPAN, lo + (s + 1) * $SPAN);
+        END LOOP;
         EXECUTE format('CREATE UNIQUE INDEX ON seg.intent_log_%s (key)', s);
-        EXECUTE format('CREATE TABLE seg.log_outcomes_%s PARTITION OF seg.log_outcomes FOR VALUES FROM (%s) TO (%s)',
-                       s, lo + s * $SPAN, lo + (s + 1) * $SPAN);
-        EXECUTE format('CREATE TABLE seg.keyed_log_%s PARTITION OF seg.keyed_log FOR VALUES FROM (%s) TO (%s)',
-                       s, lo + s * $SPAN, lo + (s + 1) * $SPAN);
-        EXECUTE format('CREATE TABLE seg.keyed_outcomes_%s PARTITION OF seg.keyed_outcomes FOR VALUES FROM (%s) TO (%s)',
-                       s, lo + s * $SPAN, lo + (s + 1) * $SPAN);
     END LOOP;
 END
 \$\$;
