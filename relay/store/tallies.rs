@@ -7,13 +7,20 @@
 
 use super::Store;
 
-/// Live intents by kind and state: the tallies (`log`, the log intents no
-/// claim has taken, are pending) and the log intents in a claim's batch
-/// without an outcome or a row yet (claimed), each probed on its own
-/// (OFFSET 0: as an anti join, a plan may hash all of `intent_rows`).
+/// Live intents by kind and state: the tallies with the deltas not folded
+/// yet (`log`, the log intents no claim has taken, are pending) and the
+/// log intents in a claim's batch without an outcome or a row yet
+/// (claimed), each probed on its own (OFFSET 0: as an anti join, a plan
+/// may hash all of `intent_rows`). The deltas are read in the same
+/// snapshot as the batches: a batch committed after the last fold takes
+/// its intents out of `log` here as it counts them claimed, not twice.
 pub const TALLY_COUNTS: &str = "SELECT kind, state, sum(n)::bigint
        FROM (SELECT kind, CASE state WHEN 'log' THEN 'pending' ELSE state END AS state, n
-               FROM outbox.tallies
+               FROM (SELECT kind, state, n FROM outbox.tallies
+                     UNION ALL
+                     SELECT x.kind, x.state, x.n
+                       FROM outbox.tally_deltas d
+                            CROSS JOIN LATERAL unnest(d.kinds, d.states, d.ns) AS x(kind, state, n)) t
              UNION ALL
              SELECT l.kind, 'claimed', 1
                FROM outbox.log_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
@@ -24,12 +31,20 @@ pub const TALLY_COUNTS: &str = "SELECT kind, state, sum(n)::bigint
                                  WHERE t.id = x.id OFFSET 0)) c
       GROUP BY 1, 2 HAVING sum(n) > 0";
 
-/// Pending and claimed intents per destination: the tallies' groups and
-/// the log's claimed intents, `outbox.destination_of` once per group.
+/// Pending and claimed intents per destination: the tallies' groups with
+/// the deltas not folded yet (as in [`TALLY_COUNTS`]) and the log's
+/// claimed intents, `outbox.destination_of` once per group.
 pub const TALLY_BACKLOG: &str = "SELECT outbox.destination_of(kind, destination,
                                   jsonb_build_object('url', url, 'subscription', subscription)),
         sum(n)::bigint
-   FROM (SELECT kind, destination, subscription, url, n FROM outbox.tallies
+   FROM (SELECT kind, destination, subscription, url, n
+           FROM (SELECT kind, destination, subscription, url, state, n FROM outbox.tallies
+                 UNION ALL
+                 SELECT x.*
+                   FROM outbox.tally_deltas d
+                        CROSS JOIN LATERAL unnest(d.kinds, d.destinations, d.subscriptions, d.urls,
+                                                  d.states, d.ns)
+                            AS x(kind, destination, subscription, url, state, n)) t
           WHERE state IN ('log', 'pending', 'claimed')
          UNION ALL
          SELECT l.kind, l.destination,
