@@ -96,8 +96,9 @@ async fn a_tenants_100k_deliveries_to_a_slow_endpoint_do_not_delay_another_tenan
     let took = published.elapsed();
     // where the time went: from the event's commit to its claim, its
     // expansion into globex's delivery, and from that to the delivery's
-    // attempt
-    let legs: Option<(f64, f64, f64)> = sqlx::query_as(
+    // attempt (a leg is None while its attempt's start is not recorded:
+    // the receiver may answer before the relay records the attempt)
+    let legs: Option<(Option<f64>, Option<f64>, Option<f64>)> = sqlx::query_as(
         "SELECT extract(epoch FROM e.first_attempt_started_at - e.created_at)::float8,
                 extract(epoch FROM d.created_at - e.first_attempt_started_at)::float8,
                 extract(epoch FROM d.first_attempt_started_at - d.created_at)::float8
