@@ -1135,6 +1135,21 @@ $$;
 
 
 --
+-- Name: log_batch_max_id(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.log_batch_max_id() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    NEW.max_id := (SELECT max(x) FROM unnest(NEW.ids) AS x);
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: log_outcomes_follow(); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -2814,7 +2829,8 @@ CREATE TABLE outbox.log_batches (
     claimed_at timestamp with time zone DEFAULT now() NOT NULL,
     lease_expires_at timestamp with time zone NOT NULL,
     ids bigint[] NOT NULL,
-    tally jsonb
+    tally jsonb,
+    max_id bigint NOT NULL
 );
 
 
@@ -3468,6 +3484,13 @@ CREATE INDEX log_batches_leases ON outbox.log_batches USING btree (lease_expires
 
 
 --
+-- Name: log_batches_max_id; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX log_batches_max_id ON outbox.log_batches USING btree (max_id);
+
+
+--
 -- Name: operator_actions_intent; Type: INDEX; Schema: outbox; Owner: -
 --
 
@@ -3741,6 +3764,13 @@ CREATE TRIGGER intents_tally_update AFTER UPDATE ON outbox.intent_rows REFERENCI
 --
 
 CREATE TRIGGER intents_write INSTEAD OF INSERT OR DELETE OR UPDATE ON outbox.intents FOR EACH ROW EXECUTE FUNCTION outbox.intents_write();
+
+
+--
+-- Name: log_batches log_batches_max_id; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER log_batches_max_id BEFORE INSERT ON outbox.log_batches FOR EACH ROW WHEN ((new.max_id IS NULL)) EXECUTE FUNCTION outbox.log_batch_max_id();
 
 
 --

@@ -229,10 +229,16 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                 -- of the log after the cursor hashed every outcome ever
                 -- written and sorted the log, per claim
                 AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id OFFSET 0)
-                AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
-                                 WHERE o.intent_id = l.id OFFSET 0)
-                AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
-                                 WHERE b.ids @> ARRAY[l.id] OFFSET 0)
+                -- only a claim gives an intent an outcome or a batch: one
+                -- above the highest id any outcome or batch holds (schema
+                -- 0034) has neither, and is not probed for them
+                AND (l.id > (SELECT greatest(
+                                 coalesce((SELECT max(o.intent_id) FROM outbox.log_outcomes o), 0),
+                                 coalesce((SELECT max(b.max_id) FROM outbox.log_batches b), 0)))
+                     OR (NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                                      WHERE o.intent_id = l.id OFFSET 0)
+                         AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                                          WHERE b.ids @> ARRAY[l.id] OFFSET 0)))
               ORDER BY l.xid, l.id
               LIMIT $1 + $7),
          ranked AS (
@@ -280,9 +286,9 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                             count(*) AS n
                        FROM cand c WHERE c.eligible GROUP BY 1, 2, 3, 4) g),
          batch AS (
-             INSERT INTO outbox.log_batches (owner, lease_expires_at, ids, tally)
+             INSERT INTO outbox.log_batches (owner, lease_expires_at, ids, max_id, tally)
              SELECT $2, now() + $3 * interval '1 millisecond', array_agg(c.id ORDER BY c.xid, c.id),
-                    (SELECT tally FROM groups)
+                    max(c.id), (SELECT tally FROM groups)
                FROM cand c WHERE c.eligible
              HAVING count(*) > 0),
          moved AS (

@@ -79,10 +79,15 @@ pub const OLDEST_DUE: &str = "WITH first AS (
          log AS (
              SELECT f.kind, f.run_after FROM first f
               WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = f.id OFFSET 0)
-                AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
-                                 WHERE o.intent_id = f.id OFFSET 0)
-                AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
-                                 WHERE b.ids @> ARRAY[f.id] OFFSET 0)),
+                -- as the claim does: above the highest id an outcome or a
+                -- batch holds, an intent has neither
+                AND (f.id > (SELECT greatest(
+                                 coalesce((SELECT max(o.intent_id) FROM outbox.log_outcomes o), 0),
+                                 coalesce((SELECT max(b.max_id) FROM outbox.log_batches b), 0)))
+                     OR (NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                                      WHERE o.intent_id = f.id OFFSET 0)
+                         AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                                          WHERE b.ids @> ARRAY[f.id] OFFSET 0)))),
          rows AS (
              SELECT kind, run_after FROM outbox.intent_rows
               WHERE state = 'pending' AND NOT waiting AND run_after <= now()

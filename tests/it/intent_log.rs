@@ -253,3 +253,92 @@ async fn the_log_claim_reads_the_log_in_order_whatever_the_history() {
         }
     }
 }
+
+/// A claim probes for an outcome or a batch only the intents at or below
+/// the highest id an outcome or a batch holds (schema 0034): above it no
+/// claim has taken any. While a transaction older than the intents stays
+/// open, the cursor cannot pass the intents a claim takes, so the next
+/// claim meets them again: the batch that holds them, then their outcomes,
+/// keep them from being taken twice, and so does a batch written without
+/// its highest id, as a relay of an earlier release writes it.
+#[tokio::test]
+async fn the_log_claim_takes_no_intent_twice_behind_an_open_transaction() {
+    let db = TestDb::new().await;
+    // holds the xmin horizon below every intent enqueued after it
+    let mut older = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *older)
+        .await
+        .unwrap();
+    for n in 0..12 {
+        db.enqueue(
+            &format!("held:{n}"),
+            "webhook",
+            json!({"url": "http://127.0.0.1:9/", "body": {"n": n}}),
+        )
+        .await;
+    }
+    let ids = |claims: &[outbox_relay::store::Claimed]| {
+        let mut ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
+        ids.sort();
+        ids
+    };
+    let first = db.store.claim("first", 4, 60_000, &[]).await.unwrap();
+    assert_eq!(first.len(), 4);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM outbox.log_batches WHERE max_id IS NOT NULL"
+        )
+        .await,
+        1,
+        "the claim writes its batch's highest id"
+    );
+    let second = db.store.claim("second", 4, 60_000, &[]).await.unwrap();
+    assert_eq!(second.len(), 4);
+    assert!(
+        ids(&second).iter().all(|id| !ids(&first).contains(id)),
+        "a batch's intents were taken again: {:?} then {:?}",
+        ids(&first),
+        ids(&second)
+    );
+    // the first batch delivered: its intents have outcomes, it is gone
+    for statement in [
+        "INSERT INTO outbox.log_outcomes (intent_id, outcome)
+         SELECT unnest(ids), 'delivered' FROM outbox.log_batches WHERE owner = 'first'",
+        "DELETE FROM outbox.log_batches WHERE owner = 'first'",
+        // the next two intents taken by a relay that does not write max_id
+        "INSERT INTO outbox.log_batches (owner, lease_expires_at, ids)
+         SELECT 'earlier release', now() + interval '1 minute', array_agg(id ORDER BY id)
+           FROM (SELECT id FROM outbox.intent_log WHERE key LIKE 'held:%'
+                    AND id NOT IN (SELECT unnest(ids) FROM outbox.log_batches)
+                    AND id NOT IN (SELECT intent_id FROM outbox.log_outcomes)
+                  ORDER BY id LIMIT 2) t",
+    ] {
+        sqlx::query(statement)
+            .execute(db.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    let earlier: Vec<i64> = sqlx::query_scalar(
+        "SELECT unnest(ids) FROM outbox.log_batches WHERE owner = 'earlier release'
+          AND max_id = (SELECT max(x) FROM unnest(ids) x)",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        earlier.len(),
+        2,
+        "the trigger fills in the batch's highest id"
+    );
+    let third = db.store.claim("third", 12, 60_000, &[]).await.unwrap();
+    let taken: Vec<i64> = [ids(&first), ids(&second), earlier].concat();
+    assert_eq!(third.len(), 2, "{:?} after {taken:?}", ids(&third));
+    assert!(
+        ids(&third).iter().all(|id| !taken.contains(id)),
+        "an intent was taken twice: {:?} after {taken:?}",
+        ids(&third)
+    );
+    older.rollback().await.unwrap();
+}
