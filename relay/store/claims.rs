@@ -448,7 +448,7 @@ impl Store {
         let rest: Vec<&Completion> = batch.iter().filter(|c| !logged.contains(&c.id)).collect();
         let mut written = self.complete_rows(owner, &rest).await?;
         written.accepted.extend(from_log);
-        self.drop_finished_batches(batch).await?;
+        self.drop_finished_batches(&rest).await?;
         if !written.gone.is_empty() {
             self.note_effects_of_purged(batch, &written.gone).await?;
         }

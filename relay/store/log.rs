@@ -29,18 +29,39 @@ const CURSOR_ROWS_KEPT: i64 = 1000;
 /// `intent_rows` when its lease expired, an operator changed it, or this
 /// very batch written before a lost acknowledgement) or a row is not
 /// recorded here: its completion goes through the row, under its fence.
-const LOG_COMPLETE_SQL: &str = "INSERT INTO outbox.log_outcomes AS o (intent_id, outcome, owner, started_at,
-                                          finished_at, status, provider_ref, replayed)
-     SELECT v.id, 'delivered', $7, v.started_at, v.finished_at, v.status, v.provider_ref,
-            v.replayed
-       FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int[], $5::text[],
-                   $6::bool[]) AS v(id, started_at, finished_at, status, provider_ref, replayed)
-      -- a probe per intent (OFFSET 0 keeps each a subplan, see log_claim_sql)
-      WHERE EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = v.id OFFSET 0)
-        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = v.id OFFSET 0)
-     ON CONFLICT (intent_id) DO NOTHING
-     RETURNING o.intent_id,
-               (SELECT l.created_at FROM outbox.intent_log l WHERE l.id = o.intent_id) AS created_at";
+///
+/// The same statement deletes the batches these outcomes finish (see
+/// [`Store::drop_finished_batches`]): those among $1's whose every intent
+/// has its outcome, written before or by this statement (which its own
+/// snapshot does not show, so they are named), or has left the log.
+const LOG_COMPLETE_SQL: &str = "WITH v AS (
+         SELECT v.*, l.created_at
+           FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int[], $5::text[],
+                       $6::bool[]) AS v(id, started_at, finished_at, status, provider_ref, replayed)
+           -- a probe per intent (OFFSET 0 keeps each a subplan, see log_claim_sql);
+           -- the log's gives the enqueue time the relay's latency reads
+           CROSS JOIN LATERAL (SELECT l.created_at FROM outbox.intent_log l
+                                WHERE l.id = v.id OFFSET 0) l
+          WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = v.id OFFSET 0)),
+     done AS (
+         INSERT INTO outbox.log_outcomes AS o (intent_id, outcome, owner, started_at,
+                                               finished_at, status, provider_ref, replayed)
+         SELECT v.id, 'delivered', $7, v.started_at, v.finished_at, v.status, v.provider_ref,
+                v.replayed
+           FROM v
+         ON CONFLICT (intent_id) DO NOTHING
+         RETURNING o.intent_id),
+     written AS (SELECT coalesce(array_agg(d.intent_id), '{}') AS ids FROM done d),
+     finished AS (
+         DELETE FROM outbox.log_batches b
+          WHERE b.ids && (SELECT w.ids FROM written w)
+            AND NOT EXISTS (
+                SELECT 1 FROM unnest(b.ids) AS x(id)
+                 WHERE x.id <> ALL((SELECT w.ids FROM written w)::bigint[])
+                   AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                                    WHERE o.intent_id = x.id OFFSET 0)
+                   AND EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = x.id OFFSET 0)))
+     SELECT d.intent_id, v.created_at FROM done d JOIN v ON v.id = d.intent_id";
 
 /// Intents a claim looked at beyond what it claims, per claimable one, to
 /// set a congested destination's intents aside.
@@ -162,10 +183,12 @@ impl Store {
     /// every intent has its outcome: the claims of the log and the view
     /// check the batches left, so they are kept to those in flight. A batch
     /// whose last outcomes were written by two completers at once is left
-    /// to its lease and [`Store::settle_log_batches`].
+    /// to its lease and [`Store::settle_log_batches`]. The deliveries at the
+    /// first attempt do this in their own statement ([`LOG_COMPLETE_SQL`]);
+    /// this is for the completions that went through the rows.
     pub(super) async fn drop_finished_batches(
         &self,
-        batch: &[Completion],
+        batch: &[&Completion],
     ) -> Result<(), sqlx::Error> {
         let ids: Vec<i64> = batch
             .iter()
