@@ -3509,39 +3509,39 @@ CREATE INDEX subscriptions_tenant ON outbox.subscriptions USING btree (tenant) W
 --
 
 CREATE OR REPLACE VIEW outbox.intents AS
- SELECT intent_rows.id,
-    intent_rows.key,
-    intent_rows.kind,
-    intent_rows.destination,
-    intent_rows.payload,
-    intent_rows.state,
-    intent_rows.attempts,
-    intent_rows.attempts_base,
-    intent_rows.run_after,
-    intent_rows.ordering_key,
-    intent_rows.provider_ref,
-    intent_rows.last_error,
-    intent_rows.response,
-    intent_rows.owner,
-    intent_rows.lease_expires_at,
-    intent_rows.fence,
-    intent_rows.key_generation,
-    intent_rows.duplicates,
-    intent_rows.source,
-    intent_rows.created_at,
-    intent_rows.updated_at,
-    intent_rows.delivered_at,
-    intent_rows.waiting,
-    intent_rows.recover_owner,
-    intent_rows.recover_at,
-    intent_rows.traceparent,
-    intent_rows.tracestate,
-    intent_rows.first_attempt_started_at,
-    intent_rows.first_attempt_finished_at,
-    intent_rows.first_attempt_owner,
-    intent_rows.first_attempt_status,
-    intent_rows.first_attempt_replayed
-   FROM outbox.intent_rows
+ SELECT t.id,
+    t.key,
+    t.kind,
+    t.destination,
+    t.payload,
+    t.state,
+    t.attempts,
+    t.attempts_base,
+    t.run_after,
+    t.ordering_key,
+    t.provider_ref,
+    t.last_error,
+    t.response,
+    t.owner,
+    t.lease_expires_at,
+    t.fence,
+    t.key_generation,
+    t.duplicates,
+    t.source,
+    t.created_at,
+    t.updated_at,
+    t.delivered_at,
+    t.waiting,
+    t.recover_owner,
+    t.recover_at,
+    t.traceparent,
+    t.tracestate,
+    t.first_attempt_started_at,
+    t.first_attempt_finished_at,
+    t.first_attempt_owner,
+    t.first_attempt_status,
+    t.first_attempt_replayed
+   FROM outbox.intent_rows t
 UNION ALL
  SELECT l.id,
     l.key,
@@ -3661,11 +3661,13 @@ UNION ALL
           ORDER BY c.seq DESC
          LIMIT 1)) AND (NOT (EXISTS ( SELECT 1
            FROM outbox.intent_rows t
-          WHERE (t.id = l.id)))) AND (NOT (EXISTS ( SELECT 1
+          WHERE (t.id = l.id)))) AND ((l.id > ( SELECT GREATEST(COALESCE(( SELECT max(o.intent_id) AS max
+                   FROM outbox.log_outcomes o), (0)::bigint), COALESCE(( SELECT max(b.max_id) AS max
+                   FROM outbox.log_batches b), (0)::bigint)) AS "greatest")) OR ((NOT (EXISTS ( SELECT 1
            FROM outbox.log_outcomes o
           WHERE (o.intent_id = l.id)))) AND (NOT (EXISTS ( SELECT 1
            FROM outbox.log_batches b
-          WHERE (b.ids @> ARRAY[l.id])))));
+          WHERE (b.ids @> ARRAY[l.id])))))));
 
 
 --

@@ -260,7 +260,8 @@ async fn the_log_claim_reads_the_log_in_order_whatever_the_history() {
 /// open, the cursor cannot pass the intents a claim takes, so the next
 /// claim meets them again: the batch that holds them, then their outcomes,
 /// keep them from being taken twice, and so does a batch written without
-/// its highest id, as a relay of an earlier release writes it.
+/// its highest id, as a relay of an earlier release writes it. The view
+/// `outbox.intents` counts them as the claim sees them.
 #[tokio::test]
 async fn the_log_claim_takes_no_intent_twice_behind_an_open_transaction() {
     let db = TestDb::new().await;
@@ -296,6 +297,9 @@ async fn the_log_claim_takes_no_intent_twice_behind_an_open_transaction() {
     );
     let second = db.store.claim("second", 4, 60_000, &[]).await.unwrap();
     assert_eq!(second.len(), 4);
+    // the view reads the log as the claim does (schema 0035)
+    assert_eq!(db.count("key LIKE 'held:%' AND state = 'claimed'").await, 8);
+    assert_eq!(db.count("key LIKE 'held:%' AND state = 'pending'").await, 4);
     assert!(
         ids(&second).iter().all(|id| !ids(&first).contains(id)),
         "a batch's intents were taken again: {:?} then {:?}",
@@ -339,6 +343,12 @@ async fn the_log_claim_takes_no_intent_twice_behind_an_open_transaction() {
         ids(&third).iter().all(|id| !taken.contains(id)),
         "an intent was taken twice: {:?} after {taken:?}",
         ids(&third)
+    );
+    assert_eq!(db.count("key LIKE 'held:%' AND state = 'pending'").await, 0);
+    assert_eq!(db.count("key LIKE 'held:%' AND state = 'claimed'").await, 8);
+    assert_eq!(
+        db.count("key LIKE 'held:%' AND state = 'delivered'").await,
+        4
     );
     older.rollback().await.unwrap();
 }
