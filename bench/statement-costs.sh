@@ -56,7 +56,8 @@ OURS="query NOT LIKE '%outbox.enqueue%' AND query NOT LIKE 'TRUNCATE%'
       AND query NOT LIKE 'CREATE%' AND query NOT LIKE 'DROP%'
       AND query NOT LIKE '%pg_stat_statements%'"
 for r in $(seq 1 "$ROUNDS"); do
-	# the bench resets the counters after its enqueue when it can
+	# the bench resets the counters as its round starts (the enqueue is left
+	# out by OURS)
 	RUST_LOG=error "$BENCH" --intents "$INTENTS" --drain-rounds 1 --in-flight 64 --json \
 		"${BENCH_ARGS[@]}" >"$OUT/round.json"
 	jq -r --arg r "$r" '.rounds[0] | "round \($r): \(.drain_per_s | round) intents/s, Postgres \(.cpu.postgres_us_per_job * 10 | round / 10) µs and \(.cpu.wal_bytes_per_job | round) B of WAL per intent"' \
