@@ -467,3 +467,32 @@ async fn the_relay_role_sees_the_xmin_horizon_and_with_pg_read_all_stats_how_old
     assert!(reader.age_seconds >= Some(1.0), "{reader:?}");
     sqlx::query("ROLLBACK").execute(&mut report).await.unwrap();
 }
+
+/// A relay of an earlier release writes its log batches without `max_id`
+/// (schema 0034), as the relay role: the trigger that fills it in needs
+/// no grant of its own, so nothing waits for `roles.sql` to run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_role_writes_a_batch_without_its_highest_id_as_an_earlier_release_does() {
+    let db = TestDb::new().await;
+    roles(&db).await;
+    let relay = Store::connect(&url_as(&db, "t_outbox_relay"), 1)
+        .await
+        .unwrap();
+    let may_run: bool = sqlx::query_scalar(
+        "SELECT has_function_privilege(current_user, 'outbox.log_batch_max_id()', 'EXECUTE')",
+    )
+    .fetch_one(relay.pool())
+    .await
+    .unwrap();
+    assert!(!may_run, "the trigger's function is granted to no one");
+    let max_id: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox.log_batches (owner, lease_expires_at, ids)
+         VALUES ('earlier release', now() + interval '1 minute', '{3, 9, 4}')
+         RETURNING max_id",
+    )
+    .fetch_one(relay.pool())
+    .await
+    .expect("the relay role writes a batch as an earlier release does");
+    assert_eq!(max_id, 9);
+    relay.pool().close().await;
+}
