@@ -127,11 +127,25 @@ impl OldestDue {
 
 impl Store {
     /// Fold what changed since the last fold into `outbox.tallies`; false
-    /// when another relay is folding (its fold serves this read too).
+    /// when another session was folding. Its fold then serves the read that
+    /// follows, once it has committed: until then the deltas of the claims
+    /// it folds away are in the snapshot, and the arrivals it counts are
+    /// not (a relay's gauges fold from two tasks, so a read right after a
+    /// refused fold counted intents a claim took before any fold as gone).
+    /// So this waits for that fold's transaction to end (sharing the lock
+    /// with a purge, which takes it shared).
     pub async fn fold_tallies(&self) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar("SELECT outbox.fold_tallies()")
+        let folded: bool = sqlx::query_scalar("SELECT outbox.fold_tallies()")
             .fetch_one(&self.pool)
-            .await
+            .await?;
+        if !folded {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock_shared(20291, 2)")
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        }
+        Ok(folded)
     }
 
     /// Live intents by (kind, state), from the tallies as last folded.

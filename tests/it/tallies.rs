@@ -310,3 +310,50 @@ async fn a_fold_reads_what_changed_not_the_backlog() {
         .map(|r| r.2);
     assert_eq!(pending, Some(20001));
 }
+
+/// A relay's gauges fold from two tasks. A fold refused because another is
+/// running waits for that fold to commit before the read: until then the
+/// read's snapshot holds the deltas of the claims that fold is folding away
+/// but not the arrivals it counts, and intents a claim took before any fold
+/// saw them counted as gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_refused_while_another_runs_waits_for_it_before_the_read() {
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    assert!(db.store.fold_tallies().await.unwrap());
+    for n in 0..3 {
+        db.enqueue(
+            &format!("raced:{n}"),
+            "webhook",
+            json!({"url": "http://127.0.0.1:9/hook", "body": n}),
+        )
+        .await;
+    }
+    // a claim takes them before any fold has seen them arrive
+    assert_eq!(db.store.claim("r", 10, 60_000, &[]).await.unwrap().len(), 3);
+    // another session's fold, not committed yet
+    let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; SELECT outbox.fold_tallies();")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let store = db.store.clone();
+    let read = tokio::spawn(async move {
+        let folded = store.fold_tallies().await.unwrap();
+        (folded, store.tallied_backlogs().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !read.is_finished(),
+        "the refused fold did not wait for the running one"
+    );
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    let (folded, backlogs) = read.await.unwrap();
+    assert!(!folded, "the other session was folding");
+    let backlogs: BTreeMap<Option<String>, i64> = backlogs.into_iter().collect();
+    assert_eq!(backlogs, counted_backlogs(&db).await);
+    assert_eq!(
+        backlogs.get(&Some("http://127.0.0.1:9".to_string())),
+        Some(&3)
+    );
+}
