@@ -212,6 +212,7 @@ pub const LOG_CLAIM_LOCK: &str =
 /// intents it takes are those up to its $1-th claimed one, so the cursor
 /// still passes only intents taken.
 fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
+    let untaken = log_untaken!("l");
     format!(
         "WITH scan AS (
              SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after,
@@ -229,16 +230,8 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                 -- of the log after the cursor hashed every outcome ever
                 -- written and sorted the log, per claim
                 AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id OFFSET 0)
-                -- only a claim gives an intent an outcome or a batch: one
-                -- above the highest id any outcome or batch holds (schema
-                -- 0034) has neither, and is not probed for them
-                AND (l.id > (SELECT greatest(
-                                 coalesce((SELECT max(o.intent_id) FROM outbox.log_outcomes o), 0),
-                                 coalesce((SELECT max(b.max_id) FROM outbox.log_batches b), 0)))
-                     OR (NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
-                                      WHERE o.intent_id = l.id OFFSET 0)
-                         AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
-                                          WHERE b.ids @> ARRAY[l.id] OFFSET 0)))
+                -- no outcome and no batch (see log_untaken!)
+                AND {untaken}
               ORDER BY l.xid, l.id
               LIMIT $1 + $7),
          ranked AS (

@@ -8,6 +8,31 @@
 //! - [`enqueue`]: the application-side helper around `outbox.enqueue`.
 //! - [`console`]: the console's searches, failure groups, charts and bulk changes.
 
+/// The test that a log intent (`$alias.id`) has no outcome and no batch, as
+/// SQL text: only a claim gives an intent either, so one above the highest
+/// id any outcome or batch holds (schema 0034) is not probed for them. The
+/// claim of the log and the gauge of the oldest due intent read the log by
+/// it (and the view `outbox.intents`, schema 0035).
+macro_rules! log_untaken {
+    ($alias:literal) => {
+        concat!(
+            "(",
+            $alias,
+            ".id > (SELECT greatest(
+                     coalesce((SELECT max(o.intent_id) FROM outbox.log_outcomes o), 0),
+                     coalesce((SELECT max(b.max_id) FROM outbox.log_batches b), 0)))
+              OR (NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                               WHERE o.intent_id = ",
+            $alias,
+            ".id OFFSET 0)
+                  AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                                   WHERE b.ids @> ARRAY[",
+            $alias,
+            ".id] OFFSET 0)))"
+        )
+    };
+}
+
 pub mod claim_query;
 pub mod claims;
 pub mod console;

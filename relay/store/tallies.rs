@@ -67,7 +67,8 @@ pub const OLDEST_DUE_WINDOW: i64 = 1000;
 /// seconds bound every kind not seen, when a window was full: a kind
 /// behind a full window has waited at most as long as that window's
 /// newest intent.
-pub const OLDEST_DUE: &str = "WITH first AS (
+pub const OLDEST_DUE: &str = concat!(
+    "WITH first AS (
              SELECT l.id, l.kind, l.run_after
                FROM outbox.intent_log l
               WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
@@ -79,15 +80,9 @@ pub const OLDEST_DUE: &str = "WITH first AS (
          log AS (
              SELECT f.kind, f.run_after FROM first f
               WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = f.id OFFSET 0)
-                -- as the claim does: above the highest id an outcome or a
-                -- batch holds, an intent has neither
-                AND (f.id > (SELECT greatest(
-                                 coalesce((SELECT max(o.intent_id) FROM outbox.log_outcomes o), 0),
-                                 coalesce((SELECT max(b.max_id) FROM outbox.log_batches b), 0)))
-                     OR (NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
-                                      WHERE o.intent_id = f.id OFFSET 0)
-                         AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
-                                          WHERE b.ids @> ARRAY[f.id] OFFSET 0)))),
+                AND ",
+    log_untaken!("f"),
+    "),
          rows AS (
              SELECT kind, run_after FROM outbox.intent_rows
               WHERE state = 'pending' AND NOT waiting AND run_after <= now()
@@ -101,7 +96,8 @@ pub const OLDEST_DUE: &str = "WITH first AS (
       GROUP BY kind
      UNION ALL
      SELECT NULL, extract(epoch FROM now() - max(newest))::float8 FROM bounds
-     HAVING count(*) > 0";
+     HAVING count(*) > 0"
+);
 
 /// The oldest due intent per kind ([`Store::oldest_due`]).
 #[derive(Debug, Clone, Default)]
