@@ -21,6 +21,9 @@
 #   counts    the gauges' counts of the live states by kind, every 5 s
 #             (relay/store/tallies.rs TALLY_COUNTS)
 #   oldest    the oldest due intent per kind, every 5 s (OLDEST_DUE)
+#   next      when the first pending intent comes due, asked by a relay
+#             whenever a claim finds nothing (relay/store/claims.rs
+#             NEXT_DUE; "every" is the poll interval, at most)
 #   stranded  the stranded ordering intents of every key, as `stats` counts
 #             them (relay/store/fleet.rs STRANDED)
 #   noted     the same over the keys noted for the next sweep, as the gauge
@@ -61,12 +64,14 @@ psql -X -At "$URL" -c "SELECT count(*) FILTER (WHERE state = 'pending'), count(*
                          FROM outbox.intents" |
 	awk -F'|' '{printf "%s pending, %s waiting behind their ordering key\n", $1, $2}'
 
-BACKLOG=$(statement relay/store/tallies.rs TALLY_BACKLOG)
-COUNTS=$(statement relay/store/tallies.rs TALLY_COUNTS)
-OLDEST=$(statement relay/store/tallies.rs OLDEST_DUE)
-STRANDED=$(statement relay/store/fleet.rs STRANDED)
-NOTED=$(statement relay/store/fleet.rs STRANDED_NOTED)
-for s in "$BACKLOG" "$COUNTS" "$OLDEST" "$STRANDED" "$NOTED"; do
+BACKLOG=$(statement TALLY_BACKLOG)
+COUNTS=$(statement TALLY_COUNTS)
+OLDEST=$(statement OLDEST_DUE)
+STRANDED=$(statement STRANDED)
+NOTED=$(statement STRANDED_NOTED)
+# its $1, the kinds the relay does not serve: none
+NEXT=$(statement NEXT_DUE | sed "s/\$1::text\[\]/'{}'::text[]/g")
+for s in "$BACKLOG" "$COUNTS" "$OLDEST" "$STRANDED" "$NOTED" "$NEXT"; do
 	[ -n "$s" ] || { echo "could not read the statements from relay/store" >&2; exit 1; }
 done
 
@@ -113,6 +118,7 @@ measure fold+1k 5 "SELECT outbox.fold_tallies()" "$CHANGE"
 measure backlog 15 "$BACKLOG"
 measure counts 5 "$COUNTS"
 measure oldest 5 "$OLDEST"
+measure next 1 "$NEXT"
 measure stranded 5 "$STRANDED"
 # the notes between two sweeps of a steady enqueue: one per intent enqueued
 # waiting within the sweep interval; here the sweep has taken those of the

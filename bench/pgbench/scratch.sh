@@ -11,8 +11,9 @@
 #                            transaction and reads, so that its snapshot
 #                            holds back the xmin horizon
 #   release_snapshot         ends it
-#   statement FILE NAME      the text of the Rust string constant NAME in
-#                            FILE (relative to REPO_ROOT), as the relay runs it
+#   statement NAME           the SQL of the relay's statement NAME (its
+#                            constant's name), as the relay runs it, from
+#                            target/release/outbox-relay-bench
 #   server_ticks             the CPU clock ticks the server has spent: its
 #                            processes' utime + stime, and the postmaster's
 #                            cutime + cstime (its exited children's); needs
@@ -69,13 +70,13 @@ release_snapshot() {
 	rm -f "$WORK/hold"
 }
 
-# from the constant's opening quote (on its line or the next) to the first
-# line ending the string
-statement() { # FILE NAME
-	awk -v name="$2" '
-		!on && index($0, "const " name ": &str =") { on = 1; if (index($0, "\"") == 0) next }
-		on && !started { if (sub(/^[^"]*"/, "")) started = 1; else next }
-		on { if ($0 ~ /";$/) { sub(/";$/, ""); print; exit } print }' "$REPO_ROOT/$1"
+statement() { # NAME
+	local bench="$REPO_ROOT/target/release/outbox-relay-bench"
+	[ -x "$bench" ] || {
+		echo "build the bench first: cargo build --release -p outbox-relay-bench" >&2
+		exit 2
+	}
+	"$bench" --print-statement "$1"
 }
 
 server_ticks() {

@@ -230,6 +230,11 @@ struct BenchArgs {
     /// Keep the scratch database afterwards.
     #[arg(long)]
     keep: bool,
+    /// Print the SQL of the relay's statement NAME (the name of its
+    /// constant: TALLY_BACKLOG, OLDEST_DUE, NEXT_DUE, PURGE_LOG, ...) as the
+    /// relay runs it, and exit: what `bench/pgbench/` measures.
+    #[arg(long, value_name = "NAME")]
+    print_statement: Option<String>,
     #[arg(long)]
     json: bool,
 }
@@ -249,6 +254,18 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if let Some(name) = &cli.bench.print_statement {
+        return match outbox_relay::store::statement(name) {
+            Some(sql) => {
+                println!("{sql}");
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("outbox-relay-bench: no statement named {name}");
+                ExitCode::from(2)
+            }
+        };
+    }
     outbox_relay::observe::logs::init(cli.log_format);
     outbox_relay::cli::run_to_exit(execute(cli))
 }

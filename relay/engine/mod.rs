@@ -490,7 +490,7 @@ impl Engine {
 }
 
 /// Log one line every `every`: what was written since the last line and
-/// the backlog, so that a daemon at the default level says what it does.
+/// the backlog (the intents pending, due or scheduled), so that a daemon at the default level says what it does.
 /// Quiet while nothing happens and nothing waits.
 async fn summary(
     store: Store,
@@ -504,7 +504,7 @@ async fn summary(
             _ = stop.wait_for(|s| *s) => return,
         }
         let c = tally.take();
-        let backlog = store.due_count().await.ok();
+        let backlog = store.pending_count().await.ok();
         if c == complete::Counts::default() && backlog.unwrap_or(0) == 0 {
             continue;
         }

@@ -238,6 +238,35 @@ static CLAIM_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// When the first pending intent of a kind this relay serves ($1: the
+/// kinds it does not) comes due, as seconds from now: the first of
+/// `outbox.intent_rows` by `run_after`, and the first untaken one among the
+/// first 1,000 intents of the log after its cursor (due at
+/// its enqueue: an intent enqueued for later has its row). Two reads of an
+/// index's start, whatever the backlog. The relay asks when a claim found
+/// nothing, so an untaken log intent beyond the window (behind intents
+/// claims took, held there by an open transaction) is not missed for long:
+/// the next claim finds it, at the enqueue's notification or the poll.
+pub const NEXT_DUE: &str = concat!(
+    "SELECT extract(epoch FROM (min(d.run_after) - now()))::float8
+       FROM ((SELECT r.run_after FROM outbox.intent_rows r
+               WHERE r.state = 'pending' AND NOT r.waiting AND r.kind <> ALL($1::text[])
+               ORDER BY r.run_after, r.id LIMIT 1)
+             UNION ALL
+             (SELECT f.run_after
+                FROM (SELECT l.id, l.kind, l.run_after FROM outbox.intent_log l
+                       WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
+                                               ORDER BY c.seq DESC LIMIT 1)
+                       ORDER BY l.xid, l.id LIMIT 1000) f
+               -- probed after the limit, each on its own (see OLDEST_DUE)
+               WHERE f.kind <> ALL($1::text[])
+                 AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = f.id OFFSET 0)
+                 AND ",
+    log_untaken!("f"),
+    "
+               LIMIT 1)) d"
+);
+
 /// The completion statement (see [`Store::complete`]): $1..$14 and $16 the
 /// completions as parallel arrays, $15 the owner.
 ///
@@ -661,27 +690,13 @@ impl Store {
         Ok(folded)
     }
 
-    /// How many intents are due now (pending, their turn, their time come):
-    /// the backlog the summary line reports.
-    pub async fn due_count(&self) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(
-            "SELECT count(*) FROM outbox.intents
-              WHERE state = 'pending' AND NOT waiting AND run_after <= now()",
-        )
-        .fetch_one(&self.pool)
-        .await
-    }
-
-    /// Seconds until the earliest pending intent becomes due (negative when
-    /// one is overdue), or `None` when nothing is pending.
+    /// Seconds until the earliest pending intent of a kind this relay
+    /// serves becomes due (negative when one is overdue), or `None` when
+    /// nothing is pending ([`NEXT_DUE`]).
     pub async fn next_due_in(&self, unserved_kinds: &[String]) -> Result<Option<f64>, sqlx::Error> {
-        sqlx::query_scalar(
-            "SELECT extract(epoch FROM (min(run_after) - now()))::float8
-               FROM outbox.intents WHERE state = 'pending' AND NOT waiting
-                AND kind <> ALL($1::text[])",
-        )
-        .bind(unserved_kinds)
-        .fetch_one(&self.pool)
-        .await
+        sqlx::query_scalar(NEXT_DUE)
+            .bind(unserved_kinds)
+            .fetch_one(&self.pool)
+            .await
     }
 }

@@ -60,6 +60,24 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
+/// The periodic and retention statements by the name of their constant,
+/// as the relay runs them (macros expanded): the benches under
+/// `bench/pgbench/` measure them beside a backlog
+/// (`outbox-relay-bench --print-statement NAME`).
+pub fn statement(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "TALLY_BACKLOG" => tallies::TALLY_BACKLOG,
+        "TALLY_COUNTS" => tallies::TALLY_COUNTS,
+        "OLDEST_DUE" => tallies::OLDEST_DUE,
+        "NEXT_DUE" => claims::NEXT_DUE,
+        "STRANDED" => fleet::STRANDED,
+        "STRANDED_NOTED" => fleet::STRANDED_NOTED,
+        "PURGE_ROWS" => retention::PURGE_ROWS,
+        "PURGE_LOG" => retention::PURGE_LOG,
+        _ => return None,
+    })
+}
+
 pub use claim_query::ClaimQuery;
 pub use claims::{Aside, Claims};
 pub use claims::{Claimed, Completion, WalMark, Written};
@@ -339,7 +357,27 @@ pub fn sqlstate(err: &sqlx::Error) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_url, url_param};
+    use super::{parse_url, statement, url_param};
+
+    #[test]
+    fn the_named_statements_are_sql_as_run() {
+        for name in [
+            "TALLY_BACKLOG",
+            "TALLY_COUNTS",
+            "OLDEST_DUE",
+            "NEXT_DUE",
+            "STRANDED",
+            "STRANDED_NOTED",
+            "PURGE_ROWS",
+            "PURGE_LOG",
+        ] {
+            let sql = statement(name).unwrap_or_else(|| panic!("{name} is not named"));
+            let first = sql.split_whitespace().next();
+            assert!(matches!(first, Some("SELECT" | "WITH")), "{name}: {sql}");
+            assert!(!sql.contains("log_untaken"), "{name} is expanded");
+        }
+        assert_eq!(statement("next_due"), None);
+    }
 
     #[test]
     fn only_usable_postgres_urls_parse() {

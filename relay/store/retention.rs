@@ -20,7 +20,7 @@ pub(super) fn purgeable(include_dead: bool) -> Vec<&'static str> {
 /// rows; a delivery resolved by hand has none, and happened at
 /// delivered_at). `$1` the states, `$2` the age in milliseconds, `$3` the
 /// batch; answers how many went.
-const PURGE_ROWS: &str = "WITH gone AS (
+pub(super) const PURGE_ROWS: &str = "WITH gone AS (
          SELECT * FROM outbox.intent_rows
           WHERE state = ANY($1) AND updated_at < now() - $2 * interval '1 millisecond'
           LIMIT $3 FOR UPDATE SKIP LOCKED),
@@ -43,7 +43,7 @@ const PURGE_ROWS: &str = "WITH gone AS (
 
 /// One batch of intents delivered at the first attempt, which have no row:
 /// the log row and its outcome. Binds as [`PURGE_ROWS`].
-const PURGE_LOG: &str = "WITH gone AS (
+pub(super) const PURGE_LOG: &str = "WITH gone AS (
          SELECT l.id, l.key, l.kind, l.destination, l.payload, l.created_at,
                 o.provider_ref, o.at, coalesce(o.finished_at, o.started_at, o.at) AS effect_at
            FROM outbox.log_outcomes o JOIN outbox.intent_log l ON l.id = o.intent_id

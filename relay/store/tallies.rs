@@ -149,6 +149,20 @@ impl Store {
         sqlx::query_as(TALLY_COUNTS).fetch_all(&self.pool).await
     }
 
+    /// Intents pending, due or scheduled, from the tallies folded first:
+    /// what the summary line reports as the backlog, read at the cost of
+    /// what changed since the last fold, not of the backlog.
+    pub async fn pending_count(&self) -> Result<i64, sqlx::Error> {
+        self.fold_tallies().await?;
+        Ok(self
+            .tallied_counts()
+            .await?
+            .iter()
+            .filter(|(_, state, _)| state == "pending")
+            .map(|(_, _, n)| n)
+            .sum())
+    }
+
     /// Pending and claimed intents per destination, from the tallies as
     /// last folded (None: the payload names none).
     pub async fn tallied_backlogs(&self) -> Result<Vec<(Option<String>, i64)>, sqlx::Error> {

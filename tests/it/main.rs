@@ -48,6 +48,7 @@ mod metrics;
 mod nats;
 mod ordering;
 mod outage;
+mod periodic_reads;
 mod pooler;
 mod privileges;
 mod recovery;
