@@ -490,8 +490,9 @@ impl Engine {
 }
 
 /// Log one line every `every`: what was written since the last line and
-/// the backlog (the intents pending, due or scheduled), so that a daemon at the default level says what it does.
-/// Quiet while nothing happens and nothing waits.
+/// the backlog (the intents pending, due or scheduled), so that a daemon
+/// at the default level says what it does. Quiet while nothing happens
+/// and nothing waits.
 async fn summary(
     store: Store,
     tally: Arc<complete::Tally>,
