@@ -389,12 +389,28 @@ pub(crate) async fn enqueue_many_statements(
     Ok(())
 }
 
+/// How long [`wait_delivered`] waits while nothing is written before it
+/// gives up (60 s, or `BENCH_STALL_SECONDS`): a completion the database
+/// keeps refusing would otherwise hold a bench for its whole deadline.
+fn stall() -> Duration {
+    let secs = std::env::var("BENCH_STALL_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    Duration::from_secs(secs)
+}
+
 /// Wait until `n` intents whose key starts with `prefix` are delivered.
 /// Polls for open (pending or claimed) intents, which reads only those rows
 /// through the partial indexes (due, waiting, leases), and counts the delivered ones only when
-/// none is open: the watching must not load the database it measures.
+/// none is open: the watching must not load the database it measures. It
+/// fails after 10 minutes, or as soon as the relay has written nothing
+/// (no outcome, no row, no attempt: the server's own counts of the tables'
+/// writes) for [`stall`]'s time while intents are open.
 pub(crate) async fn wait_delivered(store: &Store, prefix: &str, n: i64) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
+    let mut progress = (writes(store).await?, Instant::now());
+    let mut checked = Instant::now();
     loop {
         let open: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM outbox.intents
@@ -422,7 +438,34 @@ pub(crate) async fn wait_delivered(store: &Store, prefix: &str, n: i64) -> anyho
             }
         } else if Instant::now() > deadline {
             anyhow::bail!("intents still open after 10 minutes");
+        } else if checked.elapsed() > Duration::from_secs(5) {
+            checked = Instant::now();
+            let now = writes(store).await?;
+            if now != progress.0 {
+                progress = (now, Instant::now());
+            }
+            let stall = stall();
+            anyhow::ensure!(
+                progress.1.elapsed() < stall,
+                "intents still open and nothing written for {}s: the relay's completions may be \
+                 failing (BENCH_RELAY_LOG=warn shows its warnings)",
+                stall.as_secs()
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Rows the server has counted written (inserted, updated, deleted) into
+/// the tables a relay's claims and completions write, from its cumulative
+/// statistics: one read of a catalog view, none of the tables.
+async fn writes(store: &Store) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8
+           FROM pg_stat_user_tables
+          WHERE schemaname = 'outbox'
+            AND relname IN ('log_outcomes', 'log_batches', 'intent_rows', 'attempts')",
+    )
+    .fetch_one(store.pool())
+    .await?)
 }
