@@ -64,13 +64,13 @@ psql -X -At "$URL" -c "SELECT count(*) FILTER (WHERE state = 'pending'), count(*
                          FROM outbox.intents" |
 	awk -F'|' '{printf "%s pending, %s waiting behind their ordering key\n", $1, $2}'
 
-BACKLOG=$(statement TALLY_BACKLOG)
-COUNTS=$(statement TALLY_COUNTS)
-OLDEST=$(statement OLDEST_DUE)
-STRANDED=$(statement STRANDED)
-NOTED=$(statement STRANDED_NOTED)
+BACKLOG=$(statement tally_backlog)
+COUNTS=$(statement tally_counts)
+OLDEST=$(statement oldest_due)
+STRANDED=$(statement stranded)
+NOTED=$(statement stranded_noted)
 # its $1, the kinds the relay does not serve: none
-NEXT=$(statement NEXT_DUE | sed "s/\$1::text\[\]/'{}'::text[]/g")
+NEXT=$(statement next_due | sed "s/\$1::text\[\]/'{}'::text[]/g")
 for s in "$BACKLOG" "$COUNTS" "$OLDEST" "$STRANDED" "$NOTED" "$NEXT"; do
 	[ -n "$s" ] || { echo "could not read the statements from relay/store" >&2; exit 1; }
 done

@@ -36,8 +36,8 @@ SEGMENTS=${2:-4}
 . "$REPO_ROOT/bench/pgbench/scratch.sh"
 scratch_database retention
 
-PURGE_ROWS=$(statement PURGE_ROWS)
-PURGE_LOG=$(statement PURGE_LOG)
+PURGE_ROWS=$(statement purge_rows)
+PURGE_LOG=$(statement purge_log)
 for s in "$PURGE_ROWS" "$PURGE_LOG"; do
 	[ -n "$s" ] || { echo "could not read the purge statements from relay/store/retention.rs" >&2; exit 1; }
 done

@@ -12,7 +12,8 @@
 #                            holds back the xmin horizon
 #   release_snapshot         ends it
 #   statement NAME           the SQL of the relay's statement NAME (its
-#                            constant's name), as the relay runs it, from
+#                            constant's name in lower case), as the relay
+#                            runs it, from
 #                            target/release/outbox-relay-bench
 #   server_ticks             the CPU clock ticks the server has spent: its
 #                            processes' utime + stime, and the postmaster's

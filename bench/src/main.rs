@@ -231,7 +231,8 @@ struct BenchArgs {
     #[arg(long)]
     keep: bool,
     /// Print the SQL of the relay's statement NAME (the name of its
-    /// constant: TALLY_BACKLOG, OLDEST_DUE, NEXT_DUE, PURGE_LOG, ...) as the
+    /// constant in lower case: tally_backlog, oldest_due, next_due,
+    /// purge_log, ...) as the
     /// relay runs it, and exit: what `bench/pgbench/` measures.
     #[arg(long, value_name = "NAME")]
     print_statement: Option<String>,

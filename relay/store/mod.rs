@@ -60,20 +60,20 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-/// The periodic and retention statements by the name of their constant,
-/// as the relay runs them (macros expanded): the benches under
+/// The periodic and retention statements by the name of their constant
+/// in lower case, as the relay runs them (macros expanded): the benches under
 /// `bench/pgbench/` measure them beside a backlog
 /// (`outbox-relay-bench --print-statement NAME`).
 pub fn statement(name: &str) -> Option<&'static str> {
     Some(match name {
-        "TALLY_BACKLOG" => tallies::TALLY_BACKLOG,
-        "TALLY_COUNTS" => tallies::TALLY_COUNTS,
-        "OLDEST_DUE" => tallies::OLDEST_DUE,
-        "NEXT_DUE" => claims::NEXT_DUE,
-        "STRANDED" => fleet::STRANDED,
-        "STRANDED_NOTED" => fleet::STRANDED_NOTED,
-        "PURGE_ROWS" => retention::PURGE_ROWS,
-        "PURGE_LOG" => retention::PURGE_LOG,
+        "tally_backlog" => tallies::TALLY_BACKLOG,
+        "tally_counts" => tallies::TALLY_COUNTS,
+        "oldest_due" => tallies::OLDEST_DUE,
+        "next_due" => claims::NEXT_DUE,
+        "stranded" => fleet::STRANDED,
+        "stranded_noted" => fleet::STRANDED_NOTED,
+        "purge_rows" => retention::PURGE_ROWS,
+        "purge_log" => retention::PURGE_LOG,
         _ => return None,
     })
 }
@@ -362,21 +362,21 @@ mod tests {
     #[test]
     fn the_named_statements_are_sql_as_run() {
         for name in [
-            "TALLY_BACKLOG",
-            "TALLY_COUNTS",
-            "OLDEST_DUE",
-            "NEXT_DUE",
-            "STRANDED",
-            "STRANDED_NOTED",
-            "PURGE_ROWS",
-            "PURGE_LOG",
+            "tally_backlog",
+            "tally_counts",
+            "oldest_due",
+            "next_due",
+            "stranded",
+            "stranded_noted",
+            "purge_rows",
+            "purge_log",
         ] {
             let sql = statement(name).unwrap_or_else(|| panic!("{name} is not named"));
             let first = sql.split_whitespace().next();
             assert!(matches!(first, Some("SELECT" | "WITH")), "{name}: {sql}");
             assert!(!sql.contains("log_untaken"), "{name} is expanded");
         }
-        assert_eq!(statement("next_due"), None);
+        assert_eq!(statement("next-due"), None);
     }
 
     #[test]
