@@ -389,6 +389,22 @@ pub(crate) async fn enqueue_many_statements(
     Ok(())
 }
 
+/// Whether any intent whose key starts with `prefix` is open (pending or
+/// claimed): through the view's partial indexes, not the delivered ones.
+pub(crate) async fn any_open(store: &Store, prefix: &str) -> anyhow::Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM outbox.intents
+                         WHERE state = 'pending' AND NOT waiting AND key LIKE $1 || '%')
+             OR EXISTS (SELECT 1 FROM outbox.intents
+                         WHERE state = 'pending' AND waiting AND key LIKE $1 || '%')
+             OR EXISTS (SELECT 1 FROM outbox.intents
+                         WHERE state = 'claimed' AND key LIKE $1 || '%')",
+    )
+    .bind(prefix)
+    .fetch_one(store.pool())
+    .await?)
+}
+
 /// How long [`wait_delivered`] waits while nothing is written before it
 /// gives up (60 s, or `BENCH_STALL_SECONDS`): a completion the database
 /// keeps refusing would otherwise hold a bench for its whole deadline.
@@ -408,22 +424,24 @@ fn stall() -> Duration {
 /// (no outcome, no row, no attempt: the server's own counts of the tables'
 /// writes) for [`stall`]'s time while intents are open.
 pub(crate) async fn wait_delivered(store: &Store, prefix: &str, n: i64) -> anyhow::Result<()> {
+    wait_delivered_marking(store, prefix, n, || {}).await
+}
+
+/// [`wait_delivered`], calling `before_check` just before each check for
+/// open intents: its last call comes before the check that found none,
+/// so a drain's readings taken there leave out the bench's own checks.
+pub(crate) async fn wait_delivered_marking(
+    store: &Store,
+    prefix: &str,
+    n: i64,
+    mut before_check: impl FnMut(),
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut progress = (writes(store).await?, Instant::now());
     let mut checked = Instant::now();
     loop {
-        let open: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM outbox.intents
-                             WHERE state = 'pending' AND NOT waiting AND key LIKE $1 || '%')
-                 OR EXISTS (SELECT 1 FROM outbox.intents
-                             WHERE state = 'pending' AND waiting AND key LIKE $1 || '%')
-                 OR EXISTS (SELECT 1 FROM outbox.intents
-                             WHERE state = 'claimed' AND key LIKE $1 || '%')",
-        )
-        .bind(prefix)
-        .fetch_one(store.pool())
-        .await?;
-        if !open {
+        before_check();
+        if !any_open(store, prefix).await? {
             let done: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM outbox.intents WHERE state = 'delivered' AND key LIKE $1 || '%'",
             )
