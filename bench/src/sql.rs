@@ -391,7 +391,7 @@ pub(crate) async fn enqueue_many_statements(
 
 /// Whether any intent whose key starts with `prefix` is open (pending or
 /// claimed): through the view's partial indexes, not the delivered ones.
-pub(crate) async fn any_open(store: &Store, prefix: &str) -> anyhow::Result<bool> {
+async fn any_open(store: &Store, prefix: &str) -> anyhow::Result<bool> {
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM outbox.intents
                          WHERE state = 'pending' AND NOT waiting AND key LIKE $1 || '%')
