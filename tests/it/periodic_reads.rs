@@ -33,13 +33,7 @@ async fn log_tuples_read(db: &TestDb, sql: &str) -> i64 {
         .execute(&mut *tx)
         .await
         .unwrap();
-    let fetched: i64 = sqlx::query_scalar(
-        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)
-           FROM pg_stat_xact_user_tables WHERE relid = 'outbox.intent_log'::regclass",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let fetched = crate::common::log_tuples_fetched(&mut tx).await;
     tx.rollback().await.unwrap();
     fetched
 }

@@ -288,13 +288,7 @@ async fn a_fold_reads_what_changed_not_the_backlog() {
     for sql in [TALLY_COUNTS, TALLY_BACKLOG, OLDEST_DUE] {
         sqlx::query(sql).execute(&mut *tx).await.unwrap();
     }
-    let fetched: i64 = sqlx::query_scalar(
-        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)
-           FROM pg_stat_xact_user_tables WHERE relid = 'outbox.intent_log'::regclass",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let fetched = crate::common::log_tuples_fetched(&mut tx).await;
     tx.commit().await.unwrap();
     assert!(
         fetched <= 1 + 2 * OLDEST_DUE_WINDOW,
