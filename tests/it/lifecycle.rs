@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::common;
+use crate::common::logged::LoggedRelay;
 use crate::common::{
     config, engine, relay_bin, run_until, spawn_relay, terminate, wait_for, Receiver, Reply, TestDb,
 };
@@ -435,20 +436,19 @@ async fn a_stuck_completer_makes_the_relay_unready_and_exit_non_zero() {
     )
     .await;
     let port = common::free_port();
-    let mut relay = common::relay_command(&db.url)
-        .arg("run")
-        .env(
-            "OUTBOX_RELAY__RELAY__METRICS_ADDR",
-            format!("\"127.0.0.1:{port}\""),
-        )
-        .env("OUTBOX_RELAY__RELAY__LEASE", "3s")
-        .env("OUTBOX_RELAY__RELAY__SHUTDOWN_TIMEOUT", "2s")
-        .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "50ms")
-        .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "1s")
-        .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let relay = LoggedRelay::spawn(
+        common::relay_command(&db.url)
+            .arg("run")
+            .env(
+                "OUTBOX_RELAY__RELAY__METRICS_ADDR",
+                format!("\"127.0.0.1:{port}\""),
+            )
+            .env("OUTBOX_RELAY__RELAY__LEASE", "3s")
+            .env("OUTBOX_RELAY__RELAY__SHUTDOWN_TIMEOUT", "2s")
+            .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "50ms")
+            .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "1s")
+            .env("RUST_LOG", "warn"),
+    );
     assert!(
         wait_for(Duration::from_secs(10), || async {
             !rx.requests().is_empty()
@@ -483,21 +483,9 @@ async fn a_stuck_completer_makes_the_relay_unready_and_exit_non_zero() {
     let said = said.lock().unwrap().clone();
     assert!(saw_broken, "readyz said {said:?}");
     assert!(said.contains("broken: task completer is stuck"), "{said}");
-    let status = tokio::time::timeout(Duration::from_secs(20), relay.wait())
-        .await
-        .expect("the broken relay exits")
-        .unwrap();
+    let (status, stderr) = relay.exited(Duration::from_secs(20)).await;
     assert!(!status.success(), "exit status {status}");
     app.rollback().await.unwrap();
-    let mut stderr = String::new();
-    use tokio::io::AsyncReadExt;
-    relay
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .await
-        .unwrap();
     assert!(stderr.contains("task completer is stuck"), "{stderr}");
     // the fleet registry says it stopped
     let stopped: bool = sqlx::query_scalar("SELECT stopped_at IS NOT NULL FROM outbox.relays")
@@ -529,14 +517,13 @@ async fn the_daemon_logs_a_summary_line_at_the_default_level() {
         json!({"url": rx.url("/gone"), "body": 0}),
     )
     .await;
-    let mut relay = common::relay_command(&db.url)
-        .arg("run")
-        .env("OUTBOX_RELAY__RELAY__SUMMARY_INTERVAL", "\"500ms\"")
-        .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "\"50ms\"")
-        .env_remove("RUST_LOG")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let relay = LoggedRelay::spawn(
+        common::relay_command(&db.url)
+            .arg("run")
+            .env("OUTBOX_RELAY__RELAY__SUMMARY_INTERVAL", "\"500ms\"")
+            .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "\"50ms\"")
+            .env_remove("RUST_LOG"),
+    );
     assert!(
         wait_for(Duration::from_secs(10), || async {
             db.count("state IN ('delivered', 'rejected')").await == 4
@@ -544,17 +531,8 @@ async fn the_daemon_logs_a_summary_line_at_the_default_level() {
         .await
     );
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let status = common::terminate(&mut relay).await;
+    let (status, stderr) = relay.stop().await;
     assert!(status.success());
-    let mut stderr = String::new();
-    use tokio::io::AsyncReadExt;
-    relay
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .await
-        .unwrap();
     let line = stderr
         .lines()
         .find(|l| l.contains("summary of the last"))

@@ -4,13 +4,14 @@
 use std::time::Duration;
 
 use crate::common;
-use crate::common::{terminate, TestDb};
+use crate::common::logged::LoggedRelay;
+use crate::common::TestDb;
 use serde_json::json;
 
 const TOKEN: &str = "lookup-token-0123456789abcdef";
 
 /// `outbox-relay run` with the listener on a free port, ready to answer.
-async fn relay(db: &TestDb, env: &[(&str, &str)]) -> (tokio::process::Child, u16) {
+async fn relay(db: &TestDb, env: &[(&str, &str)]) -> (LoggedRelay, u16) {
     let port = common::free_port();
     let mut cmd = common::relay_command(&db.url);
     cmd.arg("run")
@@ -19,16 +20,15 @@ async fn relay(db: &TestDb, env: &[(&str, &str)]) -> (tokio::process::Child, u16
             format!("\"127.0.0.1:{port}\""),
         )
         .env("RUST_LOG", "debug")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
+        .stdout(std::process::Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().unwrap();
+    let mut relay = LoggedRelay::spawn(&mut cmd);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the relay exited ({status}): {}", stop(child).await);
+        if let Ok(Some(status)) = relay.child.try_wait() {
+            panic!("the relay exited ({status}): {}", relay.stop().await.1);
         }
         let healthz = reqwest::get(format!("http://127.0.0.1:{port}/healthz")).await;
         if healthz.is_ok_and(|r| r.status() == 200) {
@@ -40,7 +40,7 @@ async fn relay(db: &TestDb, env: &[(&str, &str)]) -> (tokio::process::Child, u16
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    (child, port)
+    (relay, port)
 }
 
 /// GET the path with an optional Authorization header: status and body.
@@ -56,16 +56,8 @@ async fn get(port: u16, path: &str, authorization: Option<&str>) -> (u16, serde_
 }
 
 /// Everything the relay logged, after it stopped.
-async fn stop(mut child: tokio::process::Child) -> String {
-    use tokio::io::AsyncReadExt;
-    let mut stderr = child.stderr.take().unwrap();
-    let read = tokio::spawn(async move {
-        let mut text = String::new();
-        stderr.read_to_string(&mut text).await.unwrap();
-        text
-    });
-    terminate(&mut child).await;
-    read.await.unwrap()
+async fn stop(relay: LoggedRelay) -> String {
+    relay.stop().await.1
 }
 
 async fn enqueue_future(db: &TestDb, key: &str) -> i64 {

@@ -3,58 +3,27 @@
 //! delivers by polling. With notifications it says they work, and with
 //! `relay.listen = false` it polls without checking.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common;
+use crate::common::logged::LoggedRelay;
 use crate::common::proxy::Proxy;
-use crate::common::{terminate, wait_for, Receiver, TestDb};
+use crate::common::{wait_for, Receiver, TestDb};
 use serde_json::json;
-use tokio::io::AsyncBufReadExt;
 
-/// A relay subprocess whose log lines are collected.
-struct LoggedRelay {
-    child: tokio::process::Child,
-    logs: Arc<Mutex<String>>,
-}
-
-impl LoggedRelay {
-    fn start(url: &str, extra: &[(&str, &str)]) -> LoggedRelay {
-        let mut cmd = common::relay_command(url);
-        cmd.arg("run")
-            .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "300ms")
-            .env("OUTBOX_RELAY__RELAY__LEASE", "5s")
-            .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s")
-            .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn relay");
-        let logs = Arc::new(Mutex::new(String::new()));
-        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-        let sink = logs.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut s = sink.lock().unwrap();
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        LoggedRelay { child, logs }
+/// `outbox-relay run` polling every 300 ms, its log lines collected.
+fn start_relay(url: &str, extra: &[(&str, &str)]) -> LoggedRelay {
+    let mut cmd = common::relay_command(url);
+    cmd.arg("run")
+        .env("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "300ms")
+        .env("OUTBOX_RELAY__RELAY__LEASE", "5s")
+        .env("OUTBOX_RELAY__WEBHOOK__TIMEOUT", "2s")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null());
+    for (k, v) in extra {
+        cmd.env(k, v);
     }
-
-    fn logs(&self) -> String {
-        self.logs.lock().unwrap().clone()
-    }
-
-    async fn wait_for_log(&self, needle: &str) -> bool {
-        wait_for(Duration::from_secs(15), || async {
-            self.logs().contains(needle)
-        })
-        .await
-    }
+    LoggedRelay::spawn(&mut cmd)
 }
 
 async fn delivers(db: &TestDb, rx: &Receiver, key: &str) {
@@ -79,7 +48,7 @@ async fn without_notifications_the_relay_says_so_and_polls() {
     let db = TestDb::new().await;
     let rx = Receiver::ok().await;
     let proxy = Proxy::without_notifications().await;
-    let mut relay = LoggedRelay::start(&proxy.url_for(&db), &[]);
+    let relay = start_relay(&proxy.url_for(&db), &[]);
 
     assert!(
         relay.wait_for_log("did not arrive").await,
@@ -95,7 +64,7 @@ async fn without_notifications_the_relay_says_so_and_polls() {
     for i in 0..3 {
         delivers(&db, &rx, &format!("polled-{i}")).await;
     }
-    assert!(terminate(&mut relay.child).await.success());
+    assert!(relay.stop().await.0.success());
     assert_eq!(rx.requests().len(), 3);
 }
 
@@ -105,7 +74,7 @@ async fn with_notifications_the_relay_says_they_work() {
     let rx = Receiver::ok().await;
     // a poll interval far longer than the wait below: only a NOTIFY can
     // deliver this fast
-    let mut relay = LoggedRelay::start(&db.url, &[("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "60s")]);
+    let relay = start_relay(&db.url, &[("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "60s")]);
     assert!(
         relay.wait_for_log("LISTEN/NOTIFY works").await,
         "{}",
@@ -113,14 +82,14 @@ async fn with_notifications_the_relay_says_they_work() {
     );
     delivers(&db, &rx, "notified").await;
     assert!(!relay.logs().contains("did not arrive"));
-    assert!(terminate(&mut relay.child).await.success());
+    assert!(relay.stop().await.0.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listen_false_polls_without_checking() {
     let db = TestDb::new().await;
     let rx = Receiver::ok().await;
-    let mut relay = LoggedRelay::start(&db.url, &[("OUTBOX_RELAY__RELAY__LISTEN", "false")]);
+    let relay = start_relay(&db.url, &[("OUTBOX_RELAY__RELAY__LISTEN", "false")]);
     assert!(
         relay
             .wait_for_log("relay.listen is false: delivering by polling")
@@ -132,5 +101,5 @@ async fn listen_false_polls_without_checking() {
     let logs = relay.logs();
     assert!(!logs.contains("LISTEN/NOTIFY works"), "{logs}");
     assert!(!logs.contains("did not arrive"), "{logs}");
-    assert!(terminate(&mut relay.child).await.success());
+    assert!(relay.stop().await.0.success());
 }

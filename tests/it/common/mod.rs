@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod console;
 pub mod failover;
 pub mod kafka;
+pub mod logged;
 pub mod nats;
 pub mod otlp;
 pub mod plans;
