@@ -15,6 +15,11 @@
 //! error (a peer that failed or lied included), 2 bad usage or invalid
 //! configuration, 5 the database is unreachable.
 
+/// The relay's allocator (relay/main.rs): this binary runs as the relay in
+/// the drains it measures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod batching;
 mod bench;
 mod brokers;
