@@ -2,8 +2,10 @@
 //!
 //! A pipe the test reads only after the relay stops fills at 64 KiB: the
 //! relay's next log line then blocks the thread writing it, a runtime worker,
-//! and with both workers blocked it stops answering. So every relay whose
-//! logs a test inspects is spawned through [`LoggedRelay::spawn`].
+//! and with both workers blocked it stops answering. So a relay (or
+//! console) that a test keeps running and whose logs it reads is spawned
+//! through [`LoggedRelay::spawn`]; a one-shot command's `output()` reads
+//! its pipes as it runs.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,12 +27,14 @@ impl LoggedRelay {
             .spawn()
             .expect("spawn relay");
         let logs = Arc::new(Mutex::new(String::new()));
-        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        // by bytes, so a line that is not UTF-8 is kept (lossily) and the
+        // pipe is still drained after it
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).split(b'\n');
         let sink = logs.clone();
         let reader = tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
+            while let Ok(Some(line)) = lines.next_segment().await {
                 let mut s = sink.lock().unwrap();
-                s.push_str(&line);
+                s.push_str(&String::from_utf8_lossy(&line));
                 s.push('\n');
             }
         });

@@ -16,15 +16,14 @@ async fn without_users_it_is_open_on_loopback_only_and_says_so() {
     );
 
     // on loopback it starts, prints its address, and warns
-    let mut child = crate::common::relay_command(&db.url)
-        .args(["console", "--addr", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut console = crate::common::logged::LoggedRelay::spawn(
+        crate::common::relay_command(&db.url)
+            .args(["console", "--addr", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped()),
+    );
     use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = tokio::io::BufReader::new(console.child.stdout.take().unwrap()).lines();
     let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
         .await
         .expect("the console prints its address")
@@ -42,16 +41,7 @@ async fn without_users_it_is_open_on_loopback_only_and_says_so() {
         "{cookie}"
     );
     assert!(page.text().await.unwrap().contains("No login"));
-    crate::common::terminate(&mut child).await;
-    let mut err = String::new();
-    use tokio::io::AsyncReadExt;
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .await
-        .unwrap();
+    let (_, err) = console.stop().await;
     assert!(err.contains("no login"), "{err}");
 }
 
