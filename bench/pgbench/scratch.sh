@@ -13,8 +13,7 @@
 #   release_snapshot         ends it
 #   statement NAME           the SQL of the relay's statement NAME (its
 #                            constant's name in lower case), as the relay
-#                            runs it, from
-#                            target/release/outbox-relay-bench
+#                            runs it, from target/release/outbox-relay-bench
 #   server_ticks             the CPU clock ticks the server has spent: its
 #                            processes' utime + stime, and the postmaster's
 #                            cutime + cstime (its exited children's); needs

@@ -237,8 +237,8 @@ struct BenchArgs {
     keep: bool,
     /// Print the SQL of the relay's statement NAME (the name of its
     /// constant in lower case: tally_backlog, oldest_due, next_due,
-    /// purge_log, ...) as the
-    /// relay runs it, and exit: what `bench/pgbench/` measures.
+    /// purge_log, ...) as the relay runs it, and exit: what
+    /// `bench/pgbench/` measures.
     #[arg(long, value_name = "NAME")]
     print_statement: Option<String>,
     #[arg(long)]
@@ -267,7 +267,14 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             None => {
-                eprintln!("outbox-relay-bench: no statement named {name}");
+                let names: Vec<&str> = outbox_relay::store::STATEMENTS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect();
+                eprintln!(
+                    "outbox-relay-bench: no statement named {name} (one of: {})",
+                    names.join(", ")
+                );
                 ExitCode::from(2)
             }
         };

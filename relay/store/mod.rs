@@ -61,21 +61,26 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 /// The periodic and retention statements by the name of their constant
-/// in lower case, as the relay runs them (macros expanded): the benches under
-/// `bench/pgbench/` measure them beside a backlog
+/// in lower case, as the relay runs them (macros expanded): the benches
+/// under `bench/pgbench/` measure them beside a backlog
 /// (`outbox-relay-bench --print-statement NAME`).
+pub const STATEMENTS: &[(&str, &str)] = &[
+    ("tally_backlog", tallies::TALLY_BACKLOG),
+    ("tally_counts", tallies::TALLY_COUNTS),
+    ("oldest_due", tallies::OLDEST_DUE),
+    ("next_due", claims::NEXT_DUE),
+    ("stranded", fleet::STRANDED),
+    ("stranded_noted", fleet::STRANDED_NOTED),
+    ("purge_rows", retention::PURGE_ROWS),
+    ("purge_log", retention::PURGE_LOG),
+];
+
+/// The statement of [`STATEMENTS`] named `name`.
 pub fn statement(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "tally_backlog" => tallies::TALLY_BACKLOG,
-        "tally_counts" => tallies::TALLY_COUNTS,
-        "oldest_due" => tallies::OLDEST_DUE,
-        "next_due" => claims::NEXT_DUE,
-        "stranded" => fleet::STRANDED,
-        "stranded_noted" => fleet::STRANDED_NOTED,
-        "purge_rows" => retention::PURGE_ROWS,
-        "purge_log" => retention::PURGE_LOG,
-        _ => return None,
-    })
+    STATEMENTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, sql)| *sql)
 }
 
 pub use claim_query::ClaimQuery;
@@ -357,20 +362,11 @@ pub fn sqlstate(err: &sqlx::Error) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_url, statement, url_param};
+    use super::{parse_url, statement, url_param, STATEMENTS};
 
     #[test]
     fn the_named_statements_are_sql_as_run() {
-        for name in [
-            "tally_backlog",
-            "tally_counts",
-            "oldest_due",
-            "next_due",
-            "stranded",
-            "stranded_noted",
-            "purge_rows",
-            "purge_log",
-        ] {
+        for (name, _) in STATEMENTS {
             let sql = statement(name).unwrap_or_else(|| panic!("{name} is not named"));
             let first = sql.split_whitespace().next();
             assert!(matches!(first, Some("SELECT" | "WITH")), "{name}: {sql}");

@@ -9,7 +9,9 @@ use outbox_providers::amqp::request::message_id;
 use outbox_providers::AmbiguityPolicy;
 use serde_json::json;
 
-use crate::common::amqp::{declare_durable, drain, message_ids, HoldingProxy, Rabbit, RabbitNode};
+use crate::common::amqp::{
+    declare_durable, drain, message_ids, take_one, HoldingProxy, Rabbit, RabbitNode,
+};
 use crate::common::{config, engine, run_until, run_until_state, TestDb};
 use outbox_providers::Secret;
 use outbox_relay::config::{Config, Dur};
@@ -495,13 +497,8 @@ async fn a_nack_is_transient_and_retried_under_the_same_message_id() {
     // room again: the first message taken off (one get: a retry may land
     // as soon as there is room), and the retry goes through, under the
     // same id
-    let first = ch
-        .basic_get(
-            queue.as_str().into(),
-            lapin::options::BasicGetOptions { no_ack: true },
-        )
+    let first = take_one(&ch, &queue)
         .await
-        .unwrap()
         .expect("the first message waits in the queue");
     assert_eq!(
         message_ids(std::slice::from_ref(&first)),

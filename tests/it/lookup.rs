@@ -55,11 +55,6 @@ async fn get(port: u16, path: &str, authorization: Option<&str>) -> (u16, serde_
     (status, serde_json::from_str(&text).unwrap_or(json!(text)))
 }
 
-/// Everything the relay logged, after it stopped.
-async fn stop(relay: LoggedRelay) -> String {
-    relay.stop().await.1
-}
-
 async fn enqueue_future(db: &TestDb, key: &str) -> i64 {
     // due in an hour: the relay leaves it pending while the test asks
     sqlx::query_scalar(
@@ -111,7 +106,7 @@ async fn an_intent_is_found_by_its_key_never_by_its_id() {
     );
     let (status, _) = get(port, &format!("/v1/intents/{other}"), None).await;
     assert_eq!(status, 404);
-    stop(child).await;
+    child.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +142,7 @@ async fn with_a_token_only_the_right_bearer_is_answered() {
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(get(port, path, None).await.0, 200, "{path}");
     }
-    let logs = stop(child).await;
+    let logs = child.stop().await.1;
     assert!(
         logs.contains("GET /v1/intents/{key} is behind the bearer token"),
         "{logs}"
@@ -173,7 +168,7 @@ async fn lookup_false_turns_the_endpoint_off() {
         assert_eq!(status, 404, "{body}");
     }
     assert_eq!(get(port, "/metrics", None).await.0, 200);
-    let logs = stop(child).await;
+    let logs = child.stop().await.1;
     assert!(logs.contains("GET /v1/intents/{key} is off"), "{logs}");
 }
 
@@ -428,5 +423,5 @@ async fn a_raw_last_errors_secrets_are_not_answered() {
         assert_eq!(body["last_error"], SHOWN_ERROR, "{body}");
         assert!(!body.to_string().contains("SECRET"), "{body}");
     }
-    stop(child).await;
+    child.stop().await;
 }

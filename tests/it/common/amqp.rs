@@ -170,14 +170,17 @@ pub async fn declare_durable(ch: &lapin::Channel, exchange: &str, queue: &str) {
     .unwrap();
 }
 
+/// The first message waiting in `queue`, taken off it with one get.
+pub async fn take_one(ch: &Channel, queue: &str) -> Option<lapin::message::BasicGetMessage> {
+    ch.basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+}
+
 /// Every message waiting in `queue`, taken off it.
 pub async fn drain(ch: &Channel, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
     let mut out = Vec::new();
-    while let Some(m) = ch
-        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-        .await
-        .unwrap()
-    {
+    while let Some(m) = take_one(ch, queue).await {
         out.push(m);
     }
     out
