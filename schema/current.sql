@@ -2786,6 +2786,34 @@ CREATE TABLE outbox.intent_log (
 
 
 --
+-- Name: intent_log_open; Type: VIEW; Schema: outbox; Owner: -
+--
+
+CREATE VIEW outbox.intent_log_open AS
+ SELECT l.id,
+    l.xid,
+    l.key,
+    l.kind,
+    l.destination,
+    l.payload,
+    l.run_after,
+    l.ordering_key,
+    l.waiting,
+    l.source,
+    l.traceparent,
+    l.tracestate,
+    l.created_at
+   FROM outbox.intent_log l;
+
+
+--
+-- Name: VIEW intent_log_open; Type: COMMENT; Schema: outbox; Owner: -
+--
+
+COMMENT ON VIEW outbox.intent_log_open IS 'The part of outbox.intent_log that can hold an intent no claim has taken or one in a claim''s batch, which the relays'' hot statements read';
+
+
+--
 -- Name: intents_id_seq; Type: SEQUENCE; Schema: outbox; Owner: -
 --
 

@@ -222,7 +222,7 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                          THEN array_position($4::text[],
                                              outbox.destination_of(l.kind, l.destination, l.payload))
                     END AS aside
-               FROM outbox.intent_log l
+               FROM outbox.intent_log_open l
               WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
                                       ORDER BY c.seq DESC LIMIT 1)
                 -- probes of each row taken in order (OFFSET 0 keeps each a

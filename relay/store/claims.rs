@@ -254,7 +254,7 @@ pub const NEXT_DUE: &str = concat!(
                ORDER BY r.run_after, r.id LIMIT 1)
              UNION ALL
              (SELECT f.run_after
-                FROM (SELECT l.id, l.kind, l.run_after FROM outbox.intent_log l
+                FROM (SELECT l.id, l.kind, l.run_after FROM outbox.intent_log_open l
                        WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
                                                ORDER BY c.seq DESC LIMIT 1)
                        ORDER BY l.xid, l.id LIMIT 1000) f
