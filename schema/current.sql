@@ -405,42 +405,59 @@ BEGIN
     END IF;
 
     LOOP
-        INSERT INTO outbox.intent_log AS i (key, kind, destination, payload, run_after, ordering_key,
-                                         source, waiting, traceparent, tracestate)
-        VALUES (p_key, p_kind, p_destination, p_payload, coalesce(p_run_after, now()), p_ordering_key,
-                p_source, v_waiting, v_traceparent, v_tracestate)
-        ON CONFLICT ON CONSTRAINT intent_log_key_unique DO NOTHING
-        RETURNING i.id INTO v_id;
+        -- The key first. outbox.intent_keys holds every key, live or purged
+        -- until the ledger forgets it. Its primary key sees every committed
+        -- key whatever the snapshot: under REPEATABLE READ or SERIALIZABLE a
+        -- conflict with a key the snapshot cannot see is a serialization
+        -- failure (40001), which the application retries.
+        INSERT INTO outbox.intent_keys AS k (key, intent_id)
+        VALUES (p_key, nextval('outbox.intent_ids'))
+        ON CONFLICT (key) DO NOTHING
+        RETURNING k.intent_id INTO v_id;
 
         IF v_id IS NOT NULL THEN
-            -- Under REPEATABLE READ or SERIALIZABLE the ledger lookup below
-            -- reads the transaction's snapshot, which may predate the purge
-            -- of this very key: the purged row is gone (so the insert above
-            -- succeeded) and its ledger entry is invisible. An insert sees
-            -- what a snapshot cannot: Postgres answers a conflict with a row
-            -- the snapshot cannot see with a serialization failure (40001),
-            -- which the application retries, and the retry sees the ledger.
-            -- A key never in the ledger leaves nothing behind.
-            IF current_setting('transaction_isolation') <> 'read committed' THEN
-                INSERT INTO outbox.ledger AS l (key, intent_id, kind, fingerprint, state,
-                                                created_at, completed_at)
-                VALUES (p_key, v_id, p_kind, '\x'::bytea, 'probe', now(), now())
-                ON CONFLICT (key) DO NOTHING;
-                DELETE FROM outbox.ledger l
-                 WHERE l.key = p_key AND l.intent_id = v_id AND l.state = 'probe';
+            INSERT INTO outbox.intent_log (id, key, kind, destination, payload, run_after,
+                                           ordering_key, source, waiting, traceparent, tracestate)
+            VALUES (v_id, p_key, p_kind, p_destination, p_payload, coalesce(p_run_after, now()),
+                    p_ordering_key, p_source, v_waiting, v_traceparent, v_tracestate);
+            IF coalesce(p_run_after, now()) <= now() THEN
+                PERFORM pg_notify('outbox_intents', '');
             END IF;
-            -- A new row, unless the key was purged into the ledger (checked
-            -- after the insert, so a purge racing this call is seen too).
-            SELECT * INTO v_ledger FROM outbox.ledger l WHERE l.key = p_key;
-            IF NOT FOUND THEN
-                IF coalesce(p_run_after, now()) <= now() THEN
-                    PERFORM pg_notify('outbox_intents', '');
-                END IF;
-                id := v_id; duplicate := false;
-                RETURN NEXT;
-                RETURN;
+            id := v_id; duplicate := false;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+
+        -- The key is taken: by a live intent, by a purged one the ledger
+        -- remembers, or by one deleted since, whose key is free again.
+        SELECT k.intent_id INTO v_id FROM outbox.intent_keys k WHERE k.key = p_key;
+        -- forgotten meanwhile (the ledger's retention): try again
+        CONTINUE WHEN NOT FOUND;
+
+        SELECT i.kind, i.destination, i.payload
+          INTO v_kind, v_dest, v_payload
+          FROM outbox.intent_log i WHERE i.id = v_id;
+        IF FOUND THEN
+            IF v_kind <> p_kind OR v_dest IS DISTINCT FROM p_destination OR v_payload <> p_payload THEN
+                RAISE EXCEPTION 'outbox.enqueue: key % was already used for a different intent', p_key
+                    USING ERRCODE = 'OB409',
+                          DETAIL = format('existing intent %s has kind %s; the new request differs in %s',
+                                          v_id, v_kind,
+                                          CASE WHEN v_kind <> p_kind THEN 'kind'
+                                               WHEN v_dest IS DISTINCT FROM p_destination THEN 'destination'
+                                               ELSE 'payload' END),
+                          HINT = 'use a new key for a new operation, or resend the original payload';
             END IF;
-            DELETE FROM outbox.intent_log i WHERE i.id = v_id;
+            INSERT INTO outbox.enqueue_duplicates (intent_id, source, kind) VALUES (v_id, p_source, v_kind);
+            id := v_id; duplicate := true;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+
+        -- Purged: the ledger answers (its purge removed the log row and
+        -- wrote the entry in one transaction, so one of the two is seen).
+        SELECT * INTO v_ledger FROM outbox.ledger l WHERE l.key = p_key;
+        IF FOUND THEN
             IF v_ledger.kind <> p_kind OR v_ledger.destination IS DISTINCT FROM p_destination
                OR v_ledger.fingerprint <> outbox.fingerprint(p_payload) THEN
                 RAISE EXCEPTION 'outbox.enqueue: key % was already used for a different intent', p_key
@@ -456,27 +473,10 @@ BEGIN
             RETURN;
         END IF;
 
-        SELECT i.id, i.kind, i.destination, i.payload
-          INTO v_id, v_kind, v_dest, v_payload
-          FROM outbox.intent_log i WHERE i.key = p_key;
-        -- the row we collided with may have been purged meanwhile: try again
-        CONTINUE WHEN NOT FOUND;
-
-        IF v_kind <> p_kind OR v_dest IS DISTINCT FROM p_destination OR v_payload <> p_payload THEN
-            RAISE EXCEPTION 'outbox.enqueue: key % was already used for a different intent', p_key
-                USING ERRCODE = 'OB409',
-                      DETAIL = format('existing intent %s has kind %s; the new request differs in %s',
-                                      v_id, v_kind,
-                                      CASE WHEN v_kind <> p_kind THEN 'kind'
-                                           WHEN v_dest IS DISTINCT FROM p_destination THEN 'destination'
-                                           ELSE 'payload' END),
-                      HINT = 'use a new key for a new operation, or resend the original payload';
-        END IF;
-
-        INSERT INTO outbox.enqueue_duplicates (intent_id, source, kind) VALUES (v_id, p_source, v_kind);
-        id := v_id; duplicate := true;
-        RETURN NEXT;
-        RETURN;
+        -- Neither: its intent was deleted and is not remembered, so the
+        -- key is free. Taken over on the next pass (by this call or a
+        -- racing one).
+        DELETE FROM outbox.intent_keys k WHERE k.key = p_key AND k.intent_id = v_id;
     END LOOP;
 END
 $_$;
@@ -496,14 +496,12 @@ DECLARE
     v_bad        record;
     v_ins_ords   integer[] := '{}';
     v_ins_ids    bigint[]  := '{}';
-    v_purged_ids bigint[]  := '{}';
     v_rest_ords  integer[] := '{}';
     v_rest_ids   bigint[]  := '{}';
     v_rest_dups  boolean[] := '{}';
     v_new_ids    bigint[];
     v_new_keys   text[];
     v_new_runs   timestamptz[];
-    v_new_kinds  text[];
     v_planned    integer := 0;
     v_lost       text[];
     v_row        record;
@@ -576,35 +574,39 @@ BEGIN
                 OFFSET 0) t;
     END IF;
 
-    -- One INSERT of the rows whose key is new, in key order (ties in input
-    -- order, so a repeated key's first row wins), ids drawn in input order.
-    -- ON CONFLICT skips a key already used; those rows are answered below.
+    -- The keys of the rows first, in one INSERT in key order (ties in
+    -- input order, so a repeated key's first row wins), ids drawn in input
+    -- order; ON CONFLICT skips a key already used, live or purged (those
+    -- rows are answered below). Then the rows whose key went in.
     IF p_ordering_keys IS NULL THEN
-        WITH ins AS (
+        WITH f AS MATERIALIZED (
+                 SELECT u.*, nextval(v_seq) AS id
+                   FROM (SELECT * FROM unnest(p_keys, p_kinds, p_payloads, p_destinations,
+                                              p_run_afters, v_tps, v_tss)
+                                WITH ORDINALITY AS u(key, kind, payload, destination,
+                                                     run_after, traceparent, tracestate, ord)
+                          ORDER BY ord OFFSET 0) u),
+             keyed AS (
+                 INSERT INTO outbox.intent_keys AS k (key, intent_id)
+                 SELECT f.key, f.id FROM f ORDER BY f.key, f.ord
+                 ON CONFLICT (key) DO NOTHING
+                 RETURNING k.intent_id),
+             ins AS (
                  INSERT INTO outbox.intent_log AS t (id, key, kind, destination, payload, run_after,
                                                   source, traceparent, tracestate)
-                 OVERRIDING SYSTEM VALUE
                  SELECT f.id, f.key, f.kind, f.destination, f.payload,
                         coalesce(f.run_after, now()), p_source,
                         CASE WHEN v_tps IS NULL THEN v_set_tp ELSE f.traceparent END,
                         CASE WHEN v_tps IS NULL THEN v_set_ts ELSE f.tracestate END
-                   FROM (SELECT u.*, nextval(v_seq) AS id
-                           FROM (SELECT * FROM unnest(p_keys, p_kinds, p_payloads, p_destinations,
-                                                      p_run_afters, v_tps, v_tss)
-                                        WITH ORDINALITY AS u(key, kind, payload, destination,
-                                                             run_after, traceparent, tracestate,
-                                                             ord)
-                                  ORDER BY ord OFFSET 0) u) f
-                  ORDER BY f.key, f.ord
-                 ON CONFLICT ON CONSTRAINT intent_log_key_unique DO NOTHING
-                 RETURNING t.id, t.key, t.run_after, t.kind)
-        SELECT array_agg(ins.id), array_agg(ins.key), array_agg(ins.run_after),
-               array_agg(ins.kind)
-          INTO v_new_ids, v_new_keys, v_new_runs, v_new_kinds FROM ins;
+                   FROM f
+                  WHERE f.id IN (SELECT k.intent_id FROM keyed k)
+                 RETURNING t.id, t.key, t.run_after)
+        SELECT array_agg(ins.id), array_agg(ins.key), array_agg(ins.run_after)
+          INTO v_new_ids, v_new_keys, v_new_runs FROM ins;
     ELSE
         -- Only the rows that will be new are inserted (a key's first row,
-        -- the key unused and not in the ledger, as this statement sees
-        -- them), so that a row waits behind an earlier row of its ordering
+        -- the key unused, live or purged, as this statement sees them), so
+        -- that a row waits behind an earlier row of its ordering
         -- key only when that row is a new intent, as one enqueue after the
         -- other would have it.
         WITH cand AS (
@@ -626,63 +628,42 @@ BEGIN
                                                              run_after, ordering_key, traceparent,
                                                              tracestate, ord)) u
                           WHERE u.nth = 1
-                            AND NOT EXISTS (SELECT 1 FROM outbox.intent_log e WHERE e.key = u.key)
-                            AND NOT EXISTS (SELECT 1 FROM outbox.ledger l WHERE l.key = u.key)
+                            AND NOT EXISTS (SELECT 1 FROM outbox.intent_keys k WHERE k.key = u.key)
                           ORDER BY u.ord OFFSET 0) c),
+             keyed AS (
+                 INSERT INTO outbox.intent_keys AS k (key, intent_id)
+                 SELECT c.key, c.id FROM cand c ORDER BY c.key
+                 ON CONFLICT (key) DO NOTHING
+                 RETURNING k.intent_id),
              ins AS (
                  INSERT INTO outbox.intent_log AS t (id, key, kind, destination, payload, run_after,
                                                   ordering_key, source, waiting, traceparent,
                                                   tracestate)
-                 OVERRIDING SYSTEM VALUE
                  SELECT f.id, f.key, f.kind, f.destination, f.payload,
                         coalesce(f.run_after, now()), f.ordering_key, p_source, f.waiting,
                         CASE WHEN v_tps IS NULL THEN v_set_tp ELSE f.traceparent END,
                         CASE WHEN v_tps IS NULL THEN v_set_ts ELSE f.tracestate END
                    FROM cand f
-                  ORDER BY f.key
-                 ON CONFLICT ON CONSTRAINT intent_log_key_unique DO NOTHING
-                 RETURNING t.id, t.key, t.run_after, t.kind)
+                  WHERE f.id IN (SELECT k.intent_id FROM keyed k)
+                 RETURNING t.id, t.key, t.run_after)
         SELECT array_agg(ins.id), array_agg(ins.key), array_agg(ins.run_after),
-               array_agg(ins.kind), (SELECT count(*) FROM cand)
-          INTO v_new_ids, v_new_keys, v_new_runs, v_new_kinds, v_planned FROM ins;
+               (SELECT count(*) FROM cand)
+          INTO v_new_ids, v_new_keys, v_new_runs, v_planned FROM ins;
     END IF;
 
-    -- outbox.enqueue's ledger probe under snapshot isolation (see there),
-    -- for every new row at once, in key order.
-    IF current_setting('transaction_isolation') <> 'read committed'
-       AND cardinality(v_new_ids) > 0 THEN
-        INSERT INTO outbox.ledger AS l (key, intent_id, kind, fingerprint, state, created_at,
-                                        completed_at)
-        SELECT r.key, r.id, r.kind, '\x'::bytea, 'probe', now(), now()
-          FROM unnest(v_new_ids, v_new_keys, v_new_kinds) AS r(id, key, kind)
-         ORDER BY r.key
-        ON CONFLICT (key) DO NOTHING;
-        DELETE FROM outbox.ledger l
-         USING unnest(v_new_ids, v_new_keys) AS r(id, key)
-         WHERE l.key = r.key AND l.intent_id = r.id AND l.state = 'probe';
-    END IF;
-
-    -- Each new row's position is its key's first one in the input. A
-    -- new row whose key the ledger remembers is not new: as in
-    -- outbox.enqueue (looked up after the insert, so a racing purge is
-    -- seen too), outbox.enqueue answers for it.
-    SELECT coalesce(array_agg(k.ord ORDER BY k.ord) FILTER (WHERE NOT k.purged), '{}'),
-           coalesce(array_agg(k.id ORDER BY k.ord) FILTER (WHERE NOT k.purged), '{}'),
-           coalesce(array_agg(k.id) FILTER (WHERE k.purged), '{}'),
-           coalesce(bool_or(NOT k.purged AND k.run_after <= now()), false)
-      INTO v_ins_ords, v_ins_ids, v_purged_ids, v_dup
-      FROM (SELECT r.id, r.run_after, min(f.ord)::int AS ord,
-                   EXISTS (SELECT 1 FROM outbox.ledger l WHERE l.key = r.key) AS purged
+    -- Each new row's position is its key's first one in the input.
+    SELECT coalesce(array_agg(k.ord ORDER BY k.ord), '{}'),
+           coalesce(array_agg(k.id ORDER BY k.ord), '{}'),
+           coalesce(bool_or(k.run_after <= now()), false)
+      INTO v_ins_ords, v_ins_ids, v_dup
+      FROM (SELECT r.id, r.run_after, min(f.ord)::int AS ord
               FROM unnest(v_new_ids, v_new_keys, v_new_runs)
                    AS r(id, key, run_after)
               JOIN unnest(p_keys) WITH ORDINALITY AS f(key, ord) ON f.key = r.key
              GROUP BY r.id, r.key, r.run_after) k;
-    IF cardinality(v_purged_ids) > 0 THEN
-        DELETE FROM outbox.intent_log t WHERE t.id = ANY(v_purged_ids);
-    END IF;
 
-    -- A row planned as new that is not (a transaction inserted its key,
-    -- or the ledger took it, after this statement's snapshot): the rows of
+    -- A row planned as new that is not (a transaction inserted its key
+    -- after this statement's snapshot): the rows of
     -- its ordering key that are new get the flag enqueue would give them
     -- now, behind a live intent of the key that is not one of this batch's
     -- new rows, or behind an earlier new row of the batch.
@@ -800,15 +781,20 @@ BEGIN
                 AND s.tenant IS NOT DISTINCT FROM (v_event.payload->>'tenant')
                 AND outbox.event_type_matches(s.event_types, v_event.payload->>'type')),
          fresh AS (
-             SELECT s.id, s.key FROM subs s
+             SELECT s.id, s.key, nextval('outbox.intent_ids') AS intent_id FROM subs s
               WHERE NOT EXISTS (SELECT 1 FROM outbox.event_deliveries d
-                                 WHERE d.event_id = p_event AND d.subscription_id = s.id)
-                AND NOT EXISTS (SELECT 1 FROM outbox.ledger g WHERE g.key = s.key)),
+                                 WHERE d.event_id = p_event AND d.subscription_id = s.id)),
+         -- a delivery's key not used yet, live or purged
+         keyed AS (
+             INSERT INTO outbox.intent_keys AS k (key, intent_id)
+             SELECT f.key, f.intent_id FROM fresh f ORDER BY f.key
+             ON CONFLICT (key) DO NOTHING
+             RETURNING k.intent_id),
          -- each delivery names its subscription: the link is made from
          -- what the insert returns, without joining back to `fresh`
          logged AS (
-             INSERT INTO outbox.intent_log (key, kind, payload, source, traceparent, tracestate)
-             SELECT f.key, 'webhook',
+             INSERT INTO outbox.intent_log (id, key, kind, payload, source, traceparent, tracestate)
+             SELECT f.intent_id, f.key, 'webhook',
                     jsonb_build_object(
                         'subscription', f.id,
                         'body', jsonb_build_object(
@@ -818,7 +804,7 @@ BEGIN
                             'data', v_event.payload->'data')),
                     'event ' || p_event, v_event.traceparent, v_event.tracestate
                FROM fresh f
-             ON CONFLICT (key) DO NOTHING
+              WHERE f.intent_id IN (SELECT k.intent_id FROM keyed k)
              RETURNING intent_log.id, intent_log.payload->>'subscription' AS subscription_id),
          linked AS (
              INSERT INTO outbox.event_deliveries (event_id, subscription_id, intent_id)
@@ -864,15 +850,24 @@ BEGIN
                  ON s.disabled_at IS NULL
                 AND s.tenant IS NOT DISTINCT FROM (e.payload->>'tenant')
                 AND outbox.event_type_matches(s.event_types, e.payload->>'type')),
+         -- ids drawn in event and subscription order (OFFSET 0: the rows
+         -- reach nextval in the order of the subquery)
          fresh AS (
-             SELECT p.* FROM pairs p
-              WHERE NOT EXISTS (SELECT 1 FROM outbox.event_deliveries d
-                                 WHERE d.event_id = p.event_id
-                                   AND d.subscription_id = p.subscription_id)
-                AND NOT EXISTS (SELECT 1 FROM outbox.ledger g WHERE g.key = p.key)),
+             SELECT p.*, nextval('outbox.intent_ids') AS intent_id
+               FROM (SELECT p.* FROM pairs p
+                      WHERE NOT EXISTS (SELECT 1 FROM outbox.event_deliveries d
+                                         WHERE d.event_id = p.event_id
+                                           AND d.subscription_id = p.subscription_id)
+                      ORDER BY p.event_id, p.subscription_id OFFSET 0) p),
+         -- a delivery's key not used yet, live or purged
+         keyed AS (
+             INSERT INTO outbox.intent_keys AS k (key, intent_id)
+             SELECT f.key, f.intent_id FROM fresh f ORDER BY f.key
+             ON CONFLICT (key) DO NOTHING
+             RETURNING k.intent_id),
          logged AS (
-             INSERT INTO outbox.intent_log (key, kind, payload, source, traceparent, tracestate)
-             SELECT f.key, 'webhook',
+             INSERT INTO outbox.intent_log (id, key, kind, payload, source, traceparent, tracestate)
+             SELECT f.intent_id, f.key, 'webhook',
                     jsonb_build_object(
                         'subscription', f.subscription_id,
                         'body', jsonb_build_object(
@@ -882,8 +877,8 @@ BEGIN
                             'data', e.payload->'data')),
                     'event ' || e.id, e.traceparent, e.tracestate
                FROM fresh f JOIN ev e ON e.id = f.event_id
-              ORDER BY f.event_id, f.subscription_id
-             ON CONFLICT (key) DO NOTHING
+              WHERE f.intent_id IN (SELECT k.intent_id FROM keyed k)
+              ORDER BY f.intent_id
              -- each delivery names its event (its source) and its
              -- subscription: the link is made from what the insert
              -- returns, without joining back to `fresh` (a CTE Postgres
@@ -1083,6 +1078,14 @@ CREATE FUNCTION outbox.intents_write() RETURNS trigger
     AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
+        -- the key, unless it is taken (a unique violation, as for the log's
+        -- own key before); a key whose intent is gone and not remembered
+        -- is free
+        DELETE FROM outbox.intent_keys k
+         WHERE k.key = NEW.key
+           AND NOT EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = k.intent_id)
+           AND NOT EXISTS (SELECT 1 FROM outbox.ledger g WHERE g.key = k.key);
+        INSERT INTO outbox.intent_keys (key, intent_id) VALUES (NEW.key, NEW.id);
         INSERT INTO outbox.intent_log (id, key, kind, destination, payload, run_after,
                                        ordering_key, waiting, source, traceparent, tracestate,
                                        created_at)
@@ -1096,6 +1099,7 @@ BEGIN
     END IF;
     IF TG_OP = 'DELETE' THEN
         DELETE FROM outbox.intent_log l WHERE l.id = OLD.id;
+        DELETE FROM outbox.intent_keys k WHERE k.key = OLD.key AND k.intent_id = OLD.id;
         RETURN OLD;
     END IF;
     PERFORM outbox.track(ARRAY[OLD.id]);
@@ -1113,6 +1117,8 @@ BEGIN
         UPDATE outbox.intent_log l
            SET key = NEW.key, kind = NEW.kind, destination = NEW.destination, payload = NEW.payload
          WHERE l.id = OLD.id;
+        UPDATE outbox.intent_keys k SET key = NEW.key
+         WHERE k.key = OLD.key AND k.intent_id = OLD.id AND NEW.key <> OLD.key;
     END IF;
     UPDATE outbox.intent_rows t
        SET (key, kind, destination, payload, state, attempts, attempts_base, run_after,
@@ -2765,6 +2771,23 @@ ALTER SEQUENCE outbox.intent_ids OWNED BY outbox.intents.id;
 
 
 --
+-- Name: intent_keys; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.intent_keys (
+    key text NOT NULL,
+    intent_id bigint NOT NULL
+);
+
+
+--
+-- Name: TABLE intent_keys; Type: COMMENT; Schema: outbox; Owner: -
+--
+
+COMMENT ON TABLE outbox.intent_keys IS 'Every intent''s key, live or purged until the ledger forgets it, and its intent''s id';
+
+
+--
 -- Name: intent_log; Type: TABLE; Schema: outbox; Owner: -
 --
 
@@ -3243,11 +3266,11 @@ ALTER TABLE ONLY outbox.event_deliveries
 
 
 --
--- Name: intent_log intent_log_key_unique; Type: CONSTRAINT; Schema: outbox; Owner: -
+-- Name: intent_keys intent_keys_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
 --
 
-ALTER TABLE ONLY outbox.intent_log
-    ADD CONSTRAINT intent_log_key_unique UNIQUE (key);
+ALTER TABLE ONLY outbox.intent_keys
+    ADD CONSTRAINT intent_keys_pkey PRIMARY KEY (key);
 
 
 --
@@ -3603,8 +3626,9 @@ UNION ALL
     o.owner AS first_attempt_owner,
     o.status AS first_attempt_status,
     o.replayed AS first_attempt_replayed
-   FROM (outbox.log_outcomes o
+   FROM ((outbox.log_outcomes o
      JOIN outbox.intent_log l ON ((l.id = o.intent_id)))
+     JOIN outbox.intent_keys k ON (((k.key = l.key) AND (k.intent_id = l.id))))
   WHERE ((o.outcome = 'delivered'::text) AND (NOT (EXISTS ( SELECT 1
            FROM outbox.intent_rows t
           WHERE (t.id = o.intent_id)))))
@@ -3641,9 +3665,10 @@ UNION ALL
     NULL::text AS first_attempt_owner,
     NULL::integer AS first_attempt_status,
     NULL::boolean AS first_attempt_replayed
-   FROM ((outbox.log_batches b
+   FROM (((outbox.log_batches b
      CROSS JOIN LATERAL unnest(b.ids) c(id))
      JOIN outbox.intent_log l ON ((l.id = c.id)))
+     JOIN outbox.intent_keys k ON (((k.key = l.key) AND (k.intent_id = l.id))))
   WHERE ((NOT (EXISTS ( SELECT 1
            FROM outbox.log_outcomes o
           WHERE (o.intent_id = c.id)))) AND (NOT (EXISTS ( SELECT 1
@@ -3682,7 +3707,8 @@ UNION ALL
     NULL::text AS first_attempt_owner,
     NULL::integer AS first_attempt_status,
     NULL::boolean AS first_attempt_replayed
-   FROM outbox.intent_log l
+   FROM (outbox.intent_log l
+     JOIN outbox.intent_keys k ON (((k.key = l.key) AND (k.intent_id = l.id))))
   WHERE (((l.xid, l.id) > ( SELECT c.xid,
             c.id
            FROM outbox.log_cursor c

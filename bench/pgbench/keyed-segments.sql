@@ -9,15 +9,13 @@
 -- outbox.intent_log becomes a table partitioned by RANGE (id) into four
 -- segments of 2^32 ids, the newest taking the inserts (the sequence is moved
 -- to its first id, as a rotation would); the unpartitioned table becomes
--- the oldest segment. Its unique key gives way to outbox.intent_keys, one
--- narrow table of every key, written by a row trigger before each insert:
--- a key already there skips the row, as ON CONFLICT DO NOTHING did. The
--- enqueue functions lose that clause; everything else reads and writes
--- the parent as it did the table. Not a migration: it expects an empty log.
+-- the oldest segment. The keys stay unique in outbox.intent_keys, which the
+-- enqueue writes first (schema 0038), so the segments need no index on the
+-- key; everything else reads and writes the parent as it did the table.
+-- Not a migration: it expects an empty log.
 DO $$
 DECLARE
     v_view record;
-    v_fn   record;
     v_def  text;
     v_fk   record;
     s      integer;
@@ -25,8 +23,6 @@ BEGIN
     IF EXISTS (SELECT 1 FROM outbox.intent_log) THEN
         RAISE EXCEPTION 'keyed-segments.sql expects an empty intent log';
     END IF;
-
-    CREATE TABLE outbox.intent_keys (key text PRIMARY KEY, intent_id bigint NOT NULL);
 
     -- the foreign keys to the log, kept to be made again against the parent
     CREATE TEMP TABLE log_fks ON COMMIT DROP AS
@@ -39,7 +35,6 @@ BEGIN
     DROP TRIGGER intent_log_kafka_headers ON outbox.intent_log;
     DROP TRIGGER intent_log_outcomes_follow ON outbox.intent_log;
     DROP TRIGGER intent_log_track ON outbox.intent_log;
-    ALTER TABLE outbox.intent_log DROP CONSTRAINT intent_log_key_unique;
     ALTER TABLE outbox.intent_log RENAME TO intent_log_0;
 
     CREATE TABLE outbox.intent_log (LIKE outbox.intent_log_0 INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
@@ -80,29 +75,7 @@ BEGIN
         EXECUTE format('CREATE OR REPLACE VIEW %s AS %s', v_view.name, v_def);
     END LOOP;
 
-    -- the enqueue functions: the key goes into intent_keys first
-    FOR v_fn IN
-        SELECT p.oid FROM pg_proc p
-         WHERE p.pronamespace = 'outbox'::regnamespace
-           AND pg_get_functiondef(p.oid) LIKE '%intent_log_key_unique%'
-    LOOP
-        v_def := replace(pg_get_functiondef(v_fn.oid),
-                         'ON CONFLICT ON CONSTRAINT intent_log_key_unique DO NOTHING', '');
-        EXECUTE v_def;
-    END LOOP;
 END
 $$;
 
-CREATE FUNCTION outbox.intent_keys_first() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO outbox.intent_keys (key, intent_id) VALUES (NEW.key, NEW.id) ON CONFLICT DO NOTHING;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    RETURN NEW;
-END
-$$;
-CREATE TRIGGER intent_log_keys BEFORE INSERT ON outbox.intent_log
-    FOR EACH ROW EXECUTE FUNCTION outbox.intent_keys_first();
 ANALYZE outbox.intent_log;

@@ -194,7 +194,7 @@ async fn one_level(
     }
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     Ok(Level {

@@ -168,7 +168,7 @@ async fn measure(
     let plain_single = single_n as f64 / t.elapsed().as_secs_f64();
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
 
@@ -185,7 +185,7 @@ async fn measure(
     let ceiling = claim_complete_rate(store, ceiling_batch).await?;
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
 
@@ -195,7 +195,7 @@ async fn measure(
     let enqueue_many_rate = n as f64 / t.elapsed().as_secs_f64();
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     let mut ceiling_by_batch = Vec::new();
@@ -216,7 +216,7 @@ async fn measure(
         });
         run_sql(
             store,
-            "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+            "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
         )
         .await?;
     }
@@ -268,7 +268,7 @@ async fn measure(
     );
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     // The application enqueues through a pool of its own, as it would in
@@ -308,7 +308,7 @@ async fn measure(
     eprintln!("bench: drain beside 100k rows of delivered history, then again while the daemon's paced purge removes them");
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     sqlx::query(

@@ -144,7 +144,7 @@ async fn nats(
     })?;
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     eprintln!("bench: drain {n} nats publishes to JetStream, {in_flight} in flight");
@@ -239,7 +239,7 @@ async fn amqp(
     .await?;
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     eprintln!("bench: drain {n} amqp publishes with publisher confirms, {in_flight} in flight");
@@ -323,7 +323,7 @@ async fn kafka(
     }
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     eprintln!(

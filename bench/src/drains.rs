@@ -35,7 +35,7 @@ pub(crate) async fn scale_out_drain(
 ) -> anyhow::Result<ScaleOut> {
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     run_sql(
@@ -215,7 +215,7 @@ pub(crate) async fn relay_run(
     eprintln!("bench: peers: enqueue_many of {n} intents, {ENQUEUE_PER_CALL} per statement");
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     let t = Instant::now();

@@ -74,7 +74,8 @@ fn config(in_flight: usize) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
-const RESET: &str = "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes,
+const RESET: &str =
+    "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes,
                               outbox.subscriptions, outbox.destinations CASCADE";
 
 /// Run the engine until the receiver has seen `n` distinct webhook-ids and

@@ -32,7 +32,7 @@ pub(crate) async fn blocked_backlog(
     };
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     enqueue_batched(store, 5_000, "unblocked", payload).await?;
@@ -115,7 +115,7 @@ pub(crate) async fn history_scale(
     }
     run_sql(
         store,
-        "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
     )
     .await?;
     let mut sizes = sizes.to_vec();
@@ -261,7 +261,7 @@ pub(crate) async fn small_claims(
                 all_delivered(store, &format!("claims of {size} ({form})")).await?;
                 run_sql(
                     store,
-                    "TRUNCATE outbox.intent_log, outbox.log_batches, outbox.log_outcomes CASCADE",
+                    "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
                 )
                 .await?;
             }

@@ -282,7 +282,9 @@ impl Store {
     /// Apply pending migrations; safe to run concurrently and repeatedly.
     /// A schema that already has every migration this binary knows is left
     /// alone, also when it has newer ones (an older binary after an upgrade
-    /// was rolled back): migrations are forward-only and additive.
+    /// was rolled back): migrations are forward-only and additive. Between
+    /// schema 0037 and 0038 it copies the keys of the intents enqueued
+    /// before, in short transactions, while the enqueues go on.
     pub async fn migrate(&self) -> anyhow::Result<Migrated> {
         let before = self.applied_migrations().await.unwrap_or_default();
         let pending: Vec<(i64, String)> = up_migrations()
@@ -295,6 +297,29 @@ impl Store {
                     .await
                     .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?;
             }
+            // the steps some migrations need done before them, outside
+            // any migration's transaction
+            for (version, step) in [
+                (KEYS_COPIED_BEFORE, Step::CopyKeys),
+                (OLDER_ENDED_BEFORE, Step::AwaitOlderTransactions),
+            ] {
+                if before.contains(&version) || !MIGRATOR.version_exists(version) {
+                    continue;
+                }
+                sqlx::migrate::Migrator::new(Before(version))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?
+                    .run(&self.pool)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?;
+                match step {
+                    Step::CopyKeys => self
+                        .copy_intent_keys()
+                        .await
+                        .map_err(|e| anyhow::anyhow!("copying the intents' keys failed: {e}"))?,
+                    Step::AwaitOlderTransactions => self.await_older_transactions().await?,
+                }
+            }
             MIGRATOR
                 .run(&self.pool)
                 .await
@@ -304,6 +329,74 @@ impl Store {
             applied: pending,
             version: up_migrations().map(|m| m.version).max().unwrap_or(0),
         })
+    }
+
+    /// Copy the keys of the intents enqueued before schema 0037 into
+    /// `outbox.intent_keys`, one short transaction at a time
+    /// (`outbox.fill_intent_keys`), so that the enqueues never wait for the
+    /// copy; safe beside another migrate doing the same.
+    async fn copy_intent_keys(&self) -> Result<(), sqlx::Error> {
+        let mut copied: u64 = 0;
+        loop {
+            let done: bool = match sqlx::query_scalar("SELECT outbox.fill_intent_keys($1)")
+                .bind(KEYS_PER_COPY)
+                .fetch_one(&self.pool)
+                .await
+            {
+                Ok(done) => done,
+                // another migrate finished the copy and applied 0038,
+                // which drops the function
+                Err(e) if sqlstate(&e).as_deref() == Some("42883") => true,
+                Err(e) => return Err(e),
+            };
+            if done {
+                if copied > 0 {
+                    tracing::info!(batches = copied, "copied the intents' keys");
+                }
+                return Ok(());
+            }
+            copied += 1;
+        }
+    }
+
+    /// Wait until every transaction of this database that is running now
+    /// has ended (as `CREATE INDEX CONCURRENTLY` waits), at most
+    /// [`OLDER_WAIT`]: a call of a function a migration replaced runs its
+    /// earlier text to its end, and the next migration must not remove
+    /// what that text names.
+    async fn await_older_transactions(&self) -> anyhow::Result<()> {
+        const RUNNING: &str = "SELECT l.virtualxid, l.pid
+               FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+              WHERE l.locktype = 'virtualxid' AND l.granted
+                AND a.datname = current_database() AND l.pid <> pg_backend_pid()
+                AND l.virtualxid = ANY($1)";
+        let older: Vec<String> = sqlx::query_scalar(
+            "SELECT l.virtualxid
+               FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+              WHERE l.locktype = 'virtualxid' AND l.granted
+                AND a.datname = current_database() AND l.pid <> pg_backend_pid()",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let deadline = std::time::Instant::now() + OLDER_WAIT;
+        loop {
+            let left: Vec<(String, i32)> = sqlx::query_as(RUNNING)
+                .bind(&older)
+                .fetch_all(&self.pool)
+                .await?;
+            let Some((_, pid)) = left.first() else {
+                return Ok(());
+            };
+            if std::time::Instant::now() >= deadline {
+                anyhow::bail!(
+                    "a transaction that began before the last migration is still running \
+                     (server process {pid}, and {} more); end it, or wait for it, and run \
+                     outbox-relay migrate again",
+                    left.len() - 1
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// True when every embedded migration has been applied.
@@ -325,6 +418,51 @@ impl Store {
             Err(e) if sqlstate(&e).as_deref() == Some("42P01") => Ok(Vec::new()),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// The migration that `outbox.fill_intent_keys()` must have finished
+/// before: schema 0037 adds the function, 0038 needs every key copied.
+const KEYS_COPIED_BEFORE: i64 = 38;
+
+/// The migration that may run only once every transaction that was
+/// running when the one before it committed has ended: schema 0038
+/// replaces the enqueue functions, 0039 drops what their earlier text
+/// names.
+const OLDER_ENDED_BEFORE: i64 = 39;
+
+/// How long `migrate` waits for those transactions.
+const OLDER_WAIT: Duration = Duration::from_secs(600);
+
+/// What `migrate` does before a migration, outside any transaction.
+#[derive(Clone, Copy)]
+enum Step {
+    CopyKeys,
+    AwaitOlderTransactions,
+}
+
+/// Keys copied per transaction (a few milliseconds each).
+const KEYS_PER_COPY: i32 = 10_000;
+
+/// The embedded migrations before a version, as a source of their own:
+/// `migrate` applies them, copies the keys, then applies the rest.
+#[derive(Debug)]
+struct Before(i64);
+
+impl<'s> sqlx::migrate::MigrationSource<'s> for Before {
+    fn resolve(
+        self,
+    ) -> futures_util::future::BoxFuture<
+        's,
+        Result<Vec<sqlx::migrate::Migration>, sqlx::error::BoxDynError>,
+    > {
+        Box::pin(async move {
+            Ok(MIGRATOR
+                .iter()
+                .filter(|m| m.version < self.0)
+                .cloned()
+                .collect())
+        })
     }
 }
 

@@ -282,7 +282,13 @@ impl Store {
     async fn named(&self, reference: &str) -> Result<Named, StoreError> {
         let (keys, ids) = readings(reference);
         let rows: Vec<(bool, i64, String)> = sqlx::query_as(
-            "SELECT true, id, key FROM outbox.intents WHERE key = ANY($1) OR id = ANY($2)
+            // the keys' intents by id: the log has no index on the key,
+            // outbox.intent_keys has
+            "SELECT true, id, key FROM outbox.intents
+              WHERE id = ANY($2::bigint[]
+                             || ARRAY(SELECT k.intent_id FROM outbox.intent_keys k
+                                       WHERE k.key = ANY($1)))
+                AND (key = ANY($1) OR id = ANY($2))
              UNION ALL
              SELECT false, intent_id, key FROM outbox.ledger
               WHERE key = ANY($1) OR intent_id = ANY($2)

@@ -124,9 +124,10 @@ impl Store {
         }
     }
 
-    /// Forget ledger entries purged longer ago than `older_than`, in batches.
-    /// After this, a retry with such a key is a new operation: the ledger
-    /// retention is the client's retry deadline.
+    /// Forget ledger entries purged longer ago than `older_than`, in batches,
+    /// and their keys in `outbox.intent_keys` (unless an intent of the log
+    /// holds the key). After this, a retry with such a key is a new
+    /// operation: the ledger retention is the client's retry deadline.
     pub async fn purge_ledger(
         &self,
         older_than: std::time::Duration,
@@ -135,17 +136,25 @@ impl Store {
         let ms = older_than.as_millis() as i64;
         let mut total = 0u64;
         loop {
-            let n = sqlx::query(
-                "DELETE FROM outbox.ledger WHERE key IN (
-                     SELECT key FROM outbox.ledger
-                      WHERE purged_at < now() - $1 * interval '1 millisecond'
-                      LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            let n: i64 = sqlx::query_scalar(
+                "WITH gone AS (
+                     DELETE FROM outbox.ledger WHERE key IN (
+                         SELECT key FROM outbox.ledger
+                          WHERE purged_at < now() - $1 * interval '1 millisecond'
+                          LIMIT $2 FOR UPDATE SKIP LOCKED)
+                     RETURNING key),
+                 keys AS (
+                     DELETE FROM outbox.intent_keys k USING gone g
+                      WHERE k.key = g.key
+                        AND NOT EXISTS (SELECT 1 FROM outbox.intent_log l
+                                         WHERE l.id = k.intent_id))
+                 SELECT count(*) FROM gone",
             )
             .bind(ms)
             .bind(batch)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
+            .fetch_one(&self.pool)
+            .await?;
+            let n = n as u64;
             total += n;
             if n < batch as u64 {
                 return Ok(total);

@@ -37,6 +37,7 @@ mod fleet;
 mod getting_started;
 mod guides;
 mod health;
+mod intent_keys;
 mod intent_log;
 mod kafka;
 mod kafka_drill;

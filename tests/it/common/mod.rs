@@ -12,6 +12,7 @@ pub mod nats;
 pub mod otlp;
 pub mod plans;
 pub mod proxy;
+pub mod schema_at;
 pub mod smtp;
 pub mod stripe;
 

@@ -15,31 +15,8 @@ const NEW_MANY: &str =
 /// A database at the released migrations (up to 0015), from the files
 /// themselves.
 async fn released_schema() -> TestDb {
-    let db = TestDb::unmigrated().await;
-    let dir = std::env::temp_dir().join(format!(
-        "outbox-trace-upgrade-{}-{:08x}",
-        std::process::id(),
-        fastrand::u32(..)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut copied = 0;
-    let schema = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schema");
-    for file in common::files_under(&schema, "sql") {
-        let name = file.file_name().unwrap().to_str().unwrap();
-        // the numbered migrations (schema/current.sql is their outcome)
-        let Ok(version) = name.split('_').next().unwrap().parse::<i64>() else {
-            continue;
-        };
-        if version <= 15 {
-            std::fs::copy(&file, dir.join(name)).unwrap();
-            copied += 1;
-        }
-    }
+    let (db, copied) = common::schema_at::schema_up_to(15).await;
     assert_eq!(copied, 14, "0001 to 0015 (0014 was never released)");
-    let released = sqlx::migrate::Migrator::new(dir.as_path()).await.unwrap();
-    released.run(db.pool()).await.unwrap();
-    std::fs::remove_dir_all(&dir).ok();
-    assert!(!db.store.migrations_current().await.unwrap());
     db
 }
 
