@@ -8,8 +8,9 @@
 #
 # In a scratch database (migrated with the relay binary, then dropped):
 #   plain    INSERT into a table with an identity key and a unique key
-#   enqueue  SELECT outbox.enqueue(...): the log's unique key, then the
-#            ledger's probe for a purged key
+#   enqueue  SELECT outbox.enqueue(...), into the log of one table (its
+#            own keyed loop since schema 0038; before it, the log's unique
+#            key and the ledger's probe for a purged key)
 #   keyed    SELECT ks.enqueue(...): outbox.enqueue's own text with its
 #            loop replaced by keyed-enqueue-loop.sql: the key into
 #            ks.intent_keys (its primary key holds every key, live or

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/pgbench/write-once-enqueue.sh: what keeping an intent's key unique
 # costs one enqueue when the intents live in partitions that retention
-# drops, against a plain INSERT and against outbox.intent_log's unique key.
+# drops, against a plain INSERT and against the log's own insert.
 #
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres bench/pgbench/write-once-enqueue.sh [SECONDS]
 #
@@ -13,7 +13,8 @@
 # dropped), pgbench, one client, SECONDS (default 8) per step, two rounds in
 # alternation, one intent per transaction, new keys:
 #   plain      INSERT into a table with an identity key and a unique key
-#   unique     INSERT into outbox.intent_log ... ON CONFLICT on its unique key
+#   log        the key into outbox.intent_keys (ON CONFLICT DO NOTHING), then
+#              the intent into outbox.intent_log, as outbox.enqueue writes one
 #   probed     tk.enqueue(): the lock, the probe and the INSERT, into four
 #              partitions of 100,000 intents (the newest takes the inserts)
 #              with a primary key, a key index and an (xid, id) index
@@ -110,8 +111,8 @@ printf '%s\n' '\set n random(1, 2000000000)' \
 	"INSERT INTO plain (key, kind, payload) VALUES ('plain-' || :n || '-' || :client_id, 'webhook', '$PAYLOAD');" \
 	>"$WORK/plain.sql"
 printf '%s\n' '\set n random(1, 2000000000)' \
-	"INSERT INTO outbox.intent_log (key, kind, payload) VALUES ('unique-' || :n || '-' || :client_id, 'webhook', '$PAYLOAD') ON CONFLICT ON CONSTRAINT intent_log_key_unique DO NOTHING;" \
-	>"$WORK/unique.sql"
+	"WITH k AS (INSERT INTO outbox.intent_keys (key, intent_id) VALUES ('log-' || :n || '-' || :client_id, nextval('outbox.intent_ids')) ON CONFLICT (key) DO NOTHING RETURNING key, intent_id) INSERT INTO outbox.intent_log (id, key, kind, payload) SELECT intent_id, key, 'webhook', '$PAYLOAD' FROM k;" \
+	>"$WORK/log.sql"
 printf '%s\n' '\set n random(1, 2000000000)' \
 	"SELECT * FROM tk.enqueue('probed-' || :n || '-' || :client_id, 'webhook', '$PAYLOAD');" \
 	>"$WORK/probed.sql"
@@ -124,7 +125,7 @@ printf '%s\n' '\set n random(1, 2000000000)' \
 
 HZ=$(getconf CLK_TCK)
 for round in 1 2; do
-	for step in plain unique probed keyed enqueue; do
+	for step in plain log probed keyed enqueue; do
 		c0=$(server_ticks)
 		tps=$(step_tps "$step" "$SECONDS_PER_STEP")
 		c1=$(server_ticks)
