@@ -336,8 +336,10 @@ impl Store {
     /// (`outbox.fill_intent_keys`), so that the enqueues never wait for the
     /// copy; safe beside another migrate doing the same.
     async fn copy_intent_keys(&self) -> Result<(), sqlx::Error> {
-        let mut copied: u64 = 0;
+        let started = std::time::Instant::now();
+        let mut calls: u64 = 0;
         loop {
+            calls += 1;
             let done: bool = match sqlx::query_scalar("SELECT outbox.fill_intent_keys($1)")
                 .bind(KEYS_PER_COPY)
                 .fetch_one(&self.pool)
@@ -350,12 +352,22 @@ impl Store {
                 Err(e) => return Err(e),
             };
             if done {
-                if copied > 0 {
-                    tracing::info!(batches = copied, "copied the intents' keys");
+                // an empty log and ledger take two calls
+                if calls > 2 {
+                    tracing::info!(
+                        transactions = calls,
+                        seconds = started.elapsed().as_secs(),
+                        "copied the earlier intents' keys into outbox.intent_keys"
+                    );
                 }
                 return Ok(());
             }
-            copied += 1;
+            if calls % 100 == 0 {
+                tracing::info!(
+                    transactions = calls,
+                    "copying the earlier intents' keys into outbox.intent_keys"
+                );
+            }
         }
     }
 
