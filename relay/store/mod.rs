@@ -362,7 +362,7 @@ impl Store {
                 }
                 return Ok(());
             }
-            if calls % 100 == 0 {
+            if calls.is_multiple_of(100) {
                 tracing::info!(
                     transactions = calls,
                     "copying the earlier intents' keys into outbox.intent_keys"
