@@ -4,11 +4,14 @@
 -- enqueue (schema 0038), so that the log needs no index on the key.
 --
 -- This migration adds the table and keeps it current: from its commit on,
--- a trigger copies the key of every intent the log receives. The keys
--- already there, in the log and in the ledger, are copied afterwards in
--- short transactions by outbox.fill_intent_keys(), which `outbox-relay
--- migrate` calls until it answers true, before schema 0038: a copy inside
--- this migration would hold the enqueues for as long as it takes.
+-- triggers copy the key of every intent the log receives, and follow a
+-- key an earlier release's view writes change (a key row taken by such an
+-- intent points at it: the log's unique index makes it the key's only
+-- holder). The keys already there, in the log and in the ledger, are
+-- copied afterwards in short transactions by outbox.fill_intent_keys(),
+-- which `outbox-relay migrate` calls until it answers true, before schema
+-- 0038: a copy inside this migration would hold the enqueues for as long
+-- as it takes.
 CREATE TABLE outbox.intent_keys (
     key       text   PRIMARY KEY,
     intent_id bigint NOT NULL
@@ -18,7 +21,8 @@ COMMENT ON TABLE outbox.intent_keys IS
     'Every intent''s key, live or purged until the ledger forgets it, and its intent''s id';
 
 -- Where the copy of the earlier keys stands: the log by id up to the
--- highest id at its start, then the ledger by key. The log goes first: an
+-- highest id committed when the triggers took over, then the ledger by
+-- key. The log goes first: an
 -- intent purged while its part of the log is copied has its key in the
 -- ledger by the time the ledger is copied, and a key purged after its
 -- part is copied is in the table already.
@@ -31,27 +35,50 @@ CREATE TABLE outbox.intent_keys_fill (
     done_at     timestamptz
 );
 
-INSERT INTO outbox.intent_keys_fill (log_end)
-SELECT coalesce(max(id), 0) FROM outbox.intent_log;
-
 CREATE FUNCTION outbox.copy_intent_key() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     AS $$
 BEGIN
-    INSERT INTO outbox.intent_keys (key, intent_id)
+    INSERT INTO outbox.intent_keys AS k (key, intent_id)
     SELECT n.key, n.id FROM new_rows n
-    ON CONFLICT (key) DO NOTHING;
+    ON CONFLICT (key) DO UPDATE SET intent_id = excluded.intent_id
+        WHERE k.intent_id <> excluded.intent_id;
     RETURN NULL;
 END
 $$;
 
--- Taking its lock waits for the transactions writing the log: every
--- intent committed after this migration is copied by the trigger, every
--- one before it is in the log (or the ledger) for the fill to find.
-CREATE TRIGGER intent_log_copy_keys AFTER INSERT ON outbox.intent_log
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox.copy_intent_key();
+-- Taking their lock waits for the transactions writing the log: every
+-- intent written after this is copied by a trigger, and every one before
+-- it is committed by then, at or below the highest id the next statement
+-- sees (or, purged since, in the ledger) for the fill to find. The lock is
+-- waited for at most 100 ms at a time, so that the enqueues never queue
+-- behind a long transaction's, for at most a minute.
+DO $$
+BEGIN
+    FOR i IN 1 .. 600 LOOP
+        BEGIN
+            SET LOCAL lock_timeout = '100ms';
+            LOCK TABLE outbox.intent_log IN SHARE ROW EXCLUSIVE MODE;
+            CREATE TRIGGER intent_log_copy_keys AFTER INSERT ON outbox.intent_log
+                REFERENCING NEW TABLE AS new_rows
+                FOR EACH STATEMENT EXECUTE FUNCTION outbox.copy_intent_key();
+            CREATE TRIGGER intent_log_copy_changed_keys AFTER UPDATE ON outbox.intent_log
+                REFERENCING NEW TABLE AS new_rows
+                FOR EACH STATEMENT EXECUTE FUNCTION outbox.copy_intent_key();
+            SET LOCAL lock_timeout TO DEFAULT;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.01 * (i % 10));
+        END;
+    END LOOP;
+    RAISE EXCEPTION 'could not lock outbox.intent_log within a minute'
+        USING HINT = 'run outbox-relay migrate again';
+END
+$$;
+
+INSERT INTO outbox.intent_keys_fill (log_end)
+SELECT coalesce(max(id), 0) FROM outbox.intent_log;
 
 -- One step of the copy, in the caller's transaction: up to p_batch keys
 -- of the log, or else of the ledger. True once both are copied.

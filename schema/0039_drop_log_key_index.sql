@@ -1,6 +1,6 @@
 -- The log's unique index on the key goes: outbox.intent_keys keeps the
 -- key unique (schema 0038), and the enqueue no longer names the index. So
--- does the trigger that copied the keys of the intents an earlier enqueue
+-- do the triggers that copied the keys of the intents an earlier enqueue
 -- wrote, with the copy's function and state.
 --
 -- An enqueue that began before schema 0038 committed runs the earlier text
@@ -17,6 +17,7 @@ BEGIN
             SET LOCAL lock_timeout = '100ms';
             LOCK TABLE outbox.intent_log IN ACCESS EXCLUSIVE MODE;
             DROP TRIGGER intent_log_copy_keys ON outbox.intent_log;
+            DROP TRIGGER intent_log_copy_changed_keys ON outbox.intent_log;
             ALTER TABLE outbox.intent_log DROP CONSTRAINT intent_log_key_unique;
             SET LOCAL lock_timeout TO DEFAULT;
             RETURN;

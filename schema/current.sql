@@ -436,7 +436,7 @@ BEGIN
 
         SELECT i.kind, i.destination, i.payload
           INTO v_kind, v_dest, v_payload
-          FROM outbox.intent_log i WHERE i.id = v_id;
+          FROM outbox.intent_log i WHERE i.id = v_id AND i.key = p_key;
         IF FOUND THEN
             IF v_kind <> p_kind OR v_dest IS DISTINCT FROM p_destination OR v_payload <> p_payload THEN
                 RAISE EXCEPTION 'outbox.enqueue: key % was already used for a different intent', p_key

@@ -75,6 +75,7 @@ INSERT INTO plain (key, kind, payload)
 SELECT 'old-' || g, 'webhook', '$PAYLOAD' FROM generate_series(1, 300000) g;
 INSERT INTO outbox.intent_log (key, kind, payload)
 SELECT 'old-' || g, 'webhook', '$PAYLOAD' FROM generate_series(1, 300000) g;
+INSERT INTO outbox.intent_keys SELECT key, id FROM outbox.intent_log;
 INSERT INTO ks.intent_log_0 (id, key, kind, payload)
 SELECT g, 'old-' || g, 'webhook', '$PAYLOAD' FROM generate_series(1, 300000) g;
 INSERT INTO ks.intent_keys SELECT key, id FROM ks.intent_log_0;

@@ -53,6 +53,8 @@ SELECT 'r:' || g, 'webhook',
                                                      'note', 'bench payload padded to about three hundred bytes')),
        now() - interval '2 days', now() - interval '2 days'
   FROM generate_series(1, $INTENTS) g;
+-- each key in outbox.intent_keys, as outbox.enqueue writes it
+INSERT INTO outbox.intent_keys (key, intent_id) SELECT key, id FROM outbox.intent_log;
 INSERT INTO outbox.log_outcomes (intent_id, outcome, owner, started_at, finished_at, status,
                                  provider_ref, replayed, at)
 SELECT id, 'delivered', 'bench', created_at, created_at, 200, 'ref-' || id, false, created_at

@@ -306,9 +306,12 @@ impl Store {
                 if before.contains(&version) || !MIGRATOR.version_exists(version) {
                     continue;
                 }
-                sqlx::migrate::Migrator::new(Before(version))
+                let mut earlier = sqlx::migrate::Migrator::new(Before(version))
                     .await
-                    .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?
+                    .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?;
+                // another migrate may have applied this one and more since
+                earlier.set_ignore_missing(true);
+                earlier
                     .run(&self.pool)
                     .await
                     .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?;
@@ -346,9 +349,15 @@ impl Store {
                 .await
             {
                 Ok(done) => done,
-                // another migrate finished the copy and applied 0038,
+                // another migrate finished the copy and applied 0039,
                 // which drops the function
                 Err(e) if sqlstate(&e).as_deref() == Some("42883") => true,
+                // a step that met a purge or an enqueue of the same key:
+                // it changed nothing, and the next call takes it again
+                Err(e) if matches!(sqlstate(&e).as_deref(), Some("40001" | "40P01")) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    false
+                }
                 Err(e) => return Err(e),
             };
             if done {
@@ -371,31 +380,35 @@ impl Store {
         }
     }
 
-    /// Wait until every transaction of this database that is running now
-    /// has ended (as `CREATE INDEX CONCURRENTLY` waits), at most
-    /// [`OLDER_WAIT`]: a call of a function a migration replaced runs its
-    /// earlier text to its end, and the next migration must not remove
-    /// what that text names.
+    /// Wait until every statement that client sessions of this database
+    /// are running now has ended (as `CREATE INDEX CONCURRENTLY` waits for
+    /// transactions), at most [`OLDER_WAIT`]: a call of a function a
+    /// migration replaced runs its earlier text to its end, and the next
+    /// migration must not remove what that text names.
     async fn await_older_transactions(&self) -> anyhow::Result<()> {
-        const RUNNING: &str = "SELECT l.virtualxid, l.pid
+        // the client sessions of this database in a transaction, but for
+        // one idle in it: it finished the statement it was running (a
+        // statement it begins now calls the new text); a session whose
+        // state this role may not read is waited for
+        const IN_TRANSACTION: &str = "SELECT l.virtualxid, l.pid
                FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
               WHERE l.locktype = 'virtualxid' AND l.granted
                 AND a.datname = current_database() AND l.pid <> pg_backend_pid()
-                AND l.virtualxid = ANY($1)";
-        let older: Vec<String> = sqlx::query_scalar(
-            "SELECT l.virtualxid
-               FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-              WHERE l.locktype = 'virtualxid' AND l.granted
-                AND a.datname = current_database() AND l.pid <> pg_backend_pid()",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let deadline = std::time::Instant::now() + OLDER_WAIT;
-        loop {
-            let left: Vec<(String, i32)> = sqlx::query_as(RUNNING)
-                .bind(&older)
+                AND a.backend_type = 'client backend'
+                AND a.state IS DISTINCT FROM 'idle in transaction'
+                AND a.state IS DISTINCT FROM 'idle in transaction (aborted)'";
+        let older: Vec<String> =
+            sqlx::query_scalar(&format!("SELECT virtualxid FROM ({IN_TRANSACTION}) t"))
                 .fetch_all(&self.pool)
                 .await?;
+        let deadline = std::time::Instant::now() + OLDER_WAIT;
+        loop {
+            let left: Vec<(String, i32)> = sqlx::query_as(&format!(
+                "SELECT virtualxid, pid FROM ({IN_TRANSACTION}) t WHERE virtualxid = ANY($1)"
+            ))
+            .bind(&older)
+            .fetch_all(&self.pool)
+            .await?;
             let Some((_, pid)) = left.first() else {
                 return Ok(());
             };

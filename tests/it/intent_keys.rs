@@ -267,3 +267,52 @@ async fn the_last_step_waits_for_the_transactions_running_when_it_begins() {
     assert_eq!(migrated.applied.first().map(|a| a.0), Some(39));
     assert!(db.store.migrations_current().await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_in_flight_when_the_copy_begins_keeps_its_key() {
+    let (db, _) = schema_up_to(36).await;
+    let payload = json!({"url": "http://127.0.0.1:9/", "body": {"n": 1}});
+    // an application's transaction has enqueued and not committed when the
+    // migration takes over the log's inserts
+    let mut app = db.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut *app).await.unwrap();
+    let (id,): (i64,) = sqlx::query_as("SELECT id FROM outbox.enqueue('in-flight', 'webhook', $1)")
+        .bind(&payload)
+        .fetch_one(&mut *app)
+        .await
+        .unwrap();
+    let store = db.store.clone();
+    let migrating = tokio::spawn(async move { store.migrate().await });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // enqueues go on while the migration waits for the lock
+    let (other, _) = tokio::time::timeout(
+        Duration::from_secs(5),
+        enqueue(&db, "meanwhile", payload.clone()),
+    )
+    .await
+    .expect("an enqueue does not queue behind the waiting migration")
+    .unwrap();
+    sqlx::query("COMMIT").execute(&mut *app).await.unwrap();
+    drop(app);
+    tokio::time::timeout(Duration::from_secs(60), migrating)
+        .await
+        .expect("migrate finished")
+        .unwrap()
+        .unwrap();
+
+    for (key, id) in [("in-flight", id), ("meanwhile", other)] {
+        let kept: Option<i64> =
+            sqlx::query_scalar("SELECT intent_id FROM outbox.intent_keys WHERE key = $1")
+                .bind(key)
+                .fetch_optional(db.pool())
+                .await
+                .unwrap();
+        assert_eq!(kept, Some(id), "{key}");
+        assert_eq!(
+            enqueue(&db, key, payload.clone()).await,
+            Ok((id, true)),
+            "{key}"
+        );
+        assert_eq!(db.state(key).await, "pending", "{key}");
+    }
+}
