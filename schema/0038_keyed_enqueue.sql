@@ -5,7 +5,11 @@
 -- that stood in for it under snapshot isolation), and the view
 -- outbox.intents finds a log intent by its key through outbox.intent_keys,
 -- two index probes, so that the log can do without its index on the key
--- (schema 0039).
+-- (schema 0039). The view's log intents take their key from their key row
+-- through a LEFT JOIN on the key's primary key: a read that filters on the
+-- key turns it into a join Postgres starts from the key's index, and a
+-- read that does not name the key leaves the join out (a count of the
+-- delivered intents reads no key row).
 --
 -- `outbox-relay migrate` applies this once outbox.fill_intent_keys() has
 -- copied every earlier key. Replacing the view locks it; the lock is
@@ -652,18 +656,18 @@ BEGIN
               FROM outbox.intent_rows t
             UNION ALL
             -- delivered at the first attempt, from the log
-            SELECT l.id, l.key, l.kind, l.destination, l.payload, 'delivered'::text, 1, 0,
+            SELECT l.id, k.key, l.kind, l.destination, l.payload, 'delivered'::text, 1, 0,
                    l.run_after, l.ordering_key, o.provider_ref, NULL::text, NULL::jsonb,
                    NULL::text, NULL::timestamptz, 1::bigint, 0, 0, l.source, l.created_at, o.at,
                    o.at, false, NULL::text, NULL::timestamptz, l.traceparent, l.tracestate,
                    o.started_at, o.finished_at, o.owner, o.status, o.replayed
               FROM outbox.log_outcomes o JOIN outbox.intent_log l ON l.id = o.intent_id
-              JOIN outbox.intent_keys k ON k.key = l.key AND k.intent_id = l.id
+              LEFT JOIN outbox.intent_keys k ON k.key = l.key AND k.intent_id = l.id
              WHERE o.outcome = 'delivered'
                AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = o.intent_id)
             UNION ALL
             -- claimed from the log, no outcome yet
-            SELECT l.id, l.key, l.kind, l.destination, l.payload, 'claimed'::text, 1, 0,
+            SELECT l.id, k.key, l.kind, l.destination, l.payload, 'claimed'::text, 1, 0,
                    l.run_after, l.ordering_key, NULL::text, NULL::text, NULL::jsonb, b.owner,
                    b.lease_expires_at, 1::bigint, 0, 0, l.source, l.created_at, b.claimed_at,
                    NULL::timestamptz, false, NULL::text, NULL::timestamptz, l.traceparent,
@@ -671,19 +675,19 @@ BEGIN
                    NULL::integer, NULL::boolean
               FROM outbox.log_batches b CROSS JOIN LATERAL unnest(b.ids) AS c(id)
               JOIN outbox.intent_log l ON l.id = c.id
-              JOIN outbox.intent_keys k ON k.key = l.key AND k.intent_id = l.id
+              LEFT JOIN outbox.intent_keys k ON k.key = l.key AND k.intent_id = l.id
              WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o WHERE o.intent_id = c.id)
                AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = c.id)
             UNION ALL
             -- in the log after the cursor, taken by no claim yet
-            SELECT l.id, l.key, l.kind, l.destination, l.payload, 'pending'::text, 0, 0,
+            SELECT l.id, k.key, l.kind, l.destination, l.payload, 'pending'::text, 0, 0,
                    l.run_after, l.ordering_key, NULL::text, NULL::text, NULL::jsonb, NULL::text,
                    NULL::timestamptz, 0::bigint, 0, 0, l.source, l.created_at, l.created_at,
                    NULL::timestamptz, l.waiting, NULL::text, NULL::timestamptz, l.traceparent,
                    l.tracestate, NULL::timestamptz, NULL::timestamptz, NULL::text,
                    NULL::integer, NULL::boolean
               FROM outbox.intent_log l
-              JOIN outbox.intent_keys k ON k.key = l.key AND k.intent_id = l.id
+              LEFT JOIN outbox.intent_keys k ON k.key = l.key AND k.intent_id = l.id
              WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
                                      ORDER BY c.seq DESC LIMIT 1)
                AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)

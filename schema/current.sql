@@ -3595,7 +3595,7 @@ CREATE OR REPLACE VIEW outbox.intents AS
    FROM outbox.intent_rows t
 UNION ALL
  SELECT l.id,
-    l.key,
+    k.key,
     l.kind,
     l.destination,
     l.payload,
@@ -3628,13 +3628,13 @@ UNION ALL
     o.replayed AS first_attempt_replayed
    FROM ((outbox.log_outcomes o
      JOIN outbox.intent_log l ON ((l.id = o.intent_id)))
-     JOIN outbox.intent_keys k ON (((k.key = l.key) AND (k.intent_id = l.id))))
+     LEFT JOIN outbox.intent_keys k ON (((k.key = l.key) AND (k.intent_id = l.id))))
   WHERE ((o.outcome = 'delivered'::text) AND (NOT (EXISTS ( SELECT 1
            FROM outbox.intent_rows t
           WHERE (t.id = o.intent_id)))))
 UNION ALL
  SELECT l.id,
-    l.key,
+    k.key,
     l.kind,
     l.destination,
     l.payload,
@@ -3668,7 +3668,7 @@ UNION ALL
    FROM (((outbox.log_batches b
      CROSS JOIN LATERAL unnest(b.ids) c(id))
      JOIN outbox.intent_log l ON ((l.id = c.id)))
-     JOIN outbox.intent_keys k ON (((k.key = l.key) AND (k.intent_id = l.id))))
+     LEFT JOIN outbox.intent_keys k ON (((k.key = l.key) AND (k.intent_id = l.id))))
   WHERE ((NOT (EXISTS ( SELECT 1
            FROM outbox.log_outcomes o
           WHERE (o.intent_id = c.id)))) AND (NOT (EXISTS ( SELECT 1
@@ -3676,7 +3676,7 @@ UNION ALL
           WHERE (t.id = c.id)))))
 UNION ALL
  SELECT l.id,
-    l.key,
+    k.key,
     l.kind,
     l.destination,
     l.payload,
@@ -3708,7 +3708,7 @@ UNION ALL
     NULL::integer AS first_attempt_status,
     NULL::boolean AS first_attempt_replayed
    FROM (outbox.intent_log l
-     JOIN outbox.intent_keys k ON (((k.key = l.key) AND (k.intent_id = l.id))))
+     LEFT JOIN outbox.intent_keys k ON (((k.key = l.key) AND (k.intent_id = l.id))))
   WHERE (((l.xid, l.id) > ( SELECT c.xid,
             c.id
            FROM outbox.log_cursor c
