@@ -8,16 +8,13 @@
 #
 # In a scratch database (migrated with the relay binary, then dropped):
 #   plain    INSERT into a table with an identity key and a unique key
-#   enqueue  SELECT outbox.enqueue(...), into the log of one table (its
-#            own keyed loop since schema 0038; before it, the log's unique
-#            key and the ledger's probe for a purged key)
+#   enqueue  SELECT outbox.enqueue(...): the key into outbox.intent_keys,
+#            then the intent into the log of one table
 #   keyed    SELECT ks.enqueue(...): outbox.enqueue's own text with its
-#            loop replaced by keyed-enqueue-loop.sql: the key into
-#            ks.intent_keys (its primary key holds every key, live or
-#            purged, so the ledger is read only for a key already taken),
-#            then the intent into ks.intent_log_head, the newest segment of
-#            ks.intent_log (partitioned by range of id, no index on the
-#            key, the log's triggers)
+#            tables renamed: the key into ks.intent_keys, then the intent
+#            into ks.intent_log_head, the newest segment of ks.intent_log
+#            (partitioned by range of id, no index on the key, the log's
+#            triggers)
 #   routed   the same with the intent inserted into ks.intent_log, which
 #            Postgres routes to the segment its id names
 # Each table holds 300,000 older intents first. pgbench, one client, one
@@ -35,20 +32,23 @@ ROUNDS=${2:-3}
 scratch_database keyed_enqueue
 PAYLOAD='{"url": "http://127.0.0.1:9/hook", "body": {"event": "order.created", "order_id": 42, "customer": "cus_0123456789", "amount": 1999, "currency": "usd", "items": [{"sku": "SKU-42", "qty": 1}], "note": "bench payload padded to about three hundred bytes"}}'
 
-# outbox.enqueue's text, its loop replaced, as ks.enqueue
+# outbox.enqueue's text, writing the ks tables, as ks.enqueue
 psql -X -At "$URL" -c "SELECT pg_get_functiondef('outbox.enqueue(text, text, jsonb, text, timestamptz, text, text, text, text)'::regprocedure)" \
 	>"$WORK/enqueue.def"
-python3 - "$WORK/enqueue.def" "$REPO_ROOT/bench/pgbench/keyed-enqueue-loop.sql" "$WORK/keyed.def" <<'PY'
+python3 - "$WORK/enqueue.def" "$WORK/keyed.def" <<'PY'
 import sys
-src = open(sys.argv[1]).read()
-i = src.index('    LOOP\n')
-j = src.index('    END LOOP;\n') + len('    END LOOP;\n')
-out = src[:i] + open(sys.argv[2]).read() + src[j:]
-out = out.replace('FUNCTION outbox.enqueue(', 'FUNCTION ks.enqueue(', 1)
-open(sys.argv[3], 'w').write(out)
+out = open(sys.argv[1]).read()
+for old, new in [('FUNCTION outbox.enqueue(', 'FUNCTION ks.enqueue('),
+                 ("nextval('outbox.intent_ids')", "nextval('ks.intent_ids')"),
+                 ('INSERT INTO outbox.intent_log (', 'INSERT INTO ks.intent_log_head ('),
+                 ('FROM outbox.intent_log i', 'FROM ks.intent_log i')]:
+    assert out.count(old) == 1, old
+    out = out.replace(old, new)
+out = out.replace('outbox.intent_keys', 'ks.intent_keys')
+open(sys.argv[2], 'w').write(out)
 routed = out.replace('FUNCTION ks.enqueue(', 'FUNCTION ks.enqueue_routed(', 1)
 routed = routed.replace('INSERT INTO ks.intent_log_head (', 'INSERT INTO ks.intent_log (', 1)
-open(sys.argv[3], 'a').write(';\n' + routed)
+open(sys.argv[2], 'a').write(';\n' + routed)
 PY
 
 psql -X -q -v ON_ERROR_STOP=1 "$URL" >/dev/null <<SQL

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use outbox_relay::store::Store;
 
 use crate::receiver::receiver;
-use crate::sql::{run_sql, wait_delivered};
+use crate::sql::{run_sql, wait_delivered, EMPTY_LOG};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -192,11 +192,7 @@ async fn one_level(
         to_delivered.push(delivered - commit);
         deferred += i64::from(after_deferral);
     }
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     Ok(Level {
         relay: relay.to_string(),
         per_transaction: per_tx,

@@ -36,7 +36,7 @@ pub use crate::report::print;
 use crate::report::{CeilingPoint, LatencySplit, Report, ScaleOut};
 use crate::sql::{
     all_delivered, blocked_backlog, claim_complete_rate, enqueue_batched, enqueue_many_statements,
-    enqueue_statements, history_scale, run_sql, small_claims, wait_delivered,
+    enqueue_statements, history_scale, run_sql, small_claims, wait_delivered, EMPTY_LOG,
 };
 
 /// What to run.
@@ -166,11 +166,7 @@ async fn measure(
             .await?;
     }
     let plain_single = single_n as f64 / t.elapsed().as_secs_f64();
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
 
     eprintln!("bench: enqueue in statements of 100 (unnest, one outbox.enqueue per row) ({n})");
     let t = Instant::now();
@@ -183,21 +179,13 @@ async fn measure(
         "bench: ceiling: claim + fenced complete + attempt rows in claims of {ceiling_batch}, no network ({n})"
     );
     let ceiling = claim_complete_rate(store, ceiling_batch).await?;
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
 
     eprintln!("bench: enqueue with outbox.enqueue_many, 1000 per statement ({n})");
     let t = Instant::now();
     enqueue_many_statements(store, n, 1000, "many", &payload).await?;
     let enqueue_many_rate = n as f64 / t.elapsed().as_secs_f64();
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     let mut ceiling_by_batch = Vec::new();
     for &batch in &args.ceiling_batches {
         enqueue_statements(store, n, &format!("ceiling{batch}"), &payload).await?;
@@ -214,11 +202,7 @@ async fn measure(
             per_s,
             round_ms: batch as f64 / per_s * 1000.0,
         });
-        run_sql(
-            store,
-            "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-        )
-        .await?;
+        run_sql(store, EMPTY_LOG).await?;
     }
     let small_claims = small_claims(
         store,
@@ -266,11 +250,7 @@ async fn measure(
         "bench: latency at {}/s offered for {}s (relay idle, woken by NOTIFY)",
         args.latency_rate, args.latency_seconds
     );
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     // The application enqueues through a pool of its own, as it would in
     // its own process: sharing the relay's, a burst of enqueues after a
     // stall would hold every connection the claim and the completion need.
@@ -306,11 +286,7 @@ async fn measure(
     app.pool().close().await;
 
     eprintln!("bench: drain beside 100k rows of delivered history, then again while the daemon's paced purge removes them");
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     sqlx::query(
         "INSERT INTO outbox.intents (key, kind, payload, state, delivered_at, updated_at)
          SELECT 'history-' || g, 'webhook', '{\"body\": 1}'::jsonb, 'delivered',

@@ -18,7 +18,7 @@ use outbox_relay::{Engine, EngineConfig};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::sql::{run_sql, wait_delivered};
+use crate::sql::{run_sql, wait_delivered, EMPTY_LOG};
 
 /// Where the brokers are.
 #[derive(Debug, Clone)]
@@ -142,11 +142,7 @@ async fn nats(
     .map_err(|e| {
         anyhow::anyhow!("--brokers nats: cannot create stream {name} ({e}); is JetStream on (-js)?")
     })?;
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     eprintln!("bench: drain {n} nats publishes to JetStream, {in_flight} in flight");
     enqueue(
         store,
@@ -237,11 +233,7 @@ async fn amqp(
         FieldTable::default(),
     )
     .await?;
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     eprintln!("bench: drain {n} amqp publishes with publisher confirms, {in_flight} in flight");
     enqueue(
         store,
@@ -321,11 +313,7 @@ async fn kafka(
     if let Some(Err((_, code))) = created.first() {
         anyhow::bail!("--brokers kafka: cannot create topic {topic}: {code}");
     }
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     eprintln!(
         "bench: drain {n} kafka records (idempotent producer, acks=all), {in_flight} in flight"
     );

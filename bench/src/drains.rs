@@ -13,7 +13,7 @@ use crate::receiver::{peak_rss_mb_of, Seen};
 use crate::relay_process::relay_process;
 use crate::report::{RelayRun, ScaleOut};
 use crate::server::{self, Server};
-use crate::sql::{enqueue_many_statements, run_sql, wait_delivered_marking};
+use crate::sql::{enqueue_many_statements, run_sql, wait_delivered_marking, EMPTY_LOG};
 
 /// Start `relays` separate `outbox-relay run` processes on the bench
 /// database, let them go idle, commit `n` intents in one transaction and
@@ -33,11 +33,7 @@ pub(crate) async fn scale_out_drain(
     seen: &Seen,
     traced: Option<&Traces>,
 ) -> anyhow::Result<ScaleOut> {
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     run_sql(
         store,
         "VACUUM ANALYZE outbox.intent_log, outbox.intent_rows",
@@ -213,11 +209,7 @@ pub(crate) async fn relay_run(
 ) -> anyhow::Result<RelayRun> {
     let n = args.intents;
     eprintln!("bench: peers: enqueue_many of {n} intents, {ENQUEUE_PER_CALL} per statement");
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     let t = Instant::now();
     enqueue_many_statements(store, n, ENQUEUE_PER_CALL, "peers-bulk", payload).await?;
     let enqueue_many_per_s = n as f64 / t.elapsed().as_secs_f64();

@@ -10,6 +10,11 @@ use outbox_relay::store::{enqueue, ClaimQuery, Completion, NewIntent, Store};
 
 use crate::report::{BlockedBacklog, HistoryPoint, SmallClaims};
 
+/// Empties the log, the intents' keys and the claims' rows (and, by
+/// `CASCADE`, everything that refers to the log) between a bench's phases.
+pub(crate) const EMPTY_LOG: &str =
+    "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE";
+
 /// Claim + complete rounds of 100 over 5,000 fresh intents, in ms per
 /// round; then the same beside `behind` intents queued behind one dead
 /// ordering-key head (enqueued through `outbox.enqueue`, as an application
@@ -30,11 +35,7 @@ pub(crate) async fn blocked_backlog(
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     enqueue_batched(store, 5_000, "unblocked", payload).await?;
     run_sql(
         store,
@@ -113,11 +114,7 @@ pub(crate) async fn history_scale(
     if sizes.is_empty() {
         return Ok(points);
     }
-    run_sql(
-        store,
-        "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-    )
-    .await?;
+    run_sql(store, EMPTY_LOG).await?;
     let mut sizes = sizes.to_vec();
     sizes.sort_unstable();
     let mut have: u64 = 0;
@@ -259,11 +256,7 @@ pub(crate) async fn small_claims(
                 eprintln!("bench: claims of {size} ({form}, round {round}, {n})");
                 rates.push(claim_complete_rate_as(store, query, size).await?);
                 all_delivered(store, &format!("claims of {size} ({form})")).await?;
-                run_sql(
-                    store,
-                    "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes CASCADE",
-                )
-                .await?;
+                run_sql(store, EMPTY_LOG).await?;
             }
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;

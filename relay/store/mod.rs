@@ -301,7 +301,7 @@ impl Store {
             // any migration's transaction
             for (version, step) in [
                 (KEYS_COPIED_BEFORE, Step::CopyKeys),
-                (OLDER_ENDED_BEFORE, Step::AwaitOlderTransactions),
+                (RUNNING_ENDED_BEFORE, Step::AwaitRunningStatements),
             ] {
                 if before.contains(&version) || !MIGRATOR.version_exists(version) {
                     continue;
@@ -320,7 +320,7 @@ impl Store {
                         .copy_intent_keys()
                         .await
                         .map_err(|e| anyhow::anyhow!("copying the intents' keys failed: {e}"))?,
-                    Step::AwaitOlderTransactions => self.await_older_transactions().await?,
+                    Step::AwaitRunningStatements => self.await_running_statements().await?,
                 }
             }
             MIGRATOR
@@ -382,10 +382,10 @@ impl Store {
 
     /// Wait until every statement that client sessions of this database
     /// are running now has ended (as `CREATE INDEX CONCURRENTLY` waits for
-    /// transactions), at most [`OLDER_WAIT`]: a call of a function a
+    /// transactions), at most [`RUNNING_WAIT`]: a call of a function a
     /// migration replaced runs its earlier text to its end, and the next
     /// migration must not remove what that text names.
-    async fn await_older_transactions(&self) -> anyhow::Result<()> {
+    async fn await_running_statements(&self) -> anyhow::Result<()> {
         // the client sessions of this database in a transaction, but for
         // one idle in it: it finished the statement it was running (a
         // statement it begins now calls the new text); a session whose
@@ -397,16 +397,16 @@ impl Store {
                 AND a.backend_type = 'client backend'
                 AND a.state IS DISTINCT FROM 'idle in transaction'
                 AND a.state IS DISTINCT FROM 'idle in transaction (aborted)'";
-        let older: Vec<String> =
+        let running: Vec<String> =
             sqlx::query_scalar(&format!("SELECT virtualxid FROM ({IN_TRANSACTION}) t"))
                 .fetch_all(&self.pool)
                 .await?;
-        let deadline = std::time::Instant::now() + OLDER_WAIT;
+        let deadline = std::time::Instant::now() + RUNNING_WAIT;
         loop {
             let left: Vec<(String, i32)> = sqlx::query_as(&format!(
                 "SELECT virtualxid, pid FROM ({IN_TRANSACTION}) t WHERE virtualxid = ANY($1)"
             ))
-            .bind(&older)
+            .bind(&running)
             .fetch_all(&self.pool)
             .await?;
             let Some((_, pid)) = left.first() else {
@@ -414,7 +414,7 @@ impl Store {
             };
             if std::time::Instant::now() >= deadline {
                 anyhow::bail!(
-                    "a transaction that began before the last migration is still running \
+                    "a statement that began before the last migration is still running \
                      (server process {pid}, and {} more); end it, or wait for it, and run \
                      outbox-relay migrate again",
                     left.len() - 1
@@ -450,20 +450,18 @@ impl Store {
 /// before: schema 0037 adds the function, 0038 needs every key copied.
 const KEYS_COPIED_BEFORE: i64 = 38;
 
-/// The migration that may run only once every transaction that was
-/// running when the one before it committed has ended: schema 0038
-/// replaces the enqueue functions, 0039 drops what their earlier text
-/// names.
-const OLDER_ENDED_BEFORE: i64 = 39;
+/// The migration that may run only once every statement that was running
+/// when the one before it committed has ended: schema 0038 replaces the
+/// enqueue functions, 0039 drops what their earlier text names.
+const RUNNING_ENDED_BEFORE: i64 = 39;
 
-/// How long `migrate` waits for those transactions.
-const OLDER_WAIT: Duration = Duration::from_secs(600);
+/// How long `migrate` waits for those statements.
+const RUNNING_WAIT: Duration = Duration::from_secs(600);
 
 /// What `migrate` does before a migration, outside any transaction.
-#[derive(Clone, Copy)]
 enum Step {
     CopyKeys,
-    AwaitOlderTransactions,
+    AwaitRunningStatements,
 }
 
 /// Keys copied per transaction (a few milliseconds each).

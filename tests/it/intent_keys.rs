@@ -234,7 +234,7 @@ async fn a_key_whose_intent_is_gone_and_forgotten_is_free_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_last_step_waits_for_the_transactions_running_when_it_begins() {
+async fn the_last_step_waits_for_the_statements_running_when_it_begins() {
     let db = TestDb::unmigrated().await;
     migrate_up_to(&db, 37).await;
     let mut copies = 0;
@@ -248,28 +248,31 @@ async fn the_last_step_waits_for_the_transactions_running_when_it_begins() {
     }
     migrate_up_to(&db, 38).await;
 
-    // a transaction that began before: it could still be running the
-    // enqueue's earlier text, which names the log's index on the key
+    // a statement that began before: it could be a call of the enqueue's
+    // earlier text, which names the log's index on the key (this one
+    // takes no lock the last migration waits for)
     let mut older = db.pool().acquire().await.unwrap();
-    sqlx::query("BEGIN").execute(&mut *older).await.unwrap();
-    sqlx::query("SELECT count(*) FROM outbox.intent_log")
-        .execute(&mut *older)
-        .await
-        .unwrap();
+    let running = tokio::spawn(async move {
+        sqlx::query("SELECT pg_sleep(3)")
+            .execute(&mut *older)
+            .await
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
 
     let store = db.store.clone();
     let migrating = tokio::spawn(async move { store.migrate().await });
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         !migrating.is_finished(),
-        "migrate waits for the older transaction"
+        "migrate waits for the older statement"
     );
     assert!(!db.store.migrations_current().await.unwrap());
 
-    sqlx::query("COMMIT").execute(&mut *older).await.unwrap();
+    running.await.unwrap();
     let migrated = tokio::time::timeout(Duration::from_secs(10), migrating)
         .await
-        .expect("migrate finished once the older transaction ended")
+        .expect("migrate finished once the older statement ended")
         .unwrap()
         .unwrap();
     assert_eq!(migrated.applied.first().map(|a| a.0), Some(39));
