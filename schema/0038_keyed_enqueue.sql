@@ -146,6 +146,12 @@ BEGIN
         SELECT i.kind, i.destination, i.payload
           INTO v_kind, v_dest, v_payload
           FROM outbox.intent_log i WHERE i.id = v_id AND i.key = p_key;
+        IF NOT FOUND THEN
+            -- an intent with a row outlives its segment of the log (0042)
+            SELECT t.kind, t.destination, t.payload
+              INTO v_kind, v_dest, v_payload
+              FROM outbox.intent_rows t WHERE t.id = v_id AND t.key = p_key;
+        END IF;
         IF FOUND THEN
             IF v_kind <> p_kind OR v_dest IS DISTINCT FROM p_destination OR v_payload <> p_payload THEN
                 RAISE EXCEPTION 'outbox.enqueue: key % was already used for a different intent', p_key
@@ -585,6 +591,7 @@ BEGIN
         DELETE FROM outbox.intent_keys k
          WHERE k.key = NEW.key
            AND NOT EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = k.intent_id)
+           AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = k.intent_id)
            AND NOT EXISTS (SELECT 1 FROM outbox.ledger g WHERE g.key = k.key);
         INSERT INTO outbox.intent_keys (key, intent_id) VALUES (NEW.key, NEW.id);
         INSERT INTO outbox.intent_log (id, key, kind, destination, payload, run_after,

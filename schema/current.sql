@@ -23,6 +23,35 @@ CREATE SCHEMA outbox;
 
 
 --
+-- Name: build_open_log(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.build_open_log() RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    v_log      text;
+    v_outcomes text;
+BEGIN
+    SELECT string_agg(format('SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload,'
+                             ' l.run_after, l.ordering_key, l.waiting, l.source, l.traceparent,'
+                             ' l.tracestate, l.created_at FROM outbox.%I l',
+                             'intent_log_' || s.segment), ' UNION ALL ' ORDER BY s.segment),
+           string_agg(format('SELECT o.intent_id, o.outcome, o.owner, o.started_at,'
+                             ' o.finished_at, o.status, o.provider_ref, o.replayed, o.at'
+                             ' FROM outbox.%I o', 'log_outcomes_' || s.segment),
+                      ' UNION ALL ' ORDER BY s.segment)
+      INTO v_log, v_outcomes
+      FROM outbox.log_segments s
+     WHERE s.state = 'open';
+    EXECUTE 'CREATE OR REPLACE VIEW outbox.intent_log_open AS ' || v_log;
+    EXECUTE 'CREATE OR REPLACE VIEW outbox.log_outcomes_open AS ' || v_outcomes;
+END
+$$;
+
+
+--
 -- Name: check_dead_alert(bigint, text, text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -129,6 +158,76 @@ BEGIN
     RETURN true;
 END
 $$;
+
+
+--
+-- Name: close_log_segment(interval); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.close_log_segment(p_grace interval DEFAULT '00:00:01'::interval) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $_$
+DECLARE
+    v_old  outbox.log_segments;
+    v_done boolean;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(20291, 5) THEN
+        RETURN 'busy';
+    END IF;
+    SELECT o.* INTO v_old
+      FROM outbox.log_segments o
+     WHERE o.state = 'open'
+       AND EXISTS (SELECT 1 FROM outbox.log_segments n
+                    WHERE n.state = 'open' AND n.segment > o.segment
+                      AND n.opened_at < now() - p_grace)
+     ORDER BY o.segment LIMIT 1;
+    IF v_old.segment IS NULL THEN
+        RETURN 'idle';
+    END IF;
+    BEGIN
+        SET LOCAL lock_timeout = '100ms';
+        EXECUTE format('CREATE TRIGGER log_segment_closed BEFORE INSERT ON outbox.%I'
+                       ' FOR EACH ROW EXECUTE FUNCTION outbox.log_segment_closed()',
+                       'intent_log_' || v_old.segment);
+        SET LOCAL lock_timeout TO DEFAULT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 'busy';
+    END;
+    -- one snapshot for the cursor, the outcomes, the rows and the
+    -- batches: a claim commits its batch, its rows and the cursor together.
+    -- After the cursor, an intent may have its outcome or row already (the
+    -- cursor passes only intents older than every transaction running).
+    EXECUTE format(
+        'SELECT NOT EXISTS (SELECT 1 FROM outbox.%I l
+                             WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
+                                                     ORDER BY c.seq DESC LIMIT 1)
+                               AND NOT EXISTS (SELECT 1 FROM outbox.%I o WHERE o.intent_id = l.id)
+                               AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t
+                                                WHERE t.id = l.id))
+            AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                             WHERE b.max_id >= $1
+                               AND EXISTS (SELECT 1 FROM unnest(b.ids) i
+                                            WHERE i >= $1 AND i < $2))',
+        'intent_log_' || v_old.segment, 'log_outcomes_' || v_old.segment)
+      INTO v_done USING v_old.first_id, v_old.end_id;
+    IF v_done THEN
+        BEGIN
+            SET LOCAL lock_timeout = '100ms';
+            UPDATE outbox.log_segments SET state = 'closed', closed_at = now()
+             WHERE segment = v_old.segment;
+            PERFORM outbox.build_open_log();
+            SET LOCAL lock_timeout TO DEFAULT;
+            RETURN 'closed';
+        EXCEPTION WHEN lock_not_available THEN
+            v_done := NULL;
+        END;
+    END IF;
+    -- not yet: the segment takes inserts again
+    EXECUTE format('DROP TRIGGER log_segment_closed ON outbox.%I', 'intent_log_' || v_old.segment);
+    RETURN CASE WHEN v_done IS NULL THEN 'busy' ELSE 'idle' END;
+END
+$_$;
 
 
 --
@@ -437,6 +536,12 @@ BEGIN
         SELECT i.kind, i.destination, i.payload
           INTO v_kind, v_dest, v_payload
           FROM outbox.intent_log i WHERE i.id = v_id AND i.key = p_key;
+        IF NOT FOUND THEN
+            -- an intent with a row outlives its segment of the log (0042)
+            SELECT t.kind, t.destination, t.payload
+              INTO v_kind, v_dest, v_payload
+              FROM outbox.intent_rows t WHERE t.id = v_id AND t.key = p_key;
+        END IF;
         IF FOUND THEN
             IF v_kind <> p_kind OR v_dest IS DISTINCT FROM p_destination OR v_payload <> p_payload THEN
                 RAISE EXCEPTION 'outbox.enqueue: key % was already used for a different intent', p_key
@@ -1084,6 +1189,7 @@ BEGIN
         DELETE FROM outbox.intent_keys k
          WHERE k.key = NEW.key
            AND NOT EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = k.intent_id)
+           AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = k.intent_id)
            AND NOT EXISTS (SELECT 1 FROM outbox.ledger g WHERE g.key = k.key);
         INSERT INTO outbox.intent_keys (key, intent_id) VALUES (NEW.key, NEW.id);
         INSERT INTO outbox.intent_log (id, key, kind, destination, payload, run_after,
@@ -1156,6 +1262,24 @@ $$;
 
 
 --
+-- Name: log_dependents_follow(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.log_dependents_follow() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    DELETE FROM outbox.attempts a USING gone g WHERE a.intent_id = g.id;
+    DELETE FROM outbox.event_deliveries d USING gone g WHERE d.event_id = g.id;
+    DELETE FROM outbox.event_deliveries d USING gone g WHERE d.intent_id = g.id;
+    DELETE FROM outbox.operator_actions a USING gone g WHERE a.intent_id = g.id;
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: log_outcomes_follow(); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -1201,6 +1325,21 @@ BEGIN
     RETURN NULL;
 END
 $_$;
+
+
+--
+-- Name: log_segment_closed(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.log_segment_closed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'intent % took its id in a segment of the log that is closed since', NEW.id
+        USING ERRCODE = '40001',
+              HINT = 'retry the transaction: the retry enqueues into an open segment';
+END
+$$;
 
 
 --
@@ -1787,6 +1926,161 @@ BEGIN
     INSERT INTO outbox.destination_events (destination, event, actor)
     VALUES (p_name, 'resumed', session_user::text);
     RETURN true;
+END
+$$;
+
+
+--
+-- Name: retire_log_segment(interval); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.retire_log_segment(p_older_than interval) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    v_seg   outbox.log_segments;
+    v_lost  bigint;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(20291, 5) THEN
+        RETURN 'busy';
+    END IF;
+    SELECT * INTO v_seg FROM outbox.log_segments
+     WHERE state = 'retiring' ORDER BY segment LIMIT 1;
+    IF v_seg.segment IS NOT NULL THEN
+        BEGIN
+            SET LOCAL lock_timeout = '100ms';
+            EXECUTE format('DROP TABLE outbox.%I, outbox.%I', 'intent_log_' || v_seg.segment,
+                           'log_outcomes_' || v_seg.segment);
+            SET LOCAL lock_timeout TO DEFAULT;
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN 'busy';
+        END;
+        DELETE FROM outbox.log_segments WHERE segment = v_seg.segment;
+        RETURN 'dropped';
+    END IF;
+    SELECT * INTO v_seg FROM outbox.log_segments
+     WHERE state = 'closed' AND closed_at < now() - p_older_than
+     ORDER BY segment LIMIT 1;
+    IF v_seg.segment IS NULL THEN
+        RETURN 'idle';
+    END IF;
+    -- every intent without a row has its delivery: a closed segment's do
+    EXECUTE format(
+        'SELECT count(*) FROM outbox.%I l
+          WHERE NOT EXISTS (SELECT 1 FROM outbox.%I o
+                             WHERE o.intent_id = l.id AND o.outcome = ''delivered'')
+            AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)',
+        'intent_log_' || v_seg.segment, 'log_outcomes_' || v_seg.segment)
+      INTO v_lost;
+    IF v_lost > 0 THEN
+        RAISE WARNING 'segment % of the log holds % intents with neither a delivery nor a row',
+                      v_seg.segment, v_lost
+            USING HINT = 'the segment is kept; report this as a fault';
+        RETURN 'kept';
+    END IF;
+    EXECUTE format(
+        'INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
+                                    provider_ref, created_at, completed_at, effect_at)
+         SELECT l.key, l.id, l.kind, l.destination, outbox.fingerprint(l.payload), ''delivered'',
+                o.provider_ref, l.created_at, o.at, coalesce(o.finished_at, o.started_at, o.at)
+           FROM outbox.%I l
+           JOIN outbox.%I o ON o.intent_id = l.id
+          WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)
+         ON CONFLICT (key) DO NOTHING',
+        'intent_log_' || v_seg.segment, 'log_outcomes_' || v_seg.segment);
+    DELETE FROM outbox.attempts a
+     WHERE a.intent_id >= v_seg.first_id AND a.intent_id < v_seg.end_id
+       AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = a.intent_id);
+    DELETE FROM outbox.event_deliveries d
+     WHERE d.event_id >= v_seg.first_id AND d.event_id < v_seg.end_id
+       AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = d.event_id);
+    DELETE FROM outbox.event_deliveries d
+     WHERE d.intent_id >= v_seg.first_id AND d.intent_id < v_seg.end_id
+       AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = d.intent_id);
+    DELETE FROM outbox.operator_actions a
+     WHERE a.intent_id >= v_seg.first_id AND a.intent_id < v_seg.end_id
+       AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = a.intent_id);
+    UPDATE outbox.log_segments SET state = 'retiring' WHERE segment = v_seg.segment;
+    RETURN 'copied';
+END
+$$;
+
+
+--
+-- Name: rotate_log(interval); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.rotate_log(p_span interval) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    v_newest outbox.log_segments;
+    v_next   outbox.log_segments;
+    v_seq    bigint;
+    v_empty  boolean;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(20291, 5) THEN
+        RETURN 'busy';
+    END IF;
+    SELECT * INTO v_newest FROM outbox.log_segments
+     WHERE state = 'open' ORDER BY segment DESC LIMIT 1;
+    SELECT * INTO v_next FROM outbox.log_segments WHERE state = 'ahead';
+    SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END INTO v_seq
+      FROM outbox.intent_ids;
+    IF v_newest.opened_at IS NULL THEN
+        -- opened: the sequence moves into it (never back)
+        IF v_seq < v_newest.first_id THEN
+            PERFORM setval('outbox.intent_ids', v_newest.first_id, false);
+        END IF;
+        UPDATE outbox.log_segments SET opened_at = now() WHERE segment = v_newest.segment;
+        RETURN 'moved';
+    END IF;
+    IF v_next.segment IS NULL THEN
+        v_next.segment := (v_newest.end_id >> 32)::integer;
+        v_next.first_id := v_newest.end_id;
+        v_next.end_id := v_newest.end_id + (1::bigint << 32);
+        BEGIN
+            SET LOCAL lock_timeout = '100ms';
+            EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.intent_log INCLUDING DEFAULTS,'
+                           ' CHECK (id >= %s AND id < %s))',
+                           'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
+            EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.log_outcomes INCLUDING DEFAULTS'
+                           ' INCLUDING CONSTRAINTS, CHECK (intent_id >= %s AND intent_id < %s))',
+                           'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
+            EXECUTE format('ALTER TABLE outbox.intent_log ATTACH PARTITION outbox.%I'
+                           ' FOR VALUES FROM (%s) TO (%s)',
+                           'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
+            EXECUTE format('ALTER TABLE outbox.log_outcomes ATTACH PARTITION outbox.%I'
+                           ' FOR VALUES FROM (%s) TO (%s)',
+                           'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
+            SET LOCAL lock_timeout TO DEFAULT;
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN 'busy';
+        END;
+        INSERT INTO outbox.log_segments (segment, first_id, end_id, state)
+        VALUES (v_next.segment, v_next.first_id, v_next.end_id, 'ahead');
+        RETURN 'made';
+    END IF;
+    IF v_newest.opened_at > now() - p_span THEN
+        RETURN 'idle';
+    END IF;
+    -- a segment that holds nothing stays open: an idle log keeps one
+    EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM outbox.%I)', 'intent_log_' || v_newest.segment)
+      INTO v_empty;
+    IF v_empty THEN
+        RETURN 'idle';
+    END IF;
+    BEGIN
+        SET LOCAL lock_timeout = '100ms';
+        UPDATE outbox.log_segments SET state = 'open' WHERE segment = v_next.segment;
+        PERFORM outbox.build_open_log();
+        SET LOCAL lock_timeout TO DEFAULT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 'busy';
+    END;
+    RETURN 'opened';
 END
 $$;
 
@@ -2543,7 +2837,8 @@ CREATE TABLE outbox.log_outcomes (
     replayed boolean,
     at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT log_outcomes_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'moved'::text])))
-);
+)
+PARTITION BY RANGE (intent_id);
 
 
 --
@@ -2805,6 +3100,28 @@ CREATE TABLE outbox.intent_log (
     traceparent text,
     tracestate text,
     created_at timestamp with time zone DEFAULT now() NOT NULL
+)
+PARTITION BY RANGE (id);
+
+
+--
+-- Name: intent_log_0; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.intent_log_0 (
+    id bigint DEFAULT nextval('outbox.intent_ids'::regclass) NOT NULL,
+    xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    key text NOT NULL,
+    kind text NOT NULL,
+    destination text,
+    payload jsonb NOT NULL,
+    run_after timestamp with time zone DEFAULT now() NOT NULL,
+    ordering_key text,
+    waiting boolean DEFAULT false NOT NULL,
+    source text,
+    traceparent text,
+    tracestate text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 
@@ -2826,7 +3143,7 @@ CREATE VIEW outbox.intent_log_open AS
     l.traceparent,
     l.tracestate,
     l.created_at
-   FROM outbox.intent_log l;
+   FROM outbox.intent_log_0 l;
 
 
 --
@@ -2923,6 +3240,71 @@ ALTER TABLE outbox.log_cursor ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY 
     NO MAXVALUE
     CACHE 1
 );
+
+
+--
+-- Name: log_outcomes_0; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.log_outcomes_0 (
+    intent_id bigint NOT NULL,
+    outcome text NOT NULL,
+    owner text,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    status integer,
+    provider_ref text,
+    replayed boolean,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT log_outcomes_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'moved'::text])))
+);
+
+
+--
+-- Name: log_outcomes_open; Type: VIEW; Schema: outbox; Owner: -
+--
+
+CREATE VIEW outbox.log_outcomes_open AS
+ SELECT o.intent_id,
+    o.outcome,
+    o.owner,
+    o.started_at,
+    o.finished_at,
+    o.status,
+    o.provider_ref,
+    o.replayed,
+    o.at
+   FROM outbox.log_outcomes_0 o;
+
+
+--
+-- Name: VIEW log_outcomes_open; Type: COMMENT; Schema: outbox; Owner: -
+--
+
+COMMENT ON VIEW outbox.log_outcomes_open IS 'The outcomes of the intents of outbox.intent_log_open, which the relays'' hot statements read';
+
+
+--
+-- Name: log_segments; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.log_segments (
+    segment integer NOT NULL,
+    first_id bigint NOT NULL,
+    end_id bigint NOT NULL,
+    state text NOT NULL,
+    opened_at timestamp with time zone,
+    closed_at timestamp with time zone,
+    CONSTRAINT log_segments_check CHECK ((first_id < end_id)),
+    CONSTRAINT log_segments_state_check CHECK ((state = ANY (ARRAY['ahead'::text, 'open'::text, 'closed'::text, 'retiring'::text])))
+);
+
+
+--
+-- Name: TABLE log_segments; Type: COMMENT; Schema: outbox; Owner: -
+--
+
+COMMENT ON TABLE outbox.log_segments IS 'The segments of outbox.intent_log and outbox.log_outcomes (outbox.intent_log_N, outbox.log_outcomes_N): the ids each covers and where it stands';
 
 
 --
@@ -3125,6 +3507,20 @@ CREATE TABLE outbox.totals (
 
 
 --
+-- Name: intent_log_0; Type: TABLE ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.intent_log ATTACH PARTITION outbox.intent_log_0 FOR VALUES FROM (MINVALUE) TO ('4294967296');
+
+
+--
+-- Name: log_outcomes_0; Type: TABLE ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.log_outcomes ATTACH PARTITION outbox.log_outcomes_0 FOR VALUES FROM (MINVALUE) TO ('4294967296');
+
+
+--
 -- Name: intents id; Type: DEFAULT; Schema: outbox; Owner: -
 --
 
@@ -3282,6 +3678,14 @@ ALTER TABLE ONLY outbox.intent_log
 
 
 --
+-- Name: intent_log_0 intent_log_0_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.intent_log_0
+    ADD CONSTRAINT intent_log_0_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: intent_rows intent_rows_key_unique; Type: CONSTRAINT; Schema: outbox; Owner: -
 --
 
@@ -3327,6 +3731,22 @@ ALTER TABLE ONLY outbox.log_cursor
 
 ALTER TABLE ONLY outbox.log_outcomes
     ADD CONSTRAINT log_outcomes_pkey PRIMARY KEY (intent_id);
+
+
+--
+-- Name: log_outcomes_0 log_outcomes_0_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.log_outcomes_0
+    ADD CONSTRAINT log_outcomes_0_pkey PRIMARY KEY (intent_id);
+
+
+--
+-- Name: log_segments log_segments_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.log_segments
+    ADD CONSTRAINT log_segments_pkey PRIMARY KEY (segment);
 
 
 --
@@ -3447,14 +3867,28 @@ CREATE INDEX event_deliveries_subscription ON outbox.event_deliveries USING btre
 -- Name: intent_log_events; Type: INDEX; Schema: outbox; Owner: -
 --
 
-CREATE INDEX intent_log_events ON outbox.intent_log USING btree (created_at) WHERE (kind = 'event'::text);
+CREATE INDEX intent_log_events ON ONLY outbox.intent_log USING btree (created_at) WHERE (kind = 'event'::text);
+
+
+--
+-- Name: intent_log_0_events; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX intent_log_0_events ON outbox.intent_log_0 USING btree (created_at) WHERE (kind = 'event'::text);
 
 
 --
 -- Name: intent_log_xid; Type: INDEX; Schema: outbox; Owner: -
 --
 
-CREATE INDEX intent_log_xid ON outbox.intent_log USING btree (xid, id);
+CREATE INDEX intent_log_xid ON ONLY outbox.intent_log USING btree (xid, id);
+
+
+--
+-- Name: intent_log_0_xid; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX intent_log_0_xid ON outbox.intent_log_0 USING btree (xid, id);
 
 
 --
@@ -3553,6 +3987,34 @@ CREATE INDEX operator_actions_intent ON outbox.operator_actions USING btree (int
 --
 
 CREATE INDEX subscriptions_tenant ON outbox.subscriptions USING btree (tenant) WHERE (disabled_at IS NULL);
+
+
+--
+-- Name: intent_log_0_events; Type: INDEX ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER INDEX outbox.intent_log_events ATTACH PARTITION outbox.intent_log_0_events;
+
+
+--
+-- Name: intent_log_0_pkey; Type: INDEX ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER INDEX outbox.intent_log_pkey ATTACH PARTITION outbox.intent_log_0_pkey;
+
+
+--
+-- Name: intent_log_0_xid; Type: INDEX ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER INDEX outbox.intent_log_xid ATTACH PARTITION outbox.intent_log_0_xid;
+
+
+--
+-- Name: log_outcomes_0_pkey; Type: INDEX ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER INDEX outbox.log_outcomes_pkey ATTACH PARTITION outbox.log_outcomes_0_pkey;
 
 
 --
@@ -3725,6 +4187,13 @@ UNION ALL
 
 
 --
+-- Name: intent_log intent_log_dependents_follow; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER intent_log_dependents_follow AFTER DELETE ON outbox.intent_log REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION outbox.log_dependents_follow();
+
+
+--
 -- Name: intent_log intent_log_kafka_headers; Type: TRIGGER; Schema: outbox; Owner: -
 --
 
@@ -3862,46 +4331,6 @@ CREATE TRIGGER subscriptions_changed AFTER INSERT OR DELETE OR UPDATE OR TRUNCAT
 --
 
 CREATE TRIGGER subscriptions_headers_in_clear BEFORE INSERT OR UPDATE OF headers ON outbox.subscriptions FOR EACH ROW EXECUTE FUNCTION outbox.subscriptions_headers_in_clear();
-
-
---
--- Name: attempts attempts_intent_id_fkey; Type: FK CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.attempts
-    ADD CONSTRAINT attempts_intent_id_fkey FOREIGN KEY (intent_id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
-
-
---
--- Name: event_deliveries event_deliveries_event_id_fkey; Type: FK CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.event_deliveries
-    ADD CONSTRAINT event_deliveries_event_id_fkey FOREIGN KEY (event_id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
-
-
---
--- Name: event_deliveries event_deliveries_intent_id_fkey; Type: FK CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.event_deliveries
-    ADD CONSTRAINT event_deliveries_intent_id_fkey FOREIGN KEY (intent_id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
-
-
---
--- Name: intent_rows intent_rows_logged; Type: FK CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.intent_rows
-    ADD CONSTRAINT intent_rows_logged FOREIGN KEY (id) REFERENCES outbox.intent_log(id) DEFERRABLE INITIALLY DEFERRED NOT VALID;
-
-
---
--- Name: operator_actions operator_actions_intent_id_fkey; Type: FK CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.operator_actions
-    ADD CONSTRAINT operator_actions_intent_id_fkey FOREIGN KEY (intent_id) REFERENCES outbox.intent_log(id) ON DELETE CASCADE;
 
 
 --

@@ -431,8 +431,12 @@ async fn sample(
     .fetch_one(store.pool())
     .await?;
     let (intents, attempts, ledger): (i64, i64, i64) = sqlx::query_as(
-        "SELECT pg_total_relation_size('outbox.intent_log') + pg_total_relation_size('outbox.intent_rows')
-                  + pg_total_relation_size('outbox.log_outcomes') + pg_total_relation_size('outbox.log_batches'),
+        "SELECT (SELECT sum(pg_total_relation_size(p.relid))::int8
+                   FROM pg_partition_tree('outbox.intent_log') p)
+                  + pg_total_relation_size('outbox.intent_rows')
+                  + (SELECT sum(pg_total_relation_size(p.relid))::int8
+                       FROM pg_partition_tree('outbox.log_outcomes') p)
+                  + pg_total_relation_size('outbox.log_batches'),
                 pg_total_relation_size('outbox.attempts'),
                 pg_total_relation_size('outbox.ledger')",
     )

@@ -468,14 +468,16 @@ pub(crate) async fn wait_delivered_marking(
 }
 
 /// Rows the server has counted written (inserted, updated, deleted) into
-/// the tables a relay's claims and completions write, from its cumulative
-/// statistics: one read of a catalog view, none of the tables.
+/// the tables a relay's claims and completions write (the outcomes in
+/// their segments), from its cumulative statistics: one read of a catalog
+/// view, none of the tables.
 async fn writes(store: &Store) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
         "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8
            FROM pg_stat_user_tables
           WHERE schemaname = 'outbox'
-            AND relname IN ('log_outcomes', 'log_batches', 'intent_rows', 'attempts')",
+            AND (relname IN ('log_outcomes', 'log_batches', 'intent_rows', 'attempts')
+                 OR relname ~ '^log_outcomes_[0-9]+$')",
     )
     .fetch_one(store.pool())
     .await?)

@@ -330,6 +330,9 @@ impl Config {
         if ret.interval.0 < Duration::from_secs(1) {
             bail!("retention.interval must be at least 1s");
         }
+        if ret.segment.0 < Duration::from_secs(1) {
+            bail!("retention.segment must be at least 1s");
+        }
         if let Some(token) = &self.relay.lookup_token {
             let token = token.expose();
             if !token.bytes().all(|b| b.is_ascii_graphic()) {

@@ -16,6 +16,11 @@ pub struct RetentionSection {
     pub include_dead: bool,
     /// Purged keys are remembered (duplicate / OB409 / show) this long.
     pub ledger: Dur,
+    /// How long a segment of the log takes new intents before the next one
+    /// does. An intent delivered at its first attempt leaves with its whole
+    /// segment, `intents` after the segment closes: it is kept at least
+    /// `intents`, and at most about `intents` plus `segment`.
+    pub segment: Dur,
     /// How often the daemon purges.
     pub interval: Dur,
     /// Rows per purge statement.
@@ -30,6 +35,7 @@ impl Default for RetentionSection {
             intents: dur("7d"),
             include_dead: false,
             ledger: dur("90d"),
+            segment: dur("1d"),
             interval: dur("1m"),
             batch_size: 500,
             batch_pause: dur("100ms"),

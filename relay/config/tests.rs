@@ -322,6 +322,10 @@ const ERRORS_BY_KEY: &[(&str, &str)] = &[
         "retention.interval must be at least 1s",
     ),
     (
+        "[retention]\nsegment = \"0s\"",
+        "retention.segment must be at least 1s",
+    ),
+    (
         "[webhook]\ntimeout = \"0s\"",
         "webhook.timeout must be at least 100ms",
     ),

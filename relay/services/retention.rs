@@ -1,8 +1,10 @@
-//! Retention: the daemon purges terminal intents into the ledger, and
-//! forgets ledger keys after their own, longer retention.
+//! Retention: the daemon retires whole segments of the log, purges the
+//! terminal intents that have rows into the ledger, and forgets ledger keys
+//! after their own, longer retention.
 //!
-//! Both run in bounded batches, each one short statement with SKIP LOCKED, so
-//! a purge never holds a lock the claim path needs for long.
+//! A segment's steps are short transactions that wait for a lock at most
+//! 100 ms; the purges run in bounded batches, each one short statement with
+//! SKIP LOCKED. None holds a lock the claim path needs for long.
 
 use std::time::Duration;
 
@@ -20,7 +22,28 @@ pub async fn run(store: Store, cfg: RetentionSection, mut stop: watch::Receiver<
     }
     loop {
         match store
-            .purge_paced(
+            .maintain_log_segments(cfg.segment.0, cfg.intents.0)
+            .await
+        {
+            Ok(pass) if pass.kept => tracing::warn!(
+                "the oldest closed segment of the log holds an intent with neither its \
+                 delivery nor a row; it is kept, and so are the segments after it \
+                 (see outbox.log_segments and the database's log)"
+            ),
+            Ok(pass) if pass.changed() => tracing::info!(
+                made = pass.made,
+                opened = pass.opened,
+                closed = pass.closed,
+                copied = pass.copied,
+                dropped = pass.dropped,
+                busy = pass.busy,
+                "rotated and retired segments of the log"
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "segment step failed; will try again"),
+        }
+        match store
+            .purge_rows_paced(
                 cfg.intents.0,
                 cfg.include_dead,
                 cfg.batch_size as i64,

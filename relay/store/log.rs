@@ -62,7 +62,7 @@ const LOG_COMPLETE_SQL: &str = "WITH v AS (
             AND NOT EXISTS (
                 SELECT 1 FROM unnest(b.ids) AS x(id)
                  WHERE x.id <> ALL((SELECT w.ids FROM written w)::bigint[])
-                   AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                   AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                     WHERE o.intent_id = x.id OFFSET 0)
                    AND EXISTS (SELECT 1 FROM outbox.intent_log_open l WHERE l.id = x.id OFFSET 0)))
      SELECT d.intent_id, v.created_at FROM done d JOIN v ON v.id = d.intent_id";
@@ -207,7 +207,7 @@ impl Store {
               WHERE b.ids && $1::bigint[]
                 AND NOT EXISTS (
                     SELECT 1 FROM unnest(b.ids) AS x(id)
-                     WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+                     WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                         WHERE o.intent_id = x.id OFFSET 0)
                        AND EXISTS (SELECT 1 FROM outbox.intent_log_open l WHERE l.id = x.id OFFSET 0))",
         )
@@ -273,7 +273,7 @@ impl Store {
         sqlx::query(
             "SELECT count(*) FROM outbox.track(ARRAY(
                  SELECT x FROM unnest($1::bigint[]) x
-                  WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o WHERE o.intent_id = x)))",
+                  WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o WHERE o.intent_id = x)))",
         )
         .bind(&ids)
         .execute(&mut *tx)

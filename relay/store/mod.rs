@@ -19,9 +19,9 @@ macro_rules! log_untaken {
             "(",
             $alias,
             ".id > (SELECT greatest(
-                     coalesce((SELECT max(o.intent_id) FROM outbox.log_outcomes o), 0),
+                     coalesce((SELECT max(o.intent_id) FROM outbox.log_outcomes_open o), 0),
                      coalesce((SELECT max(b.max_id) FROM outbox.log_batches b), 0)))
-              OR (NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+              OR (NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                WHERE o.intent_id = ",
             $alias,
             ".id OFFSET 0)
@@ -48,6 +48,7 @@ pub mod replay;
 mod retention;
 mod reworded;
 pub mod schedules;
+pub mod segments;
 pub mod standbys;
 pub mod stats;
 pub mod storable;

@@ -27,6 +27,21 @@ pub(super) const PURGE_ROWS: &str = "WITH gone AS (
      -- the log row goes, and its row, attempts and actions with it
      deleted AS (
          DELETE FROM outbox.intent_log l USING gone WHERE l.id = gone.id),
+     -- a row whose segment of the log was retired goes by itself, with its
+     -- attempts, actions and event deliveries
+     outlived AS (
+         SELECT gone.id FROM gone
+          WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_log l WHERE l.id = gone.id)),
+     rows_deleted AS (
+         DELETE FROM outbox.intent_rows t USING outlived o WHERE t.id = o.id),
+     attempts_deleted AS (
+         DELETE FROM outbox.attempts a USING outlived o WHERE a.intent_id = o.id),
+     actions_deleted AS (
+         DELETE FROM outbox.operator_actions a USING outlived o WHERE a.intent_id = o.id),
+     deliveries_deleted AS (
+         DELETE FROM outbox.event_deliveries d USING outlived o WHERE d.intent_id = o.id),
+     fanouts_deleted AS (
+         DELETE FROM outbox.event_deliveries d USING outlived o WHERE d.event_id = o.id),
      kept AS (
          INSERT INTO outbox.ledger (key, intent_id, kind, destination, fingerprint, state,
                                     provider_ref, last_error, created_at, completed_at,
@@ -90,13 +105,41 @@ impl Store {
     }
 
     /// Purge in batches of `batch`, sleeping `pause` between batches so a
-    /// large purge leaves the database room for the claim path.
+    /// large purge leaves the database room for the claim path: the intents
+    /// with rows, and those of the log delivered at the first attempt, one
+    /// by one (an operator's purge, which takes what it counted).
     pub async fn purge_paced(
         &self,
         older_than: std::time::Duration,
         include_dead: bool,
         batch: i64,
         pause: std::time::Duration,
+    ) -> Result<u64, StoreError> {
+        self.purge_batches(older_than, include_dead, batch, pause, true)
+            .await
+    }
+
+    /// As [`Store::purge_paced`], only the intents with rows: the daemon's
+    /// purge, which leaves the intents delivered at the first attempt to
+    /// their segment's retirement (`Store::maintain_log_segments`).
+    pub async fn purge_rows_paced(
+        &self,
+        older_than: std::time::Duration,
+        include_dead: bool,
+        batch: i64,
+        pause: std::time::Duration,
+    ) -> Result<u64, StoreError> {
+        self.purge_batches(older_than, include_dead, batch, pause, false)
+            .await
+    }
+
+    async fn purge_batches(
+        &self,
+        older_than: std::time::Duration,
+        include_dead: bool,
+        batch: i64,
+        pause: std::time::Duration,
+        from_log: bool,
     ) -> Result<u64, StoreError> {
         let states = purgeable(include_dead);
         let ms = older_than.as_millis() as i64;
@@ -108,14 +151,18 @@ impl Store {
                 .bind(batch)
                 .fetch_one(&self.pool)
                 .await?;
-            let from_log: i64 = sqlx::query_scalar(PURGE_LOG)
-                .bind(&states)
-                .bind(ms)
-                .bind(batch)
-                .fetch_one(&self.pool)
-                .await?;
-            total += (n + from_log) as u64;
-            if n < batch && from_log < batch {
+            let logged: i64 = if from_log {
+                sqlx::query_scalar(PURGE_LOG)
+                    .bind(&states)
+                    .bind(ms)
+                    .bind(batch)
+                    .fetch_one(&self.pool)
+                    .await?
+            } else {
+                0
+            };
+            total += (n + logged) as u64;
+            if n < batch && logged < batch {
                 return Ok(total);
             }
             if !pause.is_zero() {
@@ -147,7 +194,9 @@ impl Store {
                      DELETE FROM outbox.intent_keys k USING gone g
                       WHERE k.key = g.key
                         AND NOT EXISTS (SELECT 1 FROM outbox.intent_log l
-                                         WHERE l.id = k.intent_id))
+                                         WHERE l.id = k.intent_id)
+                        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t
+                                         WHERE t.id = k.intent_id))
                  SELECT count(*) FROM gone",
             )
             .bind(ms)

@@ -25,7 +25,7 @@ pub const TALLY_COUNTS: &str = "SELECT kind, state, sum(n)::bigint
              SELECT l.kind, 'claimed', 1
                FROM outbox.log_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
                JOIN outbox.intent_log_open l ON l.id = x.id
-              WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+              WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                  WHERE o.intent_id = x.id OFFSET 0)
                 AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t
                                  WHERE t.id = x.id OFFSET 0)) c
@@ -52,7 +52,7 @@ pub const TALLY_BACKLOG: &str = "SELECT outbox.destination_of(kind, destination,
                 outbox.tally_url(l.kind, l.destination, l.payload), 1
            FROM outbox.log_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
            JOIN outbox.intent_log_open l ON l.id = x.id
-          WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes o
+          WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                              WHERE o.intent_id = x.id OFFSET 0)
             AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = x.id OFFSET 0)) g
   GROUP BY 1 HAVING sum(n) > 0";

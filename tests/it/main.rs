@@ -44,6 +44,7 @@ mod kafka_drill;
 mod kind_schemas;
 mod layout;
 mod lifecycle;
+mod log_segments;
 mod lookup;
 mod metrics;
 mod nats;

@@ -496,3 +496,47 @@ async fn the_relay_role_writes_a_batch_without_its_highest_id_as_an_earlier_rele
     assert_eq!(max_id, 9);
     relay.pool().close().await;
 }
+
+/// The relay role rotates, closes and retires the log's segments (tables
+/// it could not create or drop itself), through the schema's functions;
+/// the application role cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_role_rotates_and_retires_segments_and_the_application_role_cannot() {
+    use std::time::Duration;
+    let db = TestDb::new().await;
+    roles(&db).await;
+    let rx = Receiver::start(|_, _| common::Reply::status(200)).await;
+    db.enqueue("seg", "webhook", json!({"url": rx.url("/ok"), "body": {}}))
+        .await;
+    let relay = Store::connect(&url_as(&db, "t_outbox_relay"), 2)
+        .await
+        .unwrap();
+    common::run_once_within(&db, &common::config(), Duration::from_secs(30)).await;
+    let pass = relay
+        .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+        .await
+        .expect("the relay role rotates");
+    assert_eq!(pass.opened, 1, "{pass:?}");
+    let mut done = (0, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while done != (1, 1) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let pass = relay
+            .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+            .await
+            .expect("the relay role retires");
+        done.0 += pass.closed;
+        done.1 += pass.dropped;
+    }
+    assert_eq!(done, (1, 1), "closed and dropped");
+    relay.pool().close().await;
+    let app = Store::connect(&url_as(&db, "t_outbox_app"), 2)
+        .await
+        .unwrap();
+    let err = app
+        .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(denied(err));
+    app.pool().close().await;
+}

@@ -646,12 +646,15 @@ pub async fn run_once_within(db: &TestDb, cfg: &outbox_relay::config::Config, li
 }
 
 /// Tuples of `outbox.intent_log` read so far by the transaction on `conn`
-/// (index fetches and sequential reads, `pg_stat_xact_user_tables`): what
-/// a read of the log cost, whatever the plan.
+/// (index fetches and sequential reads of its segments,
+/// `pg_stat_xact_user_tables`): what a read of the log cost, whatever the
+/// plan.
 pub async fn log_tuples_fetched(conn: &mut sqlx::PgConnection) -> i64 {
     sqlx::query_scalar(
-        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)
-           FROM pg_stat_xact_user_tables WHERE relid = 'outbox.intent_log'::regclass",
+        "SELECT coalesce(sum(coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)), 0)::bigint
+           FROM pg_stat_xact_user_tables
+          WHERE relid IN (SELECT inhrelid FROM pg_inherits
+                           WHERE inhparent = 'outbox.intent_log'::regclass)",
     )
     .fetch_one(conn)
     .await

@@ -1,0 +1,296 @@
+//! The log in segments (schemas 0042 and 0043): rotation moves the new
+//! intents into a new segment while the claims read both; a segment closes
+//! only once every intent in it is claimed and out of its batch, and takes
+//! no insert after; retirement puts its intents delivered at the first
+//! attempt into the ledger and drops it whole, while the intents with rows
+//! live on.
+
+use std::time::Duration;
+
+use crate::common::{config, run_once_within, Receiver, Reply, TestDb};
+use outbox_relay::store::operator::Known;
+use serde_json::json;
+
+/// One step of a segment function, and what it answered.
+async fn step(db: &TestDb, function: &str, ms: i64) -> String {
+    sqlx::query_scalar(&format!(
+        "SELECT outbox.{function}($1 * interval '1 millisecond')"
+    ))
+    .bind(ms)
+    .fetch_one(db.pool())
+    .await
+    .unwrap_or_else(|e| panic!("{function}: {e}"))
+}
+
+async fn open_segments(db: &TestDb) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT DISTINCT t.relname::text FROM pg_depend d
+           JOIN pg_rewrite r ON r.oid = d.objid
+           JOIN pg_class t ON t.oid = d.refobjid
+          WHERE r.ev_class = 'outbox.intent_log_open'::regclass AND t.oid <> r.ev_class
+          ORDER BY 1",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap()
+}
+
+async fn enqueue_later(db: &TestDb, key: &str, url: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT id FROM outbox.enqueue($1, 'webhook', $2, p_run_after => now() + interval '1 hour')",
+    )
+    .bind(key)
+    .bind(json!({"url": url, "body": {}}))
+    .fetch_one(db.pool())
+    .await
+    .unwrap()
+}
+
+/// Rotate until the next segment is open and the sequence is in it.
+async fn rotate(db: &TestDb) {
+    assert_eq!(step(db, "rotate_log", 0).await, "made");
+    assert_eq!(step(db, "rotate_log", 0).await, "opened");
+    assert_eq!(step(db, "rotate_log", 0).await, "moved");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_retires_whole_and_the_intents_with_rows_live_on() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|r, _| match r.path.as_str() {
+        "/bad" => Reply::status(400),
+        _ => Reply::status(200),
+    })
+    .await;
+    let cfg = config();
+    for i in 0..20 {
+        db.enqueue(
+            &format!("a-{i}"),
+            "webhook",
+            json!({"url": rx.url("/ok"), "body": {"i": i}}),
+        )
+        .await;
+    }
+    let later = enqueue_later(&db, "later", &rx.url("/later")).await;
+    db.enqueue("bad", "webhook", json!({"url": rx.url("/bad"), "body": {}}))
+        .await;
+    run_once_within(&db, &cfg, Duration::from_secs(30)).await;
+    assert_eq!(db.count("state = 'delivered'").await, 20);
+    assert_eq!(db.state("bad").await, "rejected");
+
+    // the next segment joins the views before the sequence moves into it
+    assert_eq!(open_segments(&db).await, ["intent_log_0"]);
+    assert_eq!(step(&db, "rotate_log", 0).await, "made");
+    assert_eq!(step(&db, "rotate_log", 0).await, "opened");
+    assert_eq!(open_segments(&db).await, ["intent_log_0", "intent_log_1"]);
+    let before: i64 = db
+        .enqueue(
+            "b-before",
+            "webhook",
+            json!({"url": rx.url("/ok"), "body": {}}),
+        )
+        .await;
+    assert!(before < 1 << 32, "{before}");
+    assert_eq!(step(&db, "rotate_log", 0).await, "moved");
+    // an empty newest segment is not rotated away
+    assert_eq!(step(&db, "rotate_log", 0).await, "made");
+    assert_eq!(step(&db, "rotate_log", 0).await, "idle");
+    for i in 0..10 {
+        let id = db
+            .enqueue(
+                &format!("b-{i}"),
+                "webhook",
+                json!({"url": rx.url("/ok"), "body": {}}),
+            )
+            .await;
+        assert!(id >= 1 << 32, "{id}");
+    }
+    // the claims read both open segments
+    run_once_within(&db, &cfg, Duration::from_secs(30)).await;
+    assert_eq!(db.count("key LIKE 'b-%' AND state = 'delivered'").await, 11);
+
+    // closed once the sequence left it a moment ago
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(step(&db, "close_log_segment", 1000).await, "closed");
+    assert_eq!(open_segments(&db).await, ["intent_log_1"]);
+    assert_eq!(step(&db, "close_log_segment", 1000).await, "idle");
+    // an insert that took its id there before the sequence moved fails,
+    // for the application to retry
+    let late = sqlx::query(
+        "INSERT INTO outbox.intent_log (id, key, kind, payload) VALUES (7, 'late', 'webhook', '{}')",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap_err();
+    assert_eq!(
+        late.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("40001"),
+        "{late}"
+    );
+
+    // not yet old enough
+    assert_eq!(step(&db, "retire_log_segment", 3_600_000).await, "idle");
+    assert_eq!(step(&db, "retire_log_segment", 0).await, "copied");
+    assert_eq!(step(&db, "retire_log_segment", 0).await, "dropped");
+    assert_eq!(step(&db, "retire_log_segment", 0).await, "idle");
+    let gone: (Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT to_regclass('outbox.intent_log_0')::text, to_regclass('outbox.log_outcomes_0')::text",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(gone, (None, None));
+
+    // the delivered intents answer from the ledger, as purged ones do
+    assert_eq!(db.count("key LIKE 'a-%'").await, 0);
+    let ledger: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.ledger WHERE (key LIKE 'a-%' OR key = 'b-before') AND state = 'delivered'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(ledger, 21);
+    match db.store.lookup_key("a-3").await.unwrap() {
+        Known::Ledger(e) => assert_eq!(e.state, "delivered"),
+        other => panic!("a-3: {other:?}"),
+    }
+    let again: (i64, bool) =
+        sqlx::query_as("SELECT id, duplicate FROM outbox.enqueue('a-3', 'webhook', $1)")
+            .bind(json!({"url": rx.url("/ok"), "body": {"i": 3}}))
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert!(again.1, "a delivered key enqueued again is a duplicate");
+
+    // the intents with rows live on: the rejected one with its attempt,
+    // the scheduled one under its key, never taken over by a new enqueue
+    assert_eq!(db.state("bad").await, "rejected");
+    let attempts: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.attempt_history h
+           JOIN outbox.intents i ON i.id = h.intent_id WHERE i.key = 'bad'",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(attempts, 1);
+    let dup: (i64, bool) =
+        sqlx::query_as("SELECT id, duplicate FROM outbox.enqueue('later', 'webhook', $1)")
+            .bind(json!({"url": rx.url("/later"), "body": {}}))
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(dup, (later, true));
+    sqlx::query("UPDATE outbox.intents SET run_after = now() WHERE key = 'later'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    run_once_within(&db, &cfg, Duration::from_secs(30)).await;
+    assert_eq!(db.state("later").await, "delivered");
+    assert_eq!(rx.counts_by_id().values().filter(|n| **n > 1).count(), 0);
+    assert_eq!(
+        rx.requests().iter().filter(|r| r.path == "/later").count(),
+        1
+    );
+
+    // and are purged row by row, their attempts with them
+    sqlx::query("UPDATE outbox.intents SET updated_at = now() - interval '1 hour' WHERE key IN ('bad', 'later')")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let purged = db
+        .store
+        .purge_rows_paced(Duration::from_secs(60), false, 100, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(purged, 2);
+    assert_eq!(db.count("key IN ('bad', 'later')").await, 0);
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.attempts a
+          WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = a.intent_id)",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(left, 0);
+    match db.store.lookup_key("later").await.unwrap() {
+        Known::Ledger(e) => assert_eq!(e.state, "delivered"),
+        other => panic!("later: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_stays_open_while_it_holds_an_intent_no_claim_has_taken() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let cfg = config();
+    for i in 0..5 {
+        db.enqueue(
+            &format!("k-{i}"),
+            "webhook",
+            json!({"url": rx.url("/ok"), "body": {}}),
+        )
+        .await;
+    }
+    rotate(&db).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // five intents after the claims' cursor
+    assert_eq!(step(&db, "close_log_segment", 1000).await, "idle");
+    assert_eq!(open_segments(&db).await, ["intent_log_0", "intent_log_1"]);
+    run_once_within(&db, &cfg, Duration::from_secs(30)).await;
+    assert_eq!(db.count("state = 'delivered'").await, 5);
+    assert_eq!(step(&db, "close_log_segment", 1000).await, "closed");
+    assert_eq!(open_segments(&db).await, ["intent_log_1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retention_pass_rotates_closes_and_retires() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    let cfg = config();
+    for i in 0..5 {
+        db.enqueue(
+            &format!("k-{i}"),
+            "webhook",
+            json!({"url": rx.url("/ok"), "body": {}}),
+        )
+        .await;
+    }
+    run_once_within(&db, &cfg, Duration::from_secs(30)).await;
+    let pass = db
+        .store
+        .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!((pass.made, pass.opened, pass.closed), (2, 1, 0), "{pass:?}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // a step that cannot take its lock at once (autovacuum on a new
+    // segment, say) answers busy, and the next pass goes on
+    let mut done = (0, 0, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while done != (1, 1, 1) && std::time::Instant::now() < deadline {
+        let pass = db
+            .store
+            .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+            .await
+            .unwrap();
+        done.0 += pass.closed;
+        done.1 += pass.copied;
+        done.2 += pass.dropped;
+        if pass.busy {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert_eq!(done, (1, 1, 1), "closed, copied, dropped");
+    assert_eq!(db.count("true").await, 0);
+    let ledger: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.ledger")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(ledger, 5);
+    // a pass with nothing to do changes nothing
+    let pass = db
+        .store
+        .maintain_log_segments(Duration::from_secs(3600), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(!pass.changed(), "{pass:?}");
+}
