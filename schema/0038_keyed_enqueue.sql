@@ -607,6 +607,15 @@ BEGIN
     END IF;
     IF TG_OP = 'DELETE' THEN
         DELETE FROM outbox.intent_log l WHERE l.id = OLD.id;
+        IF NOT FOUND THEN
+            -- an intent that outlived its segment of the log (0042): its
+            -- row, and what the log's triggers would have taken with it
+            DELETE FROM outbox.intent_rows t WHERE t.id = OLD.id;
+            DELETE FROM outbox.attempts a WHERE a.intent_id = OLD.id;
+            DELETE FROM outbox.operator_actions a WHERE a.intent_id = OLD.id;
+            DELETE FROM outbox.event_deliveries d WHERE d.intent_id = OLD.id;
+            DELETE FROM outbox.event_deliveries d WHERE d.event_id = OLD.id;
+        END IF;
         DELETE FROM outbox.intent_keys k WHERE k.key = OLD.key AND k.intent_id = OLD.id;
         RETURN OLD;
     END IF;

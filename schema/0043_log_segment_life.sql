@@ -1,30 +1,45 @@
 -- The life of a segment of the log (schema 0042): made ahead, opened,
 -- closed, retired. outbox.log_segments says where each stands; the relays
--- call outbox.rotate_log(), outbox.close_log_segments() and
+-- call outbox.rotate_log(), outbox.close_log_segment() and
 -- outbox.retire_log_segment() from their retention task, each one step per
--- call, in its own transaction. Each takes its locks at most 100 ms at a
--- time and answers 'busy' when it could not, so that neither the enqueues
--- nor the claims ever queue behind a long wait; the next call tries again.
+-- call, in its own short transaction. Each takes its locks at most 100 ms
+-- at a time and answers 'busy' when it could not, so that neither the
+-- enqueues nor the claims ever queue behind a long wait; the next call
+-- tries again.
 --
---   ahead    attached to outbox.intent_log and outbox.log_outcomes, empty;
---   open     in outbox.intent_log_open and outbox.log_outcomes_open, the
---            views the relays' hot statements read: it may hold an intent
---            no claim has taken or one in a claim's batch;
+--   ahead    the next segment's two tables, made but not attached: no id
+--            can reach them (an insert past the open segments fails, it
+--            is never stranded);
+--   open     attached, and in outbox.intent_log_open and
+--            outbox.log_outcomes_open, the views the relays' hot statements
+--            read: it may hold an intent no claim has taken or one in a
+--            claim's batch. A segment joins the views in the transaction
+--            that attaches it, before the sequence moves into it (a later
+--            call), so no claim reads a view that leaves out a committed
+--            intent;
 --   closed   no longer in them: the sequence has moved past it, nothing
 --            can insert into it, and every intent in it has its outcome
 --            or its row in outbox.intent_rows and is in no batch;
---   retiring its intents delivered at the first attempt are in the ledger,
---            and its tables are dropped by the next call that can lock
---            the log for a moment.
+--   retiring its intents delivered at the first attempt are in the ledger
+--            (copied in bounded steps, the last one's transaction is
+--            copied_xid); its tables are dropped once no snapshot is older
+--            than the copy (a DROP is not MVCC: a snapshot from before the
+--            copy would see neither the intent nor its ledger entry), by
+--            the next call that can lock the log for a moment;
+--   retired  dropped; the row stays as a record.
 -- The intents with rows outlive their segment in outbox.intent_rows, which
--- holds every column of an intent; they are purged row by row, as before.
+-- holds every column of an intent; they are purged row by row.
 CREATE TABLE outbox.log_segments (
     segment    integer     PRIMARY KEY,
     first_id   bigint      NOT NULL,
     end_id     bigint      NOT NULL,
-    state      text        NOT NULL CHECK (state IN ('ahead', 'open', 'closed', 'retiring')),
+    state      text        NOT NULL
+               CHECK (state IN ('ahead', 'open', 'closed', 'retiring', 'retired')),
     opened_at  timestamptz,
     closed_at  timestamptz,
+    copied_to  bigint,
+    copied_xid xid8,
+    retired_at timestamptz,
     CHECK (first_id < end_id)
 );
 
@@ -104,12 +119,11 @@ BEGIN
 END
 $$;
 
--- One step of rotation: make the next segment ahead of time; once the
--- newest open segment has been open p_span, open the next one (its tables
--- join the views); in a later call, move the sequence to its first id.
--- The views change before the sequence moves, in an earlier transaction,
--- so that no claim can read an intent its statement's view leaves out.
--- Answers what it did: 'made', 'opened', 'moved', 'idle' or 'busy'.
+-- One step of rotation. In order: move the sequence into the newest open
+-- segment if it is not there yet; make the next segment ahead; once the
+-- newest open segment has held intents for p_span, or the sequence has
+-- passed the last 2^31 ids of it, attach the next one and open it.
+-- Answers what it did: 'moved', 'made', 'opened', 'idle' or 'busy'.
 CREATE FUNCTION outbox.rotate_log(p_span interval) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
@@ -129,7 +143,7 @@ BEGIN
     SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END INTO v_seq
       FROM outbox.intent_ids;
     IF v_newest.opened_at IS NULL THEN
-        -- opened: the sequence moves into it (never back)
+        -- opened in an earlier transaction: the sequence moves in (never back)
         IF v_seq < v_newest.first_id THEN
             PERFORM setval('outbox.intent_ids', v_newest.first_id, false);
         END IF;
@@ -138,41 +152,38 @@ BEGIN
     END IF;
     IF v_next.segment IS NULL THEN
         v_next.segment := (v_newest.end_id >> 32)::integer;
-        v_next.first_id := v_newest.end_id;
-        v_next.end_id := v_newest.end_id + (1::bigint << 32);
-        BEGIN
-            SET LOCAL lock_timeout = '100ms';
-            EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.intent_log INCLUDING DEFAULTS,'
-                           ' CHECK (id >= %s AND id < %s))',
-                           'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
-            EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.log_outcomes INCLUDING DEFAULTS'
-                           ' INCLUDING CONSTRAINTS, CHECK (intent_id >= %s AND intent_id < %s))',
-                           'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
-            EXECUTE format('ALTER TABLE outbox.intent_log ATTACH PARTITION outbox.%I'
-                           ' FOR VALUES FROM (%s) TO (%s)',
-                           'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
-            EXECUTE format('ALTER TABLE outbox.log_outcomes ATTACH PARTITION outbox.%I'
-                           ' FOR VALUES FROM (%s) TO (%s)',
-                           'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
-            SET LOCAL lock_timeout TO DEFAULT;
-        EXCEPTION WHEN lock_not_available THEN
-            RETURN 'busy';
-        END;
+        EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.intent_log INCLUDING DEFAULTS,'
+                       ' CHECK (id >= %s AND id < %s))',
+                       'intent_log_' || v_next.segment, v_newest.end_id,
+                       v_newest.end_id + (1::bigint << 32));
+        EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.log_outcomes INCLUDING DEFAULTS'
+                       ' INCLUDING CONSTRAINTS, CHECK (intent_id >= %s AND intent_id < %s))',
+                       'log_outcomes_' || v_next.segment, v_newest.end_id,
+                       v_newest.end_id + (1::bigint << 32));
         INSERT INTO outbox.log_segments (segment, first_id, end_id, state)
-        VALUES (v_next.segment, v_next.first_id, v_next.end_id, 'ahead');
+        VALUES (v_next.segment, v_newest.end_id, v_newest.end_id + (1::bigint << 32), 'ahead');
         RETURN 'made';
     END IF;
-    IF v_newest.opened_at > now() - p_span THEN
-        RETURN 'idle';
-    END IF;
-    -- a segment that holds nothing stays open: an idle log keeps one
-    EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM outbox.%I)', 'intent_log_' || v_newest.segment)
-      INTO v_empty;
-    IF v_empty THEN
-        RETURN 'idle';
+    IF v_seq < v_newest.end_id - (1::bigint << 31) THEN
+        IF v_newest.opened_at > now() - p_span THEN
+            RETURN 'idle';
+        END IF;
+        -- a segment that holds nothing stays open: an idle log keeps one
+        EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM outbox.%I)',
+                       'intent_log_' || v_newest.segment)
+          INTO v_empty;
+        IF v_empty THEN
+            RETURN 'idle';
+        END IF;
     END IF;
     BEGIN
         SET LOCAL lock_timeout = '100ms';
+        EXECUTE format('ALTER TABLE outbox.intent_log ATTACH PARTITION outbox.%I'
+                       ' FOR VALUES FROM (%s) TO (%s)',
+                       'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
+        EXECUTE format('ALTER TABLE outbox.log_outcomes ATTACH PARTITION outbox.%I'
+                       ' FOR VALUES FROM (%s) TO (%s)',
+                       'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
         UPDATE outbox.log_segments SET state = 'open' WHERE segment = v_next.segment;
         PERFORM outbox.build_open_log();
         SET LOCAL lock_timeout TO DEFAULT;
@@ -183,46 +194,18 @@ BEGIN
 END
 $$;
 
--- One step of closing: the oldest open segment that the sequence has left
--- more than p_grace ago closes once nothing can insert into it any more
--- (an insert from now on fails, see outbox.log_segment_closed, and none is
--- in flight: the trigger waits for them) and every intent in it has its
--- outcome or its row and is in no batch in flight. Answers 'closed',
--- 'idle' or 'busy'.
-CREATE FUNCTION outbox.close_log_segment(p_grace interval DEFAULT '1 second') RETURNS text
-    LANGUAGE plpgsql SECURITY DEFINER
+-- The test that every intent of a segment has its outcome or its row and
+-- none is in a batch in flight, in one snapshot (a claim commits its
+-- batch, its rows and the cursor together). After the cursor an intent
+-- may have its outcome or row already: the cursor passes only intents
+-- older than every transaction running.
+CREATE FUNCTION outbox.log_segment_done(p_seg outbox.log_segments) RETURNS boolean
+    LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     AS $$
 DECLARE
-    v_old  outbox.log_segments;
     v_done boolean;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(20291, 5) THEN
-        RETURN 'busy';
-    END IF;
-    SELECT o.* INTO v_old
-      FROM outbox.log_segments o
-     WHERE o.state = 'open'
-       AND EXISTS (SELECT 1 FROM outbox.log_segments n
-                    WHERE n.state = 'open' AND n.segment > o.segment
-                      AND n.opened_at < now() - p_grace)
-     ORDER BY o.segment LIMIT 1;
-    IF v_old.segment IS NULL THEN
-        RETURN 'idle';
-    END IF;
-    BEGIN
-        SET LOCAL lock_timeout = '100ms';
-        EXECUTE format('CREATE TRIGGER log_segment_closed BEFORE INSERT ON outbox.%I'
-                       ' FOR EACH ROW EXECUTE FUNCTION outbox.log_segment_closed()',
-                       'intent_log_' || v_old.segment);
-        SET LOCAL lock_timeout TO DEFAULT;
-    EXCEPTION WHEN lock_not_available THEN
-        RETURN 'busy';
-    END;
-    -- one snapshot for the cursor, the outcomes, the rows and the
-    -- batches: a claim commits its batch, its rows and the cursor together.
-    -- After the cursor, an intent may have its outcome or row already (the
-    -- cursor passes only intents older than every transaction running).
     EXECUTE format(
         'SELECT NOT EXISTS (SELECT 1 FROM outbox.%I l
                              WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
@@ -234,44 +217,84 @@ BEGIN
                              WHERE b.max_id >= $1
                                AND EXISTS (SELECT 1 FROM unnest(b.ids) i
                                             WHERE i >= $1 AND i < $2))',
-        'intent_log_' || v_old.segment, 'log_outcomes_' || v_old.segment)
-      INTO v_done USING v_old.first_id, v_old.end_id;
-    IF v_done THEN
-        BEGIN
-            SET LOCAL lock_timeout = '100ms';
-            UPDATE outbox.log_segments SET state = 'closed', closed_at = now()
-             WHERE segment = v_old.segment;
-            PERFORM outbox.build_open_log();
-            SET LOCAL lock_timeout TO DEFAULT;
-            RETURN 'closed';
-        EXCEPTION WHEN lock_not_available THEN
-            v_done := NULL;
-        END;
-    END IF;
-    -- not yet: the segment takes inserts again
-    EXECUTE format('DROP TRIGGER log_segment_closed ON outbox.%I', 'intent_log_' || v_old.segment);
-    RETURN CASE WHEN v_done IS NULL THEN 'busy' ELSE 'idle' END;
+        'intent_log_' || p_seg.segment, 'log_outcomes_' || p_seg.segment)
+      INTO v_done USING p_seg.first_id, p_seg.end_id;
+    RETURN v_done;
 END
 $$;
 
--- One step of retirement. A segment closed more than p_older_than ago
--- (every outcome in it is older: a closed segment gets none) has its
--- intents delivered at the first attempt copied into the ledger, and the
--- attempts, event deliveries and operator actions of those intents deleted
--- (a delivery at the first attempt has none of the first); it is
--- then 'retiring', and a later call drops its two tables, which locks the
--- log for a moment. The intents with rows stay in outbox.intent_rows.
--- Answers 'copied', 'dropped', 'idle' or 'busy', or 'kept' (with a
--- warning) for a segment holding an intent with neither its delivery nor
--- a row, which no closed segment should: it is kept, and so are the later
--- ones.
-CREATE FUNCTION outbox.retire_log_segment(p_older_than interval) RETURNS text
+-- One step of closing: the oldest open segment that the sequence has left
+-- more than p_grace ago closes once it is done (outbox.log_segment_done)
+-- and nothing can insert into it any more: the trigger that makes an
+-- insert fail (outbox.log_segment_closed) takes a lock that waits for the
+-- inserts in flight, and the test runs again under it. Answers 'closed',
+-- 'idle' or 'busy'.
+CREATE FUNCTION outbox.close_log_segment(p_grace interval DEFAULT '1 second') RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     AS $$
 DECLARE
-    v_seg   outbox.log_segments;
-    v_lost  bigint;
+    v_old outbox.log_segments;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(20291, 5) THEN
+        RETURN 'busy';
+    END IF;
+    SELECT o.* INTO v_old
+      FROM outbox.log_segments o
+     WHERE o.state = 'open'
+       AND EXISTS (SELECT 1 FROM outbox.log_segments n
+                    WHERE n.state = 'open' AND n.segment > o.segment
+                      AND n.opened_at < now() - p_grace)
+     ORDER BY o.segment LIMIT 1;
+    IF v_old.segment IS NULL OR NOT outbox.log_segment_done(v_old) THEN
+        RETURN 'idle';
+    END IF;
+    BEGIN
+        SET LOCAL lock_timeout = '100ms';
+        EXECUTE format('CREATE TRIGGER log_segment_closed BEFORE INSERT ON outbox.%I'
+                       ' FOR EACH ROW EXECUTE FUNCTION outbox.log_segment_closed()',
+                       'intent_log_' || v_old.segment);
+        IF NOT outbox.log_segment_done(v_old) THEN
+            -- an insert committed meanwhile: this block's undoing drops the
+            -- trigger and its lock
+            RAISE object_not_in_prerequisite_state;
+        END IF;
+        UPDATE outbox.log_segments SET state = 'closed', closed_at = now()
+         WHERE segment = v_old.segment;
+        PERFORM outbox.build_open_log();
+        SET LOCAL lock_timeout TO DEFAULT;
+    EXCEPTION
+        WHEN lock_not_available THEN RETURN 'busy';
+        WHEN object_not_in_prerequisite_state THEN RETURN 'idle';
+    END;
+    RETURN 'closed';
+END
+$$;
+
+-- One step of retirement, p_batch intents at a time. A segment closed
+-- more than p_older_than ago (every outcome in it is older: a closed
+-- segment gets none) has the next p_batch of its intents delivered at
+-- the first attempt copied into the ledger, and their attempts, event
+-- deliveries and operator actions deleted (a delivery at the first
+-- attempt normally has none); after its last batch it is 'retiring', and
+-- a later call drops its two tables once no snapshot is older than the
+-- copy, which locks the log for a moment. The intents with rows stay in
+-- outbox.intent_rows. Answers 'copied', 'dropped', 'idle' (nothing to do,
+-- or a drop waiting for an older snapshot) or 'busy', or 'kept' (with a
+-- warning) for a segment holding an intent with neither its delivery nor
+-- a row, which no closed segment should: it is kept, and so are the
+-- later ones.
+CREATE FUNCTION outbox.retire_log_segment(p_older_than interval, p_batch integer DEFAULT 50000)
+    RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    v_seg  outbox.log_segments;
+    v_from bigint;
+    v_to   bigint;
+    v_lost bigint;
+    v_more boolean;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(20291, 5) THEN
         RETURN 'busy';
@@ -279,6 +302,12 @@ BEGIN
     SELECT * INTO v_seg FROM outbox.log_segments
      WHERE state = 'retiring' ORDER BY segment LIMIT 1;
     IF v_seg.segment IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_stat_activity a
+                    WHERE a.datname = current_database() AND a.backend_type = 'client backend'
+                      AND a.backend_xmin IS NOT NULL
+                      AND age(a.backend_xmin) >= age(v_seg.copied_xid::xid)) THEN
+            RETURN 'idle';
+        END IF;
         BEGIN
             SET LOCAL lock_timeout = '100ms';
             EXECUTE format('DROP TABLE outbox.%I, outbox.%I', 'intent_log_' || v_seg.segment,
@@ -287,7 +316,8 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RETURN 'busy';
         END;
-        DELETE FROM outbox.log_segments WHERE segment = v_seg.segment;
+        UPDATE outbox.log_segments SET state = 'retired', retired_at = now()
+         WHERE segment = v_seg.segment;
         RETURN 'dropped';
     END IF;
     SELECT * INTO v_seg FROM outbox.log_segments
@@ -296,14 +326,21 @@ BEGIN
     IF v_seg.segment IS NULL THEN
         RETURN 'idle';
     END IF;
+    v_from := coalesce(v_seg.copied_to, v_seg.first_id);
+    EXECUTE format('SELECT max(id) + 1 FROM (SELECT l.id FROM outbox.%I l WHERE l.id >= $1
+                                              ORDER BY l.id LIMIT $2) b',
+                   'intent_log_' || v_seg.segment)
+      INTO v_to USING v_from, p_batch;
+    v_to := coalesce(v_to, v_seg.end_id);
     -- every intent without a row has its delivery: a closed segment's do
     EXECUTE format(
         'SELECT count(*) FROM outbox.%I l
-          WHERE NOT EXISTS (SELECT 1 FROM outbox.%I o
+          WHERE l.id >= $1 AND l.id < $2
+            AND NOT EXISTS (SELECT 1 FROM outbox.%I o
                              WHERE o.intent_id = l.id AND o.outcome = ''delivered'')
             AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)',
         'intent_log_' || v_seg.segment, 'log_outcomes_' || v_seg.segment)
-      INTO v_lost;
+      INTO v_lost USING v_from, v_to;
     IF v_lost > 0 THEN
         RAISE WARNING 'segment % of the log holds % intents with neither a delivery nor a row',
                       v_seg.segment, v_lost
@@ -317,29 +354,41 @@ BEGIN
                 o.provider_ref, l.created_at, o.at, coalesce(o.finished_at, o.started_at, o.at)
            FROM outbox.%I l
            JOIN outbox.%I o ON o.intent_id = l.id
-          WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)
+          WHERE l.id >= $1 AND l.id < $2
+            AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)
          ON CONFLICT (key) DO NOTHING',
-        'intent_log_' || v_seg.segment, 'log_outcomes_' || v_seg.segment);
+        'intent_log_' || v_seg.segment, 'log_outcomes_' || v_seg.segment)
+      USING v_from, v_to;
     DELETE FROM outbox.attempts a
-     WHERE a.intent_id >= v_seg.first_id AND a.intent_id < v_seg.end_id
+     WHERE a.intent_id >= v_from AND a.intent_id < v_to
        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = a.intent_id);
     DELETE FROM outbox.event_deliveries d
-     WHERE d.event_id >= v_seg.first_id AND d.event_id < v_seg.end_id
+     WHERE d.event_id >= v_from AND d.event_id < v_to
        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = d.event_id);
     DELETE FROM outbox.event_deliveries d
-     WHERE d.intent_id >= v_seg.first_id AND d.intent_id < v_seg.end_id
+     WHERE d.intent_id >= v_from AND d.intent_id < v_to
        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = d.intent_id);
     DELETE FROM outbox.operator_actions a
-     WHERE a.intent_id >= v_seg.first_id AND a.intent_id < v_seg.end_id
+     WHERE a.intent_id >= v_from AND a.intent_id < v_to
        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = a.intent_id);
-    UPDATE outbox.log_segments SET state = 'retiring' WHERE segment = v_seg.segment;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM outbox.%I l WHERE l.id >= $1)',
+                   'intent_log_' || v_seg.segment)
+      INTO v_more USING v_to;
+    IF v_more THEN
+        UPDATE outbox.log_segments SET copied_to = v_to WHERE segment = v_seg.segment;
+    ELSE
+        UPDATE outbox.log_segments
+           SET copied_to = v_seg.end_id, state = 'retiring', copied_xid = pg_current_xact_id()
+         WHERE segment = v_seg.segment;
+    END IF;
     RETURN 'copied';
 END
 $$;
 
 REVOKE EXECUTE ON FUNCTION outbox.build_open_log(), outbox.log_segment_closed(),
+                           outbox.log_segment_done(outbox.log_segments),
                            outbox.rotate_log(interval), outbox.close_log_segment(interval),
-                           outbox.retire_log_segment(interval)
+                           outbox.retire_log_segment(interval, integer)
     FROM PUBLIC;
 
 -- Whoever purges the log (deletes from it) rotates, closes and retires its
@@ -357,7 +406,7 @@ BEGIN
         IF g.privilege_type = 'DELETE' THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.rotate_log(interval), '
                            'outbox.close_log_segment(interval), '
-                           'outbox.retire_log_segment(interval) TO %I',
+                           'outbox.retire_log_segment(interval, integer) TO %I',
                            pg_get_userbyid(g.grantee));
         ELSE
             EXECUTE format('GRANT SELECT ON outbox.log_segments TO %I', pg_get_userbyid(g.grantee));

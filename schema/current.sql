@@ -167,10 +167,9 @@ $$;
 CREATE FUNCTION outbox.close_log_segment(p_grace interval DEFAULT '00:00:01'::interval) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
-    AS $_$
+    AS $$
 DECLARE
-    v_old  outbox.log_segments;
-    v_done boolean;
+    v_old outbox.log_segments;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(20291, 5) THEN
         RETURN 'busy';
@@ -182,7 +181,7 @@ BEGIN
                     WHERE n.state = 'open' AND n.segment > o.segment
                       AND n.opened_at < now() - p_grace)
      ORDER BY o.segment LIMIT 1;
-    IF v_old.segment IS NULL THEN
+    IF v_old.segment IS NULL OR NOT outbox.log_segment_done(v_old) THEN
         RETURN 'idle';
     END IF;
     BEGIN
@@ -190,44 +189,22 @@ BEGIN
         EXECUTE format('CREATE TRIGGER log_segment_closed BEFORE INSERT ON outbox.%I'
                        ' FOR EACH ROW EXECUTE FUNCTION outbox.log_segment_closed()',
                        'intent_log_' || v_old.segment);
+        IF NOT outbox.log_segment_done(v_old) THEN
+            -- an insert committed meanwhile: this block's undoing drops the
+            -- trigger and its lock
+            RAISE object_not_in_prerequisite_state;
+        END IF;
+        UPDATE outbox.log_segments SET state = 'closed', closed_at = now()
+         WHERE segment = v_old.segment;
+        PERFORM outbox.build_open_log();
         SET LOCAL lock_timeout TO DEFAULT;
-    EXCEPTION WHEN lock_not_available THEN
-        RETURN 'busy';
+    EXCEPTION
+        WHEN lock_not_available THEN RETURN 'busy';
+        WHEN object_not_in_prerequisite_state THEN RETURN 'idle';
     END;
-    -- one snapshot for the cursor, the outcomes, the rows and the
-    -- batches: a claim commits its batch, its rows and the cursor together.
-    -- After the cursor, an intent may have its outcome or row already (the
-    -- cursor passes only intents older than every transaction running).
-    EXECUTE format(
-        'SELECT NOT EXISTS (SELECT 1 FROM outbox.%I l
-                             WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
-                                                     ORDER BY c.seq DESC LIMIT 1)
-                               AND NOT EXISTS (SELECT 1 FROM outbox.%I o WHERE o.intent_id = l.id)
-                               AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t
-                                                WHERE t.id = l.id))
-            AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
-                             WHERE b.max_id >= $1
-                               AND EXISTS (SELECT 1 FROM unnest(b.ids) i
-                                            WHERE i >= $1 AND i < $2))',
-        'intent_log_' || v_old.segment, 'log_outcomes_' || v_old.segment)
-      INTO v_done USING v_old.first_id, v_old.end_id;
-    IF v_done THEN
-        BEGIN
-            SET LOCAL lock_timeout = '100ms';
-            UPDATE outbox.log_segments SET state = 'closed', closed_at = now()
-             WHERE segment = v_old.segment;
-            PERFORM outbox.build_open_log();
-            SET LOCAL lock_timeout TO DEFAULT;
-            RETURN 'closed';
-        EXCEPTION WHEN lock_not_available THEN
-            v_done := NULL;
-        END;
-    END IF;
-    -- not yet: the segment takes inserts again
-    EXECUTE format('DROP TRIGGER log_segment_closed ON outbox.%I', 'intent_log_' || v_old.segment);
-    RETURN CASE WHEN v_done IS NULL THEN 'busy' ELSE 'idle' END;
+    RETURN 'closed';
 END
-$_$;
+$$;
 
 
 --
@@ -1205,6 +1182,15 @@ BEGIN
     END IF;
     IF TG_OP = 'DELETE' THEN
         DELETE FROM outbox.intent_log l WHERE l.id = OLD.id;
+        IF NOT FOUND THEN
+            -- an intent that outlived its segment of the log (0042): its
+            -- row, and what the log's triggers would have taken with it
+            DELETE FROM outbox.intent_rows t WHERE t.id = OLD.id;
+            DELETE FROM outbox.attempts a WHERE a.intent_id = OLD.id;
+            DELETE FROM outbox.operator_actions a WHERE a.intent_id = OLD.id;
+            DELETE FROM outbox.event_deliveries d WHERE d.intent_id = OLD.id;
+            DELETE FROM outbox.event_deliveries d WHERE d.event_id = OLD.id;
+        END IF;
         DELETE FROM outbox.intent_keys k WHERE k.key = OLD.key AND k.intent_id = OLD.id;
         RETURN OLD;
     END IF;
@@ -1340,6 +1326,65 @@ BEGIN
               HINT = 'retry the transaction: the retry enqueues into an open segment';
 END
 $$;
+
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: log_segments; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.log_segments (
+    segment integer NOT NULL,
+    first_id bigint NOT NULL,
+    end_id bigint NOT NULL,
+    state text NOT NULL,
+    opened_at timestamp with time zone,
+    closed_at timestamp with time zone,
+    copied_to bigint,
+    copied_xid xid8,
+    retired_at timestamp with time zone,
+    CONSTRAINT log_segments_check CHECK ((first_id < end_id)),
+    CONSTRAINT log_segments_state_check CHECK ((state = ANY (ARRAY['ahead'::text, 'open'::text, 'closed'::text, 'retiring'::text, 'retired'::text])))
+);
+
+
+--
+-- Name: TABLE log_segments; Type: COMMENT; Schema: outbox; Owner: -
+--
+
+COMMENT ON TABLE outbox.log_segments IS 'The segments of outbox.intent_log and outbox.log_outcomes (outbox.intent_log_N, outbox.log_outcomes_N): the ids each covers and where it stands';
+
+
+--
+-- Name: log_segment_done(outbox.log_segments); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.log_segment_done(p_seg outbox.log_segments) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
+    AS $_$
+DECLARE
+    v_done boolean;
+BEGIN
+    EXECUTE format(
+        'SELECT NOT EXISTS (SELECT 1 FROM outbox.%I l
+                             WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
+                                                     ORDER BY c.seq DESC LIMIT 1)
+                               AND NOT EXISTS (SELECT 1 FROM outbox.%I o WHERE o.intent_id = l.id)
+                               AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t
+                                                WHERE t.id = l.id))
+            AND NOT EXISTS (SELECT 1 FROM outbox.log_batches b
+                             WHERE b.max_id >= $1
+                               AND EXISTS (SELECT 1 FROM unnest(b.ids) i
+                                            WHERE i >= $1 AND i < $2))',
+        'intent_log_' || p_seg.segment, 'log_outcomes_' || p_seg.segment)
+      INTO v_done USING p_seg.first_id, p_seg.end_id;
+    RETURN v_done;
+END
+$_$;
 
 
 --
@@ -1931,16 +1976,19 @@ $$;
 
 
 --
--- Name: retire_log_segment(interval); Type: FUNCTION; Schema: outbox; Owner: -
+-- Name: retire_log_segment(interval, integer); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.retire_log_segment(p_older_than interval) RETURNS text
+CREATE FUNCTION outbox.retire_log_segment(p_older_than interval, p_batch integer DEFAULT 50000) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
-    AS $$
+    AS $_$
 DECLARE
-    v_seg   outbox.log_segments;
-    v_lost  bigint;
+    v_seg  outbox.log_segments;
+    v_from bigint;
+    v_to   bigint;
+    v_lost bigint;
+    v_more boolean;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(20291, 5) THEN
         RETURN 'busy';
@@ -1948,6 +1996,12 @@ BEGIN
     SELECT * INTO v_seg FROM outbox.log_segments
      WHERE state = 'retiring' ORDER BY segment LIMIT 1;
     IF v_seg.segment IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_stat_activity a
+                    WHERE a.datname = current_database() AND a.backend_type = 'client backend'
+                      AND a.backend_xmin IS NOT NULL
+                      AND age(a.backend_xmin) >= age(v_seg.copied_xid::xid)) THEN
+            RETURN 'idle';
+        END IF;
         BEGIN
             SET LOCAL lock_timeout = '100ms';
             EXECUTE format('DROP TABLE outbox.%I, outbox.%I', 'intent_log_' || v_seg.segment,
@@ -1956,7 +2010,8 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RETURN 'busy';
         END;
-        DELETE FROM outbox.log_segments WHERE segment = v_seg.segment;
+        UPDATE outbox.log_segments SET state = 'retired', retired_at = now()
+         WHERE segment = v_seg.segment;
         RETURN 'dropped';
     END IF;
     SELECT * INTO v_seg FROM outbox.log_segments
@@ -1965,14 +2020,21 @@ BEGIN
     IF v_seg.segment IS NULL THEN
         RETURN 'idle';
     END IF;
+    v_from := coalesce(v_seg.copied_to, v_seg.first_id);
+    EXECUTE format('SELECT max(id) + 1 FROM (SELECT l.id FROM outbox.%I l WHERE l.id >= $1
+                                              ORDER BY l.id LIMIT $2) b',
+                   'intent_log_' || v_seg.segment)
+      INTO v_to USING v_from, p_batch;
+    v_to := coalesce(v_to, v_seg.end_id);
     -- every intent without a row has its delivery: a closed segment's do
     EXECUTE format(
         'SELECT count(*) FROM outbox.%I l
-          WHERE NOT EXISTS (SELECT 1 FROM outbox.%I o
+          WHERE l.id >= $1 AND l.id < $2
+            AND NOT EXISTS (SELECT 1 FROM outbox.%I o
                              WHERE o.intent_id = l.id AND o.outcome = ''delivered'')
             AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)',
         'intent_log_' || v_seg.segment, 'log_outcomes_' || v_seg.segment)
-      INTO v_lost;
+      INTO v_lost USING v_from, v_to;
     IF v_lost > 0 THEN
         RAISE WARNING 'segment % of the log holds % intents with neither a delivery nor a row',
                       v_seg.segment, v_lost
@@ -1986,25 +2048,36 @@ BEGIN
                 o.provider_ref, l.created_at, o.at, coalesce(o.finished_at, o.started_at, o.at)
            FROM outbox.%I l
            JOIN outbox.%I o ON o.intent_id = l.id
-          WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)
+          WHERE l.id >= $1 AND l.id < $2
+            AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id)
          ON CONFLICT (key) DO NOTHING',
-        'intent_log_' || v_seg.segment, 'log_outcomes_' || v_seg.segment);
+        'intent_log_' || v_seg.segment, 'log_outcomes_' || v_seg.segment)
+      USING v_from, v_to;
     DELETE FROM outbox.attempts a
-     WHERE a.intent_id >= v_seg.first_id AND a.intent_id < v_seg.end_id
+     WHERE a.intent_id >= v_from AND a.intent_id < v_to
        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = a.intent_id);
     DELETE FROM outbox.event_deliveries d
-     WHERE d.event_id >= v_seg.first_id AND d.event_id < v_seg.end_id
+     WHERE d.event_id >= v_from AND d.event_id < v_to
        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = d.event_id);
     DELETE FROM outbox.event_deliveries d
-     WHERE d.intent_id >= v_seg.first_id AND d.intent_id < v_seg.end_id
+     WHERE d.intent_id >= v_from AND d.intent_id < v_to
        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = d.intent_id);
     DELETE FROM outbox.operator_actions a
-     WHERE a.intent_id >= v_seg.first_id AND a.intent_id < v_seg.end_id
+     WHERE a.intent_id >= v_from AND a.intent_id < v_to
        AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = a.intent_id);
-    UPDATE outbox.log_segments SET state = 'retiring' WHERE segment = v_seg.segment;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM outbox.%I l WHERE l.id >= $1)',
+                   'intent_log_' || v_seg.segment)
+      INTO v_more USING v_to;
+    IF v_more THEN
+        UPDATE outbox.log_segments SET copied_to = v_to WHERE segment = v_seg.segment;
+    ELSE
+        UPDATE outbox.log_segments
+           SET copied_to = v_seg.end_id, state = 'retiring', copied_xid = pg_current_xact_id()
+         WHERE segment = v_seg.segment;
+    END IF;
     RETURN 'copied';
 END
-$$;
+$_$;
 
 
 --
@@ -2030,7 +2103,7 @@ BEGIN
     SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END INTO v_seq
       FROM outbox.intent_ids;
     IF v_newest.opened_at IS NULL THEN
-        -- opened: the sequence moves into it (never back)
+        -- opened in an earlier transaction: the sequence moves in (never back)
         IF v_seq < v_newest.first_id THEN
             PERFORM setval('outbox.intent_ids', v_newest.first_id, false);
         END IF;
@@ -2039,41 +2112,38 @@ BEGIN
     END IF;
     IF v_next.segment IS NULL THEN
         v_next.segment := (v_newest.end_id >> 32)::integer;
-        v_next.first_id := v_newest.end_id;
-        v_next.end_id := v_newest.end_id + (1::bigint << 32);
-        BEGIN
-            SET LOCAL lock_timeout = '100ms';
-            EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.intent_log INCLUDING DEFAULTS,'
-                           ' CHECK (id >= %s AND id < %s))',
-                           'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
-            EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.log_outcomes INCLUDING DEFAULTS'
-                           ' INCLUDING CONSTRAINTS, CHECK (intent_id >= %s AND intent_id < %s))',
-                           'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
-            EXECUTE format('ALTER TABLE outbox.intent_log ATTACH PARTITION outbox.%I'
-                           ' FOR VALUES FROM (%s) TO (%s)',
-                           'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
-            EXECUTE format('ALTER TABLE outbox.log_outcomes ATTACH PARTITION outbox.%I'
-                           ' FOR VALUES FROM (%s) TO (%s)',
-                           'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
-            SET LOCAL lock_timeout TO DEFAULT;
-        EXCEPTION WHEN lock_not_available THEN
-            RETURN 'busy';
-        END;
+        EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.intent_log INCLUDING DEFAULTS,'
+                       ' CHECK (id >= %s AND id < %s))',
+                       'intent_log_' || v_next.segment, v_newest.end_id,
+                       v_newest.end_id + (1::bigint << 32));
+        EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.log_outcomes INCLUDING DEFAULTS'
+                       ' INCLUDING CONSTRAINTS, CHECK (intent_id >= %s AND intent_id < %s))',
+                       'log_outcomes_' || v_next.segment, v_newest.end_id,
+                       v_newest.end_id + (1::bigint << 32));
         INSERT INTO outbox.log_segments (segment, first_id, end_id, state)
-        VALUES (v_next.segment, v_next.first_id, v_next.end_id, 'ahead');
+        VALUES (v_next.segment, v_newest.end_id, v_newest.end_id + (1::bigint << 32), 'ahead');
         RETURN 'made';
     END IF;
-    IF v_newest.opened_at > now() - p_span THEN
-        RETURN 'idle';
-    END IF;
-    -- a segment that holds nothing stays open: an idle log keeps one
-    EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM outbox.%I)', 'intent_log_' || v_newest.segment)
-      INTO v_empty;
-    IF v_empty THEN
-        RETURN 'idle';
+    IF v_seq < v_newest.end_id - (1::bigint << 31) THEN
+        IF v_newest.opened_at > now() - p_span THEN
+            RETURN 'idle';
+        END IF;
+        -- a segment that holds nothing stays open: an idle log keeps one
+        EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM outbox.%I)',
+                       'intent_log_' || v_newest.segment)
+          INTO v_empty;
+        IF v_empty THEN
+            RETURN 'idle';
+        END IF;
     END IF;
     BEGIN
         SET LOCAL lock_timeout = '100ms';
+        EXECUTE format('ALTER TABLE outbox.intent_log ATTACH PARTITION outbox.%I'
+                       ' FOR VALUES FROM (%s) TO (%s)',
+                       'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
+        EXECUTE format('ALTER TABLE outbox.log_outcomes ATTACH PARTITION outbox.%I'
+                       ' FOR VALUES FROM (%s) TO (%s)',
+                       'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
         UPDATE outbox.log_segments SET state = 'open' WHERE segment = v_next.segment;
         PERFORM outbox.build_open_log();
         SET LOCAL lock_timeout TO DEFAULT;
@@ -2727,10 +2797,6 @@ CREATE FUNCTION outbox.valid_tracestate(p_value text) RETURNS text
     RETURN CASE WHEN ((length(p_value) <= 512) AND (strpos(p_value, '='::text) > 0) AND ((length(p_value) - length(replace(p_value, '='::text, ''::text))) <= 32) AND (p_value !~ '[^ -~]'::text) AND (p_value ~ '^ *([a-z0-9][a-z0-9_*/@-]*=[^,=]*[^ ,=])? *(, *([a-z0-9][a-z0-9_*/@-]*=[^,=]*[^ ,=])? *)*$'::text)) THEN p_value ELSE NULL::text END;
 
 
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
-
 --
 -- Name: alert_latches; Type: TABLE; Schema: outbox; Owner: -
 --
@@ -3282,29 +3348,6 @@ CREATE VIEW outbox.log_outcomes_open AS
 --
 
 COMMENT ON VIEW outbox.log_outcomes_open IS 'The outcomes of the intents of outbox.intent_log_open, which the relays'' hot statements read';
-
-
---
--- Name: log_segments; Type: TABLE; Schema: outbox; Owner: -
---
-
-CREATE TABLE outbox.log_segments (
-    segment integer NOT NULL,
-    first_id bigint NOT NULL,
-    end_id bigint NOT NULL,
-    state text NOT NULL,
-    opened_at timestamp with time zone,
-    closed_at timestamp with time zone,
-    CONSTRAINT log_segments_check CHECK ((first_id < end_id)),
-    CONSTRAINT log_segments_state_check CHECK ((state = ANY (ARRAY['ahead'::text, 'open'::text, 'closed'::text, 'retiring'::text])))
-);
-
-
---
--- Name: TABLE log_segments; Type: COMMENT; Schema: outbox; Owner: -
---
-
-COMMENT ON TABLE outbox.log_segments IS 'The segments of outbox.intent_log and outbox.log_outcomes (outbox.intent_log_N, outbox.log_outcomes_N): the ids each covers and where it stands';
 
 
 --

@@ -55,7 +55,7 @@ GRANT EXECUTE ON FUNCTION outbox.fold_tallies(), outbox.tally_subscription(text,
 -- (0043) retention rotates, closes and retires the log's segments, which
 -- are tables: the functions do it as the schema's owner
 GRANT EXECUTE ON FUNCTION outbox.rotate_log(interval), outbox.close_log_segment(interval),
-                          outbox.retire_log_segment(interval) TO outbox_relay;
+                          outbox.retire_log_segment(interval, integer) TO outbox_relay;
 GRANT EXECUTE ON FUNCTION outbox.derive_key(text, text) TO outbox_app, outbox_relay, outbox_operator;
 GRANT EXECUTE ON FUNCTION outbox.fingerprint(jsonb) TO outbox_relay;
 -- the claim asks it whose turn it is within an ordering key (0005)

@@ -14,15 +14,13 @@ use crate::config::RetentionSection;
 use crate::store::Store;
 
 pub async fn run(store: Store, cfg: RetentionSection, mut stop: watch::Receiver<bool>) {
-    if cfg.intents.0.is_zero() {
+    let purging = !cfg.intents.0.is_zero();
+    if !purging {
         tracing::info!("retention.intents is 0s: the daemon does not purge");
-        // a supervised task runs until the stop
-        let _ = stop.wait_for(|s| *s).await;
-        return;
     }
     loop {
         match store
-            .maintain_log_segments(cfg.segment.0, cfg.intents.0)
+            .maintain_log_segments(cfg.segment.0, purging.then_some(cfg.intents.0))
             .await
         {
             Ok(pass) if pass.kept => tracing::warn!(
@@ -42,30 +40,37 @@ pub async fn run(store: Store, cfg: RetentionSection, mut stop: watch::Receiver<
             Ok(_) => {}
             Err(err) => tracing::warn!(error = %err, "segment step failed; will try again"),
         }
-        match store
-            .purge_rows_paced(
-                cfg.intents.0,
-                cfg.include_dead,
-                cfg.batch_size as i64,
-                cfg.batch_pause.0,
-            )
-            .await
-        {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(n, "purged terminal intents into the ledger"),
-            Err(err) => tracing::warn!(error = %err, "purge failed; will try again"),
-        }
-        match store
-            .purge_ledger(cfg.ledger.0, cfg.batch_size as i64)
-            .await
-        {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(n, "forgot ledger keys past retention.ledger"),
-            Err(err) => tracing::warn!(error = %err, "ledger purge failed; will try again"),
+        if purging {
+            purge(&store, &cfg).await;
         }
         tokio::select! {
             _ = tokio::time::sleep(cfg.interval.0.max(Duration::from_secs(1))) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+    }
+}
+
+/// The intents with rows, row by row, and the ledger's own retention.
+async fn purge(store: &Store, cfg: &RetentionSection) {
+    match store
+        .purge_rows_paced(
+            cfg.intents.0,
+            cfg.include_dead,
+            cfg.batch_size as i64,
+            cfg.batch_pause.0,
+        )
+        .await
+    {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(n, "purged terminal intents into the ledger"),
+        Err(err) => tracing::warn!(error = %err, "purge failed; will try again"),
+    }
+    match store
+        .purge_ledger(cfg.ledger.0, cfg.batch_size as i64)
+        .await
+    {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(n, "forgot ledger keys past retention.ledger"),
+        Err(err) => tracing::warn!(error = %err, "ledger purge failed; will try again"),
     }
 }

@@ -352,7 +352,9 @@ pub const COMPLETE_SQL: &str = "WITH u AS (
              UNION ALL
              SELECT u.id, NULL::timestamptz, true FROM u
               WHERE NOT EXISTS (SELECT 1 FROM done d WHERE d.id = u.id)
-                AND NOT EXISTS (SELECT 1 FROM outbox.intent_log g WHERE g.id = u.id)";
+                AND NOT EXISTS (SELECT 1 FROM outbox.intent_log g WHERE g.id = u.id)
+                -- a row outlives its retired segment of the log
+                AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows g WHERE g.id = u.id)";
 
 impl Store {
     /// Claim up to `limit` due pending intents for `owner` for `lease_ms`,

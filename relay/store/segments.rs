@@ -15,8 +15,10 @@ use super::Store;
 /// with a serialization failure, which the application retries.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// The most steps of one kind a pass takes.
-const STEPS_PER_PASS: usize = 8;
+/// How long one pass may keep taking steps: a segment's retirement copies
+/// 50,000 intents a step (about half a second), so a pass retires a few
+/// million intents and leaves the rest to the next.
+const PASS_BUDGET: Duration = Duration::from_secs(20);
 
 /// What one pass over the segments did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -27,8 +29,8 @@ pub struct SegmentPass {
     pub opened: u32,
     /// Segments that left the open views.
     pub closed: u32,
-    /// Segments whose intents delivered at the first attempt went into the
-    /// ledger.
+    /// Steps of retirement that copied up to 50,000 intents delivered at
+    /// the first attempt into the ledger.
     pub copied: u32,
     /// Segments dropped.
     pub dropped: u32,
@@ -49,20 +51,22 @@ impl SegmentPass {
 
 impl Store {
     /// Rotate, close and retire the log's segments as far as each can go
-    /// now: a new segment after `span`, retirement `older_than` after a
-    /// segment closes.
+    /// now: a new segment after `span` (or once the sequence is past the
+    /// last 2^31 ids of one), retirement `older_than` after a segment
+    /// closes (`None`: never).
     pub async fn maintain_log_segments(
         &self,
         span: Duration,
-        older_than: Duration,
+        older_than: Option<Duration>,
     ) -> Result<SegmentPass, sqlx::Error> {
+        let started = std::time::Instant::now();
         let mut pass = SegmentPass::default();
-        for (function, argument) in [
-            ("rotate_log", span),
-            ("close_log_segment", CLOSE_GRACE),
-            ("retire_log_segment", older_than),
-        ] {
-            for _ in 0..STEPS_PER_PASS {
+        let mut steps = vec![("rotate_log", span), ("close_log_segment", CLOSE_GRACE)];
+        if let Some(age) = older_than {
+            steps.push(("retire_log_segment", age));
+        }
+        for (function, argument) in steps {
+            while started.elapsed() < PASS_BUDGET {
                 let step: String = sqlx::query_scalar(&format!(
                     "SELECT outbox.{function}($1 * interval '1 millisecond')"
                 ))

@@ -36,7 +36,9 @@ impl Store {
                     e.payload->>'type' AS event_type,
                     i.state, i.attempts, i.delivered_at, d.at AS made_at
                FROM outbox.event_deliveries d
-               JOIN outbox.intent_log e ON e.id = d.event_id
+               -- the log, or the row of an event that outlived its segment
+               JOIN LATERAL (SELECT x.key, x.payload FROM outbox.intents x
+                              WHERE x.id = d.event_id) e ON true
                LEFT JOIN LATERAL (
                     SELECT x.state, x.attempts, x.delivered_at
                       FROM outbox.intents x WHERE x.id = d.intent_id) i ON true

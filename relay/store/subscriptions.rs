@@ -278,11 +278,11 @@ impl Store {
     /// subscription.
     pub async fn event_deliveries(&self, event_id: i64) -> Result<Vec<EventDelivery>, sqlx::Error> {
         sqlx::query_as(
-            "SELECT d.subscription_id, d.intent_id, l.key, i.state, i.attempts, i.delivered_at,
+            "SELECT d.subscription_id, d.intent_id, i.key, i.state, i.attempts, i.delivered_at,
                     i.last_error, d.at AS made_at
                FROM outbox.event_deliveries d
-               JOIN outbox.intent_log l ON l.id = d.intent_id
-               LEFT JOIN outbox.intents i ON i.id = d.intent_id
+               -- the log, or the row of one that outlived its segment
+               JOIN outbox.intents i ON i.id = d.intent_id
               WHERE d.event_id = $1
               ORDER BY d.subscription_id",
         )

@@ -71,6 +71,7 @@ async fn a_segment_retires_whole_and_the_intents_with_rows_live_on() {
         .await;
     }
     let later = enqueue_later(&db, "later", &rx.url("/later")).await;
+    let dropped = enqueue_later(&db, "dropped", &rx.url("/later")).await;
     db.enqueue("bad", "webhook", json!({"url": rx.url("/bad"), "body": {}}))
         .await;
     run_once_within(&db, &cfg, Duration::from_secs(30)).await;
@@ -129,8 +130,41 @@ async fn a_segment_retires_whole_and_the_intents_with_rows_live_on() {
 
     // not yet old enough
     assert_eq!(step(&db, "retire_log_segment", 3_600_000).await, "idle");
+    // an application's snapshot from before the copy into the ledger holds
+    // the drop: until it ends it still sees the intents in the log
+    let mut app = db.pool().begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    sqlx::query("SELECT count(*) FROM outbox.subscriptions")
+        .execute(&mut *app)
+        .await
+        .unwrap();
     assert_eq!(step(&db, "retire_log_segment", 0).await, "copied");
-    assert_eq!(step(&db, "retire_log_segment", 0).await, "dropped");
+    assert_eq!(step(&db, "retire_log_segment", 0).await, "idle");
+    let old: (i64, bool) =
+        sqlx::query_as("SELECT id, duplicate FROM outbox.enqueue('a-5', 'webhook', $1)")
+            .bind(json!({"url": rx.url("/ok"), "body": {"i": 5}}))
+            .fetch_one(&mut *app)
+            .await
+            .unwrap();
+    assert!(old.1, "a key retired after the snapshot was taken: {old:?}");
+    app.commit().await.unwrap();
+    let mut answers = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while answers.last().map(String::as_str) != Some("dropped")
+        && std::time::Instant::now() < deadline
+    {
+        // autovacuum may hold the log for a moment
+        answers.push(step(&db, "retire_log_segment", 0).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        answers.last().map(String::as_str),
+        Some("dropped"),
+        "{answers:?}"
+    );
     assert_eq!(step(&db, "retire_log_segment", 0).await, "idle");
     let gone: (Option<String>, Option<String>) = sqlx::query_as(
         "SELECT to_regclass('outbox.intent_log_0')::text, to_regclass('outbox.log_outcomes_0')::text",
@@ -190,6 +224,15 @@ async fn a_segment_retires_whole_and_the_intents_with_rows_live_on() {
         rx.requests().iter().filter(|r| r.path == "/later").count(),
         1
     );
+
+    // an operator may delete one through the view, and its key is free
+    sqlx::query("DELETE FROM outbox.intents WHERE key = 'dropped'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(db.count("key = 'dropped'").await, 0);
+    let anew = enqueue_later(&db, "dropped", &rx.url("/later")).await;
+    assert_ne!(anew, dropped, "a deleted intent's key is a new intent");
 
     // and are purged row by row, their attempts with them
     sqlx::query("UPDATE outbox.intents SET updated_at = now() - interval '1 hour' WHERE key IN ('bad', 'later')")
@@ -257,7 +300,7 @@ async fn the_retention_pass_rotates_closes_and_retires() {
     run_once_within(&db, &cfg, Duration::from_secs(30)).await;
     let pass = db
         .store
-        .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+        .maintain_log_segments(Duration::ZERO, Some(Duration::ZERO))
         .await
         .unwrap();
     assert_eq!((pass.made, pass.opened, pass.closed), (2, 1, 0), "{pass:?}");
@@ -269,7 +312,7 @@ async fn the_retention_pass_rotates_closes_and_retires() {
     while done != (1, 1, 1) && std::time::Instant::now() < deadline {
         let pass = db
             .store
-            .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+            .maintain_log_segments(Duration::ZERO, Some(Duration::ZERO))
             .await
             .unwrap();
         done.0 += pass.closed;
@@ -289,8 +332,52 @@ async fn the_retention_pass_rotates_closes_and_retires() {
     // a pass with nothing to do changes nothing
     let pass = db
         .store
-        .maintain_log_segments(Duration::from_secs(3600), Duration::ZERO)
+        .maintain_log_segments(Duration::from_secs(3600), Some(Duration::ZERO))
         .await
         .unwrap();
     assert!(!pass.changed(), "{pass:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_past_the_open_segments_is_refused_and_rotation_opens_the_next_in_time() {
+    let db = TestDb::new().await;
+    let rx = Receiver::ok().await;
+    db.enqueue(
+        "first",
+        "webhook",
+        json!({"url": rx.url("/ok"), "body": {}}),
+    )
+    .await;
+    // the next segment is made but not attached: no intent can land there
+    assert_eq!(step(&db, "rotate_log", 3_600_000).await, "made");
+    assert_eq!(step(&db, "rotate_log", 3_600_000).await, "idle");
+    sqlx::query("SELECT setval('outbox.intent_ids', (1::bigint << 32) + 5)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let past = sqlx::query("SELECT outbox.enqueue('past', 'webhook', $1)")
+        .bind(json!({"url": rx.url("/ok"), "body": {}}))
+        .execute(db.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        past.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("23514"),
+        "{past}"
+    );
+    assert_eq!(db.count("key = 'past'").await, 0);
+    // past the last 2^31 ids of the open segment, the next one opens
+    // whatever the span
+    sqlx::query("SELECT setval('outbox.intent_ids', (1::bigint << 32) - 1000)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(step(&db, "rotate_log", 3_600_000).await, "opened");
+    assert_eq!(step(&db, "rotate_log", 3_600_000).await, "moved");
+    let id = db
+        .enqueue("next", "webhook", json!({"url": rx.url("/ok"), "body": {}}))
+        .await;
+    assert_eq!(id, 1 << 32);
+    run_once_within(&db, &config(), Duration::from_secs(30)).await;
+    assert_eq!(db.count("state = 'delivered'").await, 2);
 }

@@ -513,7 +513,7 @@ async fn the_relay_role_rotates_and_retires_segments_and_the_application_role_ca
         .unwrap();
     common::run_once_within(&db, &common::config(), Duration::from_secs(30)).await;
     let pass = relay
-        .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+        .maintain_log_segments(Duration::ZERO, Some(Duration::ZERO))
         .await
         .expect("the relay role rotates");
     assert_eq!(pass.opened, 1, "{pass:?}");
@@ -522,7 +522,7 @@ async fn the_relay_role_rotates_and_retires_segments_and_the_application_role_ca
     while done != (1, 1) && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let pass = relay
-            .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+            .maintain_log_segments(Duration::ZERO, Some(Duration::ZERO))
             .await
             .expect("the relay role retires");
         done.0 += pass.closed;
@@ -534,7 +534,7 @@ async fn the_relay_role_rotates_and_retires_segments_and_the_application_role_ca
         .await
         .unwrap();
     let err = app
-        .maintain_log_segments(Duration::ZERO, Duration::ZERO)
+        .maintain_log_segments(Duration::ZERO, Some(Duration::ZERO))
         .await
         .unwrap_err();
     assert!(denied(err));
