@@ -11,8 +11,9 @@
 # outcomes, as a drain leaves them. It rotates the log (outbox.rotate_log
 # until the next segment is open), closes the first segment
 # (outbox.close_log_segment), and then:
-#   retire   outbox.retire_log_segment: the copy into the ledger, then the
-#            drop, each its own call, as the relays make them
+#   retire   outbox.retire_log_segment: the copy into the ledger, 50,000
+#            intents a call, then the drop, each call its own transaction,
+#            as the relays make them
 # Then it writes as many again, into the next segment, and:
 #   rows     the row-by-row purge, as `outbox-relay purge` runs it:
 #            PURGE_ROWS and PURGE_LOG from relay/store/retention.rs,
@@ -101,8 +102,30 @@ deleted() { # SCHEMA: rows deleted and dead rows left, per table
 }
 
 echo "  before: $(deleted outbox)"
-measure "retire: copy" "SELECT outbox.retire_log_segment(interval '0');"
-measure "retire: drop" "SELECT outbox.retire_log_segment(interval '0');"
+measure "retire: copy" "
+DO \$retire\$
+DECLARE
+    a text;
+    n integer := 0;
+BEGIN
+    LOOP
+        a := outbox.retire_log_segment(interval '0');
+        COMMIT;
+        EXIT WHEN a <> 'copied';
+        n := n + 1;
+        EXIT WHEN (SELECT state FROM outbox.log_segments WHERE segment = 0) = 'retiring';
+    END LOOP;
+    RAISE NOTICE 'copied in % steps, then %', n, a;
+END
+\$retire\$;"
+measure "retire: drop" "
+DO \$drop\$
+BEGIN
+    IF outbox.retire_log_segment(interval '0') <> 'dropped' THEN
+        RAISE EXCEPTION 'the drop did not happen';
+    END IF;
+END
+\$drop\$;"
 echo "  after:  $(deleted outbox)"
 
 write_intents s
