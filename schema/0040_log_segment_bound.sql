@@ -45,7 +45,7 @@ BEGIN
             PERFORM pg_sleep(0.01 * (i % 10));
         END;
     END LOOP;
-    RAISE EXCEPTION 'could not lock outbox.intent_log within a minute'
+    RAISE EXCEPTION 'could not lock outbox.intent_log in 600 tries of 100 ms'
         USING HINT = 'run outbox-relay migrate again';
 END
 $$;

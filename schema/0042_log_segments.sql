@@ -2,7 +2,8 @@
 -- and outbox.log_outcomes become tables partitioned by range of intent id,
 -- and the tables as they were become their first segment,
 -- outbox.intent_log_0 and outbox.log_outcomes_0, attached without a scan
--- after the CHECKs of schemas 0040 and 0041. Later segments cover 2^32 ids
+-- after the CHECKs of schemas 0040 and 0041; the ids above the segments
+-- go to the tail, outbox.intent_log_tail and outbox.log_outcomes_tail. Later segments cover 2^32 ids
 -- each and are made, opened, closed and retired by the functions of schema
 -- 0043, which the relays call. Every statement that names the log or the
 -- outcomes goes on naming them; the relays' hot statements read the open
@@ -17,8 +18,8 @@
 -- no longer has to have its log intent.
 --
 -- The tables are locked for a moment, waiting at most 100 ms at a time, so
--- that the claims and the enqueues never queue behind a long wait, for at
--- most a minute.
+-- that the claims and the enqueues never queue behind a long wait, 600
+-- times.
 DO $$
 BEGIN
     FOR i IN 1 .. 600 LOOP
@@ -33,7 +34,7 @@ BEGIN
             PERFORM pg_sleep(0.01 * (i % 10));
         END;
     END LOOP;
-    RAISE EXCEPTION 'could not lock outbox.intent_log within a minute'
+    RAISE EXCEPTION 'could not lock outbox.intent_log in 600 tries of 100 ms'
         USING HINT = 'run outbox-relay migrate again';
 END
 $$;
@@ -137,6 +138,12 @@ END
 $$;
 ALTER TABLE outbox.intent_log_0 DROP CONSTRAINT intent_log_first_segment;
 ALTER TABLE outbox.log_outcomes_0 DROP CONSTRAINT log_outcomes_first_segment;
+
+-- The tail: every id above the segments, for an application that moves
+-- the sequence on (setval) or a log whose rotation has not run in time.
+-- It is always open and never retired; its intents are purged row by row.
+CREATE TABLE outbox.intent_log_tail PARTITION OF outbox.intent_log DEFAULT;
+CREATE TABLE outbox.log_outcomes_tail PARTITION OF outbox.log_outcomes DEFAULT;
 
 CREATE TRIGGER intent_log_kafka_headers BEFORE INSERT ON outbox.intent_log
     FOR EACH ROW WHEN (NEW.kind = 'kafka' AND NEW.payload ? 'headers')

@@ -8,8 +8,9 @@
 -- tries again.
 --
 --   ahead    the next segment's two tables, made but not attached: no id
---            can reach them (an insert past the open segments fails, it
---            is never stranded);
+--            can reach them (an id past the segments goes to the tail,
+--            outbox.intent_log_tail, which is always open and is never
+--            retired: its intents are purged row by row);
 --   open     attached, and in outbox.intent_log_open and
 --            outbox.log_outcomes_open, the views the relays' hot statements
 --            read: it may hold an intent no claim has taken or one in a
@@ -53,8 +54,8 @@ SELECT 0, -9223372036854775808, (SELECT pg_catalog.max(r.end_id) FROM (
              FROM pg_class c WHERE c.oid = 'outbox.intent_log_0'::regclass) r(end_id)),
        'open', now();
 
--- The views the hot statements read: the open segments, UNION ALL, which
--- Postgres reads as the segments' own tables.
+-- The views the hot statements read: the open segments and the tail,
+-- UNION ALL, which Postgres reads as their own tables.
 CREATE FUNCTION outbox.build_open_log() RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
@@ -66,14 +67,17 @@ BEGIN
     SELECT string_agg(format('SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload,'
                              ' l.run_after, l.ordering_key, l.waiting, l.source, l.traceparent,'
                              ' l.tracestate, l.created_at FROM outbox.%I l',
-                             'intent_log_' || s.segment), ' UNION ALL ' ORDER BY s.segment),
+                             'intent_log_' || s.segment), ' UNION ALL '),
            string_agg(format('SELECT o.intent_id, o.outcome, o.owner, o.started_at,'
                              ' o.finished_at, o.status, o.provider_ref, o.replayed, o.at'
                              ' FROM outbox.%I o', 'log_outcomes_' || s.segment),
-                      ' UNION ALL ' ORDER BY s.segment)
+                      ' UNION ALL ')
       INTO v_log, v_outcomes
-      FROM outbox.log_segments s
-     WHERE s.state = 'open';
+      FROM (SELECT s.segment::text AS segment FROM outbox.log_segments s
+             WHERE s.state = 'open'
+            UNION ALL
+            -- the tail, last
+            SELECT 'tail') s;
     EXECUTE 'CREATE OR REPLACE VIEW outbox.intent_log_open AS ' || v_log;
     EXECUTE 'CREATE OR REPLACE VIEW outbox.log_outcomes_open AS ' || v_outcomes;
 END
@@ -151,17 +155,21 @@ BEGIN
         RETURN 'moved';
     END IF;
     IF v_next.segment IS NULL THEN
-        v_next.segment := (v_newest.end_id >> 32)::integer;
+        -- after the newest, or above the sequence and the tail's intents
+        -- when the sequence has been moved past the segments
+        v_next.first_id := greatest(v_newest.end_id,
+                                    ((greatest(v_seq, (SELECT max(t.id) FROM outbox.intent_log_tail t))
+                                      >> 32) + 1) << 32);
+        v_next.end_id := v_next.first_id + (1::bigint << 32);
+        v_next.segment := (v_next.first_id >> 32)::integer;
         EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.intent_log INCLUDING DEFAULTS,'
                        ' CHECK (id >= %s AND id < %s))',
-                       'intent_log_' || v_next.segment, v_newest.end_id,
-                       v_newest.end_id + (1::bigint << 32));
+                       'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
         EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.log_outcomes INCLUDING DEFAULTS'
                        ' INCLUDING CONSTRAINTS, CHECK (intent_id >= %s AND intent_id < %s))',
-                       'log_outcomes_' || v_next.segment, v_newest.end_id,
-                       v_newest.end_id + (1::bigint << 32));
+                       'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
         INSERT INTO outbox.log_segments (segment, first_id, end_id, state)
-        VALUES (v_next.segment, v_newest.end_id, v_newest.end_id + (1::bigint << 32), 'ahead');
+        VALUES (v_next.segment, v_next.first_id, v_next.end_id, 'ahead');
         RETURN 'made';
     END IF;
     IF v_seq < v_newest.end_id - (1::bigint << 31) THEN
@@ -187,8 +195,15 @@ BEGIN
         UPDATE outbox.log_segments SET state = 'open' WHERE segment = v_next.segment;
         PERFORM outbox.build_open_log();
         SET LOCAL lock_timeout TO DEFAULT;
-    EXCEPTION WHEN lock_not_available THEN
-        RETURN 'busy';
+    EXCEPTION
+        WHEN lock_not_available THEN
+            RETURN 'busy';
+        WHEN check_violation THEN
+            -- the tail took intents in its range meanwhile: made again above
+            EXECUTE format('DROP TABLE outbox.%I, outbox.%I', 'intent_log_' || v_next.segment,
+                           'log_outcomes_' || v_next.segment);
+            DELETE FROM outbox.log_segments WHERE segment = v_next.segment;
+            RETURN 'busy';
     END;
     RETURN 'opened';
 END
@@ -316,6 +331,11 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RETURN 'busy';
         END;
+        -- an intent given its row after its copy (an operator's retry of
+        -- it, say) lives on in the row, and the ledger does not speak for it
+        DELETE FROM outbox.ledger g USING outbox.intent_rows t
+         WHERE t.id >= v_seg.first_id AND t.id < v_seg.end_id
+           AND g.key = t.key AND g.intent_id = t.id;
         UPDATE outbox.log_segments SET state = 'retired', retired_at = now()
          WHERE segment = v_seg.segment;
         RETURN 'dropped';

@@ -37,14 +37,17 @@ BEGIN
     SELECT string_agg(format('SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload,'
                              ' l.run_after, l.ordering_key, l.waiting, l.source, l.traceparent,'
                              ' l.tracestate, l.created_at FROM outbox.%I l',
-                             'intent_log_' || s.segment), ' UNION ALL ' ORDER BY s.segment),
+                             'intent_log_' || s.segment), ' UNION ALL '),
            string_agg(format('SELECT o.intent_id, o.outcome, o.owner, o.started_at,'
                              ' o.finished_at, o.status, o.provider_ref, o.replayed, o.at'
                              ' FROM outbox.%I o', 'log_outcomes_' || s.segment),
-                      ' UNION ALL ' ORDER BY s.segment)
+                      ' UNION ALL ')
       INTO v_log, v_outcomes
-      FROM outbox.log_segments s
-     WHERE s.state = 'open';
+      FROM (SELECT s.segment::text AS segment FROM outbox.log_segments s
+             WHERE s.state = 'open'
+            UNION ALL
+            -- the tail, last
+            SELECT 'tail') s;
     EXECUTE 'CREATE OR REPLACE VIEW outbox.intent_log_open AS ' || v_log;
     EXECUTE 'CREATE OR REPLACE VIEW outbox.log_outcomes_open AS ' || v_outcomes;
 END
@@ -2010,6 +2013,11 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RETURN 'busy';
         END;
+        -- an intent given its row after its copy (an operator's retry of
+        -- it, say) lives on in the row, and the ledger does not speak for it
+        DELETE FROM outbox.ledger g USING outbox.intent_rows t
+         WHERE t.id >= v_seg.first_id AND t.id < v_seg.end_id
+           AND g.key = t.key AND g.intent_id = t.id;
         UPDATE outbox.log_segments SET state = 'retired', retired_at = now()
          WHERE segment = v_seg.segment;
         RETURN 'dropped';
@@ -2111,17 +2119,21 @@ BEGIN
         RETURN 'moved';
     END IF;
     IF v_next.segment IS NULL THEN
-        v_next.segment := (v_newest.end_id >> 32)::integer;
+        -- after the newest, or above the sequence and the tail's intents
+        -- when the sequence has been moved past the segments
+        v_next.first_id := greatest(v_newest.end_id,
+                                    ((greatest(v_seq, (SELECT max(t.id) FROM outbox.intent_log_tail t))
+                                      >> 32) + 1) << 32);
+        v_next.end_id := v_next.first_id + (1::bigint << 32);
+        v_next.segment := (v_next.first_id >> 32)::integer;
         EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.intent_log INCLUDING DEFAULTS,'
                        ' CHECK (id >= %s AND id < %s))',
-                       'intent_log_' || v_next.segment, v_newest.end_id,
-                       v_newest.end_id + (1::bigint << 32));
+                       'intent_log_' || v_next.segment, v_next.first_id, v_next.end_id);
         EXECUTE format('CREATE TABLE outbox.%I (LIKE outbox.log_outcomes INCLUDING DEFAULTS'
                        ' INCLUDING CONSTRAINTS, CHECK (intent_id >= %s AND intent_id < %s))',
-                       'log_outcomes_' || v_next.segment, v_newest.end_id,
-                       v_newest.end_id + (1::bigint << 32));
+                       'log_outcomes_' || v_next.segment, v_next.first_id, v_next.end_id);
         INSERT INTO outbox.log_segments (segment, first_id, end_id, state)
-        VALUES (v_next.segment, v_newest.end_id, v_newest.end_id + (1::bigint << 32), 'ahead');
+        VALUES (v_next.segment, v_next.first_id, v_next.end_id, 'ahead');
         RETURN 'made';
     END IF;
     IF v_seq < v_newest.end_id - (1::bigint << 31) THEN
@@ -2147,8 +2159,15 @@ BEGIN
         UPDATE outbox.log_segments SET state = 'open' WHERE segment = v_next.segment;
         PERFORM outbox.build_open_log();
         SET LOCAL lock_timeout TO DEFAULT;
-    EXCEPTION WHEN lock_not_available THEN
-        RETURN 'busy';
+    EXCEPTION
+        WHEN lock_not_available THEN
+            RETURN 'busy';
+        WHEN check_violation THEN
+            -- the tail took intents in its range meanwhile: made again above
+            EXECUTE format('DROP TABLE outbox.%I, outbox.%I', 'intent_log_' || v_next.segment,
+                           'log_outcomes_' || v_next.segment);
+            DELETE FROM outbox.log_segments WHERE segment = v_next.segment;
+            RETURN 'busy';
     END;
     RETURN 'opened';
 END
@@ -3192,6 +3211,27 @@ CREATE TABLE outbox.intent_log_0 (
 
 
 --
+-- Name: intent_log_tail; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.intent_log_tail (
+    id bigint DEFAULT nextval('outbox.intent_ids'::regclass) NOT NULL,
+    xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    key text NOT NULL,
+    kind text NOT NULL,
+    destination text,
+    payload jsonb NOT NULL,
+    run_after timestamp with time zone DEFAULT now() NOT NULL,
+    ordering_key text,
+    waiting boolean DEFAULT false NOT NULL,
+    source text,
+    traceparent text,
+    tracestate text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
 -- Name: intent_log_open; Type: VIEW; Schema: outbox; Owner: -
 --
 
@@ -3209,7 +3249,22 @@ CREATE VIEW outbox.intent_log_open AS
     l.traceparent,
     l.tracestate,
     l.created_at
-   FROM outbox.intent_log_0 l;
+   FROM outbox.intent_log_0 l
+UNION ALL
+ SELECT l.id,
+    l.xid,
+    l.key,
+    l.kind,
+    l.destination,
+    l.payload,
+    l.run_after,
+    l.ordering_key,
+    l.waiting,
+    l.source,
+    l.traceparent,
+    l.tracestate,
+    l.created_at
+   FROM outbox.intent_log_tail l;
 
 
 --
@@ -3327,6 +3382,24 @@ CREATE TABLE outbox.log_outcomes_0 (
 
 
 --
+-- Name: log_outcomes_tail; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.log_outcomes_tail (
+    intent_id bigint NOT NULL,
+    outcome text NOT NULL,
+    owner text,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    status integer,
+    provider_ref text,
+    replayed boolean,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT log_outcomes_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'moved'::text])))
+);
+
+
+--
 -- Name: log_outcomes_open; Type: VIEW; Schema: outbox; Owner: -
 --
 
@@ -3340,7 +3413,18 @@ CREATE VIEW outbox.log_outcomes_open AS
     o.provider_ref,
     o.replayed,
     o.at
-   FROM outbox.log_outcomes_0 o;
+   FROM outbox.log_outcomes_0 o
+UNION ALL
+ SELECT o.intent_id,
+    o.outcome,
+    o.owner,
+    o.started_at,
+    o.finished_at,
+    o.status,
+    o.provider_ref,
+    o.replayed,
+    o.at
+   FROM outbox.log_outcomes_tail o;
 
 
 --
@@ -3557,10 +3641,24 @@ ALTER TABLE ONLY outbox.intent_log ATTACH PARTITION outbox.intent_log_0 FOR VALU
 
 
 --
+-- Name: intent_log_tail; Type: TABLE ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.intent_log ATTACH PARTITION outbox.intent_log_tail DEFAULT;
+
+
+--
 -- Name: log_outcomes_0; Type: TABLE ATTACH; Schema: outbox; Owner: -
 --
 
 ALTER TABLE ONLY outbox.log_outcomes ATTACH PARTITION outbox.log_outcomes_0 FOR VALUES FROM (MINVALUE) TO ('4294967296');
+
+
+--
+-- Name: log_outcomes_tail; Type: TABLE ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.log_outcomes ATTACH PARTITION outbox.log_outcomes_tail DEFAULT;
 
 
 --
@@ -3729,6 +3827,14 @@ ALTER TABLE ONLY outbox.intent_log_0
 
 
 --
+-- Name: intent_log_tail intent_log_tail_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.intent_log_tail
+    ADD CONSTRAINT intent_log_tail_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: intent_rows intent_rows_key_unique; Type: CONSTRAINT; Schema: outbox; Owner: -
 --
 
@@ -3782,6 +3888,14 @@ ALTER TABLE ONLY outbox.log_outcomes
 
 ALTER TABLE ONLY outbox.log_outcomes_0
     ADD CONSTRAINT log_outcomes_0_pkey PRIMARY KEY (intent_id);
+
+
+--
+-- Name: log_outcomes_tail log_outcomes_tail_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.log_outcomes_tail
+    ADD CONSTRAINT log_outcomes_tail_pkey PRIMARY KEY (intent_id);
 
 
 --
@@ -3935,6 +4049,20 @@ CREATE INDEX intent_log_0_xid ON outbox.intent_log_0 USING btree (xid, id);
 
 
 --
+-- Name: intent_log_tail_created_at_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX intent_log_tail_created_at_idx ON outbox.intent_log_tail USING btree (created_at) WHERE (kind = 'event'::text);
+
+
+--
+-- Name: intent_log_tail_xid_id_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX intent_log_tail_xid_id_idx ON outbox.intent_log_tail USING btree (xid, id);
+
+
+--
 -- Name: intents_blocked; Type: INDEX; Schema: outbox; Owner: -
 --
 
@@ -4054,10 +4182,38 @@ ALTER INDEX outbox.intent_log_xid ATTACH PARTITION outbox.intent_log_0_xid;
 
 
 --
+-- Name: intent_log_tail_created_at_idx; Type: INDEX ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER INDEX outbox.intent_log_events ATTACH PARTITION outbox.intent_log_tail_created_at_idx;
+
+
+--
+-- Name: intent_log_tail_pkey; Type: INDEX ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER INDEX outbox.intent_log_pkey ATTACH PARTITION outbox.intent_log_tail_pkey;
+
+
+--
+-- Name: intent_log_tail_xid_id_idx; Type: INDEX ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER INDEX outbox.intent_log_xid ATTACH PARTITION outbox.intent_log_tail_xid_id_idx;
+
+
+--
 -- Name: log_outcomes_0_pkey; Type: INDEX ATTACH; Schema: outbox; Owner: -
 --
 
 ALTER INDEX outbox.log_outcomes_pkey ATTACH PARTITION outbox.log_outcomes_0_pkey;
+
+
+--
+-- Name: log_outcomes_tail_pkey; Type: INDEX ATTACH; Schema: outbox; Owner: -
+--
+
+ALTER INDEX outbox.log_outcomes_pkey ATTACH PARTITION outbox.log_outcomes_tail_pkey;
 
 
 --

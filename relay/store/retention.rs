@@ -77,6 +77,16 @@ pub(super) const PURGE_LOG: &str = "WITH gone AS (
          ON CONFLICT (key) DO NOTHING)
      SELECT count(*) FROM gone";
 
+/// [`PURGE_LOG`] for the tail of the log (`outbox.intent_log_tail`: the ids
+/// above its segments, where an application that moved the sequence on
+/// enqueues), which is never retired whole: the daemon purges it so.
+fn purge_tail() -> String {
+    PURGE_LOG.replace(
+        "FROM outbox.log_outcomes o JOIN outbox.intent_log l",
+        "FROM outbox.log_outcomes_tail o JOIN outbox.intent_log_tail l",
+    )
+}
+
 impl Store {
     /// Delete terminal intents last changed before `older_than` ago, in
     /// batches (short transactions, SKIP LOCKED). Returns how many.
@@ -119,9 +129,10 @@ impl Store {
             .await
     }
 
-    /// As [`Store::purge_paced`], only the intents with rows: the daemon's
-    /// purge, which leaves the intents delivered at the first attempt to
-    /// their segment's retirement (`Store::maintain_log_segments`).
+    /// As [`Store::purge_paced`], the intents with rows and those of the
+    /// log's tail: the daemon's purge, which leaves the intents of the
+    /// segments delivered at the first attempt to their segment's
+    /// retirement (`Store::maintain_log_segments`).
     pub async fn purge_rows_paced(
         &self,
         older_than: std::time::Duration,
@@ -151,16 +162,16 @@ impl Store {
                 .bind(batch)
                 .fetch_one(&self.pool)
                 .await?;
-            let logged: i64 = if from_log {
-                sqlx::query_scalar(PURGE_LOG)
-                    .bind(&states)
-                    .bind(ms)
-                    .bind(batch)
-                    .fetch_one(&self.pool)
-                    .await?
+            let logged: i64 = sqlx::query_scalar(&if from_log {
+                PURGE_LOG.to_string()
             } else {
-                0
-            };
+                purge_tail()
+            })
+            .bind(&states)
+            .bind(ms)
+            .bind(batch)
+            .fetch_one(&self.pool)
+            .await?;
             total += (n + logged) as u64;
             if n < batch && logged < batch {
                 return Ok(total);
@@ -209,5 +220,15 @@ impl Store {
                 return Ok(total);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_tail_purge_reads_the_tail() {
+        let tail = super::purge_tail();
+        assert!(tail.contains("FROM outbox.log_outcomes_tail o JOIN outbox.intent_log_tail l"));
+        assert_eq!(tail.matches("_tail").count(), 2, "{tail}");
     }
 }

@@ -65,14 +65,24 @@ impl Store {
         if let Some(age) = older_than {
             steps.push(("retire_log_segment", age));
         }
+        // a step that fails (a deadlock, a lost connection) leaves the
+        // other kinds of step to go on; the first error is the pass's
+        let mut failed = None;
         for (function, argument) in steps {
             while started.elapsed() < PASS_BUDGET {
-                let step: String = sqlx::query_scalar(&format!(
+                let step: String = match sqlx::query_scalar(&format!(
                     "SELECT outbox.{function}($1 * interval '1 millisecond')"
                 ))
                 .bind(argument.as_millis() as i64)
                 .fetch_one(&self.pool)
-                .await?;
+                .await
+                {
+                    Ok(step) => step,
+                    Err(err) => {
+                        failed.get_or_insert(err);
+                        break;
+                    }
+                };
                 match step.as_str() {
                     "made" => pass.made += 1,
                     // the sequence moves in the call after the views change
@@ -93,6 +103,9 @@ impl Store {
                 }
             }
         }
-        Ok(pass)
+        match failed {
+            Some(err) => Err(err),
+            None => Ok(pass),
+        }
     }
 }
