@@ -9,12 +9,13 @@
 --
 --   ahead    the next segment's two tables, made but not attached: no id
 --            can reach them (an id past the segments goes to the tail,
---            outbox.intent_log_tail, which is always open and is never
---            retired: its intents are purged row by row);
---   open     attached, and in outbox.intent_log_open and
---            outbox.log_outcomes_open, the views the relays' hot statements
---            read: it may hold an intent no claim has taken or one in a
---            claim's batch. A segment joins the views in the transaction
+--            outbox.intent_log_tail, which the claims always read and
+--            which is never retired: a claim gives its intents rows, and
+--            they are purged row by row);
+--   open     attached, and in the views the relays' hot statements read
+--            (outbox.intent_log_open, outbox.intent_log_batchable,
+--            outbox.log_outcomes_open): it may hold an intent no claim
+--            has taken or one in a claim's batch. A segment joins the views in the transaction
 --            that attaches it, before the sequence moves into it (a later
 --            call), so no claim reads a view that leaves out a committed
 --            intent;
@@ -54,34 +55,56 @@ SELECT 0, -9223372036854775808, (SELECT pg_catalog.max(r.end_id) FROM (
              FROM pg_class c WHERE c.oid = 'outbox.intent_log_0'::regclass) r(end_id)),
        'open', now();
 
--- The views the hot statements read: the open segments and the tail,
--- UNION ALL, which Postgres reads as their own tables.
+-- The views the hot statements read, UNION ALL of tables, which Postgres
+-- reads as those tables:
+--   outbox.intent_log_open       the open segments and the tail, with
+--                                in_tail: what the claims of the log and
+--                                the reads of the due intents read (a claim
+--                                gives an intent of the tail its row, so
+--                                that no batch holds one);
+--   outbox.intent_log_batchable  the open segments: what the deliveries at
+--                                the first attempt and the reads of the
+--                                batches in flight read;
+--   outbox.log_outcomes_open     the outcomes of the open segments.
 CREATE FUNCTION outbox.build_open_log() RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     AS $$
 DECLARE
+    c_columns  CONSTANT text := 'l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after,'
+                                ' l.ordering_key, l.waiting, l.source, l.traceparent, l.tracestate,'
+                                ' l.created_at';
     v_log      text;
+    v_open     text;
     v_outcomes text;
 BEGIN
-    SELECT string_agg(format('SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload,'
-                             ' l.run_after, l.ordering_key, l.waiting, l.source, l.traceparent,'
-                             ' l.tracestate, l.created_at FROM outbox.%I l',
-                             'intent_log_' || s.segment), ' UNION ALL '),
+    SELECT string_agg(format('SELECT %s FROM outbox.%I l', c_columns, 'intent_log_' || s.segment),
+                      ' UNION ALL ' ORDER BY s.segment),
+           string_agg(format('SELECT %s, false AS in_tail FROM outbox.%I l', c_columns,
+                             'intent_log_' || s.segment),
+                      ' UNION ALL ' ORDER BY s.segment),
            string_agg(format('SELECT o.intent_id, o.outcome, o.owner, o.started_at,'
                              ' o.finished_at, o.status, o.provider_ref, o.replayed, o.at'
                              ' FROM outbox.%I o', 'log_outcomes_' || s.segment),
-                      ' UNION ALL ')
-      INTO v_log, v_outcomes
-      FROM (SELECT s.segment::text AS segment FROM outbox.log_segments s
-             WHERE s.state = 'open'
-            UNION ALL
-            -- the tail, last
-            SELECT 'tail') s;
-    EXECUTE 'CREATE OR REPLACE VIEW outbox.intent_log_open AS ' || v_log;
+                      ' UNION ALL ' ORDER BY s.segment)
+      INTO v_log, v_open, v_outcomes
+      FROM outbox.log_segments s
+     WHERE s.state = 'open';
+    EXECUTE format('CREATE OR REPLACE VIEW outbox.intent_log_open AS'
+                   ' %s UNION ALL SELECT %s, true FROM outbox.intent_log_tail l',
+                   v_open, c_columns);
+    EXECUTE 'CREATE OR REPLACE VIEW outbox.intent_log_batchable AS ' || v_log;
     EXECUTE 'CREATE OR REPLACE VIEW outbox.log_outcomes_open AS ' || v_outcomes;
 END
 $$;
+
+CREATE VIEW outbox.intent_log_batchable AS
+SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after, l.ordering_key,
+       l.waiting, l.source, l.traceparent, l.tracestate, l.created_at
+  FROM outbox.intent_log l;
+
+COMMENT ON VIEW outbox.intent_log_batchable IS
+    'The open segments of outbox.intent_log, whose intents a claim may put in a batch: what the deliveries at the first attempt and the reads of the batches in flight read';
 
 CREATE VIEW outbox.log_outcomes_open AS
 SELECT o.intent_id, o.outcome, o.owner, o.started_at, o.finished_at, o.status, o.provider_ref,
@@ -89,7 +112,16 @@ SELECT o.intent_id, o.outcome, o.owner, o.started_at, o.finished_at, o.status, o
   FROM outbox.log_outcomes o;
 
 COMMENT ON VIEW outbox.log_outcomes_open IS
-    'The outcomes of the intents of outbox.intent_log_open, which the relays'' hot statements read';
+    'The outcomes of the intents of outbox.intent_log_batchable, which the relays'' hot statements read';
+
+-- the tail's flag goes last, as a replaced view's new columns must
+CREATE OR REPLACE VIEW outbox.intent_log_open AS
+SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after, l.ordering_key,
+       l.waiting, l.source, l.traceparent, l.tracestate, l.created_at, false AS in_tail
+  FROM outbox.intent_log l;
+
+COMMENT ON VIEW outbox.intent_log_open IS
+    'The open segments of outbox.intent_log and its tail (in_tail), which the relays'' claims of the log and reads of the due intents read';
 
 SELECT outbox.build_open_log();
 
@@ -104,7 +136,8 @@ BEGIN
          WHERE c.oid = 'outbox.log_outcomes'::regclass AND a.grantee <> c.relowner
            AND a.grantee <> 0 AND a.privilege_type = 'SELECT'
     LOOP
-        EXECUTE format('GRANT SELECT ON outbox.log_outcomes_open TO %I', pg_get_userbyid(g.grantee));
+        EXECUTE format('GRANT SELECT ON outbox.log_outcomes_open, outbox.intent_log_batchable TO %I',
+                       pg_get_userbyid(g.grantee));
     END LOOP;
 END
 $$;

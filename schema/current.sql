@@ -31,24 +31,29 @@ CREATE FUNCTION outbox.build_open_log() RETURNS void
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     AS $$
 DECLARE
+    c_columns  CONSTANT text := 'l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after,'
+                                ' l.ordering_key, l.waiting, l.source, l.traceparent, l.tracestate,'
+                                ' l.created_at';
     v_log      text;
+    v_open     text;
     v_outcomes text;
 BEGIN
-    SELECT string_agg(format('SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload,'
-                             ' l.run_after, l.ordering_key, l.waiting, l.source, l.traceparent,'
-                             ' l.tracestate, l.created_at FROM outbox.%I l',
-                             'intent_log_' || s.segment), ' UNION ALL '),
+    SELECT string_agg(format('SELECT %s FROM outbox.%I l', c_columns, 'intent_log_' || s.segment),
+                      ' UNION ALL ' ORDER BY s.segment),
+           string_agg(format('SELECT %s, false AS in_tail FROM outbox.%I l', c_columns,
+                             'intent_log_' || s.segment),
+                      ' UNION ALL ' ORDER BY s.segment),
            string_agg(format('SELECT o.intent_id, o.outcome, o.owner, o.started_at,'
                              ' o.finished_at, o.status, o.provider_ref, o.replayed, o.at'
                              ' FROM outbox.%I o', 'log_outcomes_' || s.segment),
-                      ' UNION ALL ')
-      INTO v_log, v_outcomes
-      FROM (SELECT s.segment::text AS segment FROM outbox.log_segments s
-             WHERE s.state = 'open'
-            UNION ALL
-            -- the tail, last
-            SELECT 'tail') s;
-    EXECUTE 'CREATE OR REPLACE VIEW outbox.intent_log_open AS ' || v_log;
+                      ' UNION ALL ' ORDER BY s.segment)
+      INTO v_log, v_open, v_outcomes
+      FROM outbox.log_segments s
+     WHERE s.state = 'open';
+    EXECUTE format('CREATE OR REPLACE VIEW outbox.intent_log_open AS'
+                   ' %s UNION ALL SELECT %s, true FROM outbox.intent_log_tail l',
+                   v_open, c_columns);
+    EXECUTE 'CREATE OR REPLACE VIEW outbox.intent_log_batchable AS ' || v_log;
     EXECUTE 'CREATE OR REPLACE VIEW outbox.log_outcomes_open AS ' || v_outcomes;
 END
 $$;
@@ -3211,6 +3216,34 @@ CREATE TABLE outbox.intent_log_0 (
 
 
 --
+-- Name: intent_log_batchable; Type: VIEW; Schema: outbox; Owner: -
+--
+
+CREATE VIEW outbox.intent_log_batchable AS
+ SELECT l.id,
+    l.xid,
+    l.key,
+    l.kind,
+    l.destination,
+    l.payload,
+    l.run_after,
+    l.ordering_key,
+    l.waiting,
+    l.source,
+    l.traceparent,
+    l.tracestate,
+    l.created_at
+   FROM outbox.intent_log_0 l;
+
+
+--
+-- Name: VIEW intent_log_batchable; Type: COMMENT; Schema: outbox; Owner: -
+--
+
+COMMENT ON VIEW outbox.intent_log_batchable IS 'The open segments of outbox.intent_log, whose intents a claim may put in a batch: what the deliveries at the first attempt and the reads of the batches in flight read';
+
+
+--
 -- Name: intent_log_tail; Type: TABLE; Schema: outbox; Owner: -
 --
 
@@ -3248,7 +3281,8 @@ CREATE VIEW outbox.intent_log_open AS
     l.source,
     l.traceparent,
     l.tracestate,
-    l.created_at
+    l.created_at,
+    false AS in_tail
    FROM outbox.intent_log_0 l
 UNION ALL
  SELECT l.id,
@@ -3263,7 +3297,8 @@ UNION ALL
     l.source,
     l.traceparent,
     l.tracestate,
-    l.created_at
+    l.created_at,
+    true AS in_tail
    FROM outbox.intent_log_tail l;
 
 
@@ -3271,7 +3306,7 @@ UNION ALL
 -- Name: VIEW intent_log_open; Type: COMMENT; Schema: outbox; Owner: -
 --
 
-COMMENT ON VIEW outbox.intent_log_open IS 'The part of outbox.intent_log that can hold an intent no claim has taken or one in a claim''s batch, which the relays'' hot statements read';
+COMMENT ON VIEW outbox.intent_log_open IS 'The open segments of outbox.intent_log and its tail (in_tail), which the relays'' claims of the log and reads of the due intents read';
 
 
 --
@@ -3382,6 +3417,30 @@ CREATE TABLE outbox.log_outcomes_0 (
 
 
 --
+-- Name: log_outcomes_open; Type: VIEW; Schema: outbox; Owner: -
+--
+
+CREATE VIEW outbox.log_outcomes_open AS
+ SELECT o.intent_id,
+    o.outcome,
+    o.owner,
+    o.started_at,
+    o.finished_at,
+    o.status,
+    o.provider_ref,
+    o.replayed,
+    o.at
+   FROM outbox.log_outcomes_0 o;
+
+
+--
+-- Name: VIEW log_outcomes_open; Type: COMMENT; Schema: outbox; Owner: -
+--
+
+COMMENT ON VIEW outbox.log_outcomes_open IS 'The outcomes of the intents of outbox.intent_log_batchable, which the relays'' hot statements read';
+
+
+--
 -- Name: log_outcomes_tail; Type: TABLE; Schema: outbox; Owner: -
 --
 
@@ -3397,41 +3456,6 @@ CREATE TABLE outbox.log_outcomes_tail (
     at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT log_outcomes_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'moved'::text])))
 );
-
-
---
--- Name: log_outcomes_open; Type: VIEW; Schema: outbox; Owner: -
---
-
-CREATE VIEW outbox.log_outcomes_open AS
- SELECT o.intent_id,
-    o.outcome,
-    o.owner,
-    o.started_at,
-    o.finished_at,
-    o.status,
-    o.provider_ref,
-    o.replayed,
-    o.at
-   FROM outbox.log_outcomes_0 o
-UNION ALL
- SELECT o.intent_id,
-    o.outcome,
-    o.owner,
-    o.started_at,
-    o.finished_at,
-    o.status,
-    o.provider_ref,
-    o.replayed,
-    o.at
-   FROM outbox.log_outcomes_tail o;
-
-
---
--- Name: VIEW log_outcomes_open; Type: COMMENT; Schema: outbox; Owner: -
---
-
-COMMENT ON VIEW outbox.log_outcomes_open IS 'The outcomes of the intents of outbox.intent_log_open, which the relays'' hot statements read';
 
 
 --

@@ -217,7 +217,7 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
         "WITH scan AS (
              SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after,
                     l.ordering_key, l.waiting, l.source, l.created_at, l.traceparent,
-                    l.tracestate, (l.kind = ANY({known}) {served}) AS served,
+                    l.tracestate, l.in_tail, (l.kind = ANY({known}) {served}) AS served,
                     CASE WHEN cardinality($4::text[]) > 0
                          THEN array_position($4::text[],
                                              outbox.destination_of(l.kind, l.destination, l.payload))
@@ -235,13 +235,15 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
               ORDER BY l.xid, l.id
               LIMIT $1 + $7),
          ranked AS (
-             SELECT s.*, s.served AND s.aside IS NULL AS eligible,
+             -- an intent of the tail (an id above the segments) gets its
+             -- row, for the claims of rows: no batch holds one
+             SELECT s.*, s.served AND s.aside IS NULL AND NOT s.in_tail AS eligible,
                     -- those claimable before this one (a running count
                     -- to this row, less itself: a frame ending before the
                     -- row is counted again for every row)
-                    count(*) FILTER (WHERE s.served AND s.aside IS NULL)
+                    count(*) FILTER (WHERE s.served AND s.aside IS NULL AND NOT s.in_tail)
                         OVER (ORDER BY s.xid, s.id ROWS UNBOUNDED PRECEDING)
-                    - (s.served AND s.aside IS NULL)::int AS before,
+                    - (s.served AND s.aside IS NULL AND NOT s.in_tail)::int AS before,
                     row_number() OVER (PARTITION BY s.aside ORDER BY s.xid, s.id) AS turn
                FROM scan s),
          cand AS (SELECT * FROM ranked r WHERE r.before < $1),

@@ -44,7 +44,7 @@ const LOG_COMPLETE_SQL: &str = "WITH v AS (
                        $6::bool[]) AS v(id, started_at, finished_at, status, provider_ref, replayed)
            -- a probe per intent (OFFSET 0 keeps each a subplan, see log_claim_sql);
            -- the log's gives the enqueue time the relay's latency reads
-           CROSS JOIN LATERAL (SELECT l.created_at FROM outbox.intent_log_open l
+           CROSS JOIN LATERAL (SELECT l.created_at FROM outbox.intent_log_batchable l
                                 WHERE l.id = v.id OFFSET 0) l
           WHERE NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = v.id OFFSET 0)),
      done AS (
@@ -64,7 +64,7 @@ const LOG_COMPLETE_SQL: &str = "WITH v AS (
                  WHERE x.id <> ALL((SELECT w.ids FROM written w)::bigint[])
                    AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                     WHERE o.intent_id = x.id OFFSET 0)
-                   AND EXISTS (SELECT 1 FROM outbox.intent_log_open l WHERE l.id = x.id OFFSET 0)))
+                   AND EXISTS (SELECT 1 FROM outbox.intent_log_batchable l WHERE l.id = x.id OFFSET 0)))
      SELECT d.intent_id, v.created_at FROM done d JOIN v ON v.id = d.intent_id";
 
 /// Intents a claim looked at beyond what it claims, per claimable one, to
@@ -209,7 +209,7 @@ impl Store {
                     SELECT 1 FROM unnest(b.ids) AS x(id)
                      WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                         WHERE o.intent_id = x.id OFFSET 0)
-                       AND EXISTS (SELECT 1 FROM outbox.intent_log_open l WHERE l.id = x.id OFFSET 0))",
+                       AND EXISTS (SELECT 1 FROM outbox.intent_log_batchable l WHERE l.id = x.id OFFSET 0))",
         )
         .bind(&ids)
         .execute(&self.pool)

@@ -24,7 +24,7 @@ pub const TALLY_COUNTS: &str = "SELECT kind, state, sum(n)::bigint
              UNION ALL
              SELECT l.kind, 'claimed', 1
                FROM outbox.log_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
-               JOIN outbox.intent_log_open l ON l.id = x.id
+               JOIN outbox.intent_log_batchable l ON l.id = x.id
               WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                  WHERE o.intent_id = x.id OFFSET 0)
                 AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t
@@ -51,7 +51,7 @@ pub const TALLY_BACKLOG: &str = "SELECT outbox.destination_of(kind, destination,
                 outbox.tally_subscription(l.kind, l.destination, l.payload),
                 outbox.tally_url(l.kind, l.destination, l.payload), 1
            FROM outbox.log_batches b CROSS JOIN LATERAL unnest(b.ids) AS x(id)
-           JOIN outbox.intent_log_open l ON l.id = x.id
+           JOIN outbox.intent_log_batchable l ON l.id = x.id
           WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                              WHERE o.intent_id = x.id OFFSET 0)
             AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = x.id OFFSET 0)) g
