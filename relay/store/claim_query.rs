@@ -298,9 +298,9 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                 0 AS attempts_base, 1::bigint AS fence, 0 AS key_generation, c.created_at,
                 false AS delivered_before, NULL::text AS recover_owner,
                 NULL::timestamptz AS recover_at, c.traceparent, c.tracestate, c.ordering_key,
-                c.aside, {mark}
+                c.aside, c.served AND c.in_tail AS to_rows, {mark}
            FROM cand c
-          WHERE c.eligible OR c.aside IS NOT NULL
+          WHERE c.eligible OR c.aside IS NOT NULL OR (c.served AND c.in_tail)
           ORDER BY c.xid, c.id"
     )
 }

@@ -48,6 +48,10 @@ impl Aside {
 pub struct Claims {
     pub claimed: Vec<Claimed>,
     pub set_aside: Vec<u64>,
+    /// Intents of the log's tail (ids above its segments) this relay
+    /// serves that the claim of the log gave rows instead of a batch: the
+    /// claim of rows takes them.
+    pub to_rows: u64,
 }
 
 /// A committed claim on one intent: the relay may now perform its effect.
@@ -411,9 +415,23 @@ impl Store {
             .claim_from_log(query, owner, rest, lease_ms, aside)
             .await?;
         claimed.append(&mut from_log.claimed);
+        // the tail's intents, given their rows just now
+        let room = limit - claimed.len() as i64;
+        if from_log.to_rows > 0 && room > 0 {
+            let rows = sqlx::query(query.sql_for(room))
+                .bind(room)
+                .bind(owner)
+                .bind(lease_ms)
+                .fetch_all(&self.pool)
+                .await?;
+            for row in &rows {
+                claimed.push(claimed_from_row(row, false)?);
+            }
+        }
         Ok(Claims {
             claimed,
             set_aside: from_log.set_aside,
+            to_rows: from_log.to_rows,
         })
     }
 

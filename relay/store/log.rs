@@ -114,6 +114,9 @@ impl Store {
                         *n += 1;
                     }
                 }
+                // an intent of the log's tail, given its row for the
+                // claims of rows
+                None if row.try_get::<bool, _>("to_rows")? => claims.to_rows += 1,
                 None => claims.claimed.push(claimed_from_row(row, false)?),
             }
         }

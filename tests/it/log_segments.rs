@@ -361,6 +361,7 @@ async fn an_id_past_the_segments_goes_to_the_tail_and_rotation_opens_above_it() 
         json!({"url": rx.url("/ok"), "body": {}}),
     )
     .await;
+    run_once_within(&db, &cfg, Duration::from_secs(30)).await;
     // the next segment is made but not attached
     assert_eq!(step(&db, "rotate_log", 3_600_000).await, "made");
     assert_eq!(step(&db, "rotate_log", 3_600_000).await, "idle");
@@ -379,6 +380,7 @@ async fn an_id_past_the_segments_goes_to_the_tail_and_rotation_opens_above_it() 
         .await
         .unwrap();
     assert_eq!(in_tail, 1);
+    // one run delivers it: the claim gives it its row and claims the row
     run_once_within(&db, &cfg, Duration::from_secs(30)).await;
     assert_eq!(db.state("past").await, "delivered");
     // the segment made before cannot take the tail's intent: it is made
