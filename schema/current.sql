@@ -2004,9 +2004,13 @@ BEGIN
     SELECT * INTO v_seg FROM outbox.log_segments
      WHERE state = 'retiring' ORDER BY segment LIMIT 1;
     IF v_seg.segment IS NOT NULL THEN
+        -- a snapshot older than the copy has an xmin at or below the
+        -- copy's xid (conservative: a session's xmin is the oldest running
+        -- transaction's, anywhere in the cluster, when it took a snapshot);
+        -- this step's own was taken after the copy committed
         IF EXISTS (SELECT 1 FROM pg_stat_activity a
                     WHERE a.datname = current_database() AND a.backend_type = 'client backend'
-                      AND a.backend_xmin IS NOT NULL
+                      AND a.pid <> pg_backend_pid() AND a.backend_xmin IS NOT NULL
                       AND age(a.backend_xmin) >= age(v_seg.copied_xid::xid)) THEN
             RETURN 'idle';
         END IF;

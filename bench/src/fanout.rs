@@ -76,7 +76,8 @@ fn config(in_flight: usize) -> anyhow::Result<Config> {
 
 const RESET: &str =
     "TRUNCATE outbox.intent_log, outbox.intent_keys, outbox.log_batches, outbox.log_outcomes,
-                              outbox.subscriptions, outbox.destinations CASCADE";
+              outbox.intent_rows, outbox.attempts, outbox.operator_actions, outbox.event_deliveries,
+              outbox.subscriptions, outbox.destinations CASCADE";
 
 /// Run the engine until the receiver has seen `n` distinct webhook-ids and
 /// the database counts `n` delivered webhooks; deliveries per second from
