@@ -100,22 +100,6 @@ VACUUM ANALYZE;
 CHECKPOINT;
 SQL
 
-HZ=$(getconf CLK_TCK)
-wal() { psql -X -At "$URL" -c "SELECT pg_current_wal_lsn()"; }
-measure() { # NAME SQL...: runs the SQL once and prints its cost
-	local name=$1 t0 t1 c0 c1 w0 w1 bytes
-	shift
-	w0=$(wal)
-	c0=$(server_ticks)
-	t0=$(date +%s.%N)
-	psql -X -q -v ON_ERROR_STOP=1 "$URL" >/dev/null <<<"$*"
-	t1=$(date +%s.%N)
-	c1=$(server_ticks)
-	w1=$(wal)
-	bytes=$(psql -X -At "$URL" -c "SELECT pg_wal_lsn_diff('$w1', '$w0')")
-	awk -v s="$name" -v t=$((0)) -v a="$t0" -v b="$t1" -v c=$((c1 - c0)) -v hz="$HZ" -v w="$bytes" -v n="$INTENTS" \
-		'BEGIN { printf "%-22s %8.1f s %8.1f µs of the server and %6.0f B of WAL per intent\n", s, b - a, c / hz / n * 1e6, w / n }'
-}
 dead() { # SCHEMA
 	psql -X -At "$URL" -c "SELECT coalesce(string_agg(relname || ' ' || n_dead_tup, ', ' ORDER BY relname), 'none')
 	                         FROM pg_stat_user_tables WHERE schemaname = '$1' AND n_dead_tup > 0"

@@ -76,22 +76,6 @@ got=$(step close_log_segment)
 [ "$got" = closed ] || { echo "close_log_segment answered $got" >&2; exit 1; }
 psql -X -q "$URL" -c "CHECKPOINT" >/dev/null
 
-HZ=$(getconf CLK_TCK)
-wal() { psql -X -At "$URL" -c "SELECT pg_current_wal_lsn()"; }
-measure() { # NAME SQL...: runs the SQL once and prints its cost
-	local name=$1 t0 t1 c0 c1 w0 w1 bytes
-	shift
-	w0=$(wal)
-	c0=$(server_ticks)
-	t0=$(date +%s.%N)
-	psql -X -q -v ON_ERROR_STOP=1 "$URL" >/dev/null <<<"$*"
-	t1=$(date +%s.%N)
-	c1=$(server_ticks)
-	w1=$(wal)
-	bytes=$(psql -X -At "$URL" -c "SELECT pg_wal_lsn_diff('$w1', '$w0')")
-	awk -v s="$name" -v a="$t0" -v b="$t1" -v c=$((c1 - c0)) -v hz="$HZ" -v w="$bytes" -v n="$INTENTS" \
-		'BEGIN { printf "%-20s %8.1f s %8.1f µs of the server and %6.0f B of WAL per intent\n", s, b - a, c / hz / n * 1e6, w / n }'
-}
 deleted() { # SCHEMA: rows deleted and dead rows left, per table
 	psql -X -At "$URL" -c "SELECT pg_stat_force_next_flush()" >/dev/null
 	sleep 1

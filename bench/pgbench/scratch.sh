@@ -14,6 +14,8 @@
 #   statement NAME           the SQL of the relay's statement NAME (its
 #                            constant's name in lower case), as the relay
 #                            runs it, from target/release/outbox-relay-bench
+#   measure NAME SQL         runs SQL once and prints its wall time, the
+#                            server's CPU and WAL per intent of $INTENTS
 #   server_ticks             the CPU clock ticks the server has spent: its
 #                            processes' utime + stime, and the postmaster's
 #                            cutime + cstime (its exited children's); needs
@@ -88,4 +90,20 @@ server_ticks() {
 		total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
 	done
 	echo "$total"
+}
+
+measure() { # NAME SQL...: runs the SQL once on $URL and prints its wall time,
+	# the server's CPU and the WAL it wrote, per intent of $INTENTS
+	local name=$1 t0 t1 c0 c1 w0 w1 bytes
+	shift
+	w0=$(psql -X -At "$URL" -c "SELECT pg_current_wal_lsn()")
+	c0=$(server_ticks)
+	t0=$(date +%s.%N)
+	psql -X -q -v ON_ERROR_STOP=1 "$URL" >/dev/null <<<"$*"
+	t1=$(date +%s.%N)
+	c1=$(server_ticks)
+	w1=$(psql -X -At "$URL" -c "SELECT pg_current_wal_lsn()")
+	bytes=$(psql -X -At "$URL" -c "SELECT pg_wal_lsn_diff('$w1', '$w0')")
+	awk -v s="$name" -v a="$t0" -v b="$t1" -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v w="$bytes" -v n="$INTENTS" \
+		'BEGIN { printf "%-22s %8.1f s %8.1f µs of the server and %6.0f B of WAL per intent\n", s, b - a, c / hz / n * 1e6, w / n }'
 }

@@ -80,12 +80,12 @@ pub(super) const PURGE_LOG: &str = "WITH gone AS (
 /// [`PURGE_LOG`] for the tail of the log (`outbox.intent_log_tail`: the ids
 /// above its segments, where an application that moved the sequence on
 /// enqueues), which is never retired whole: the daemon purges it so.
-fn purge_tail() -> String {
+static PURGE_TAIL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     PURGE_LOG.replace(
         "FROM outbox.log_outcomes o JOIN outbox.intent_log l",
         "FROM outbox.log_outcomes_tail o JOIN outbox.intent_log_tail l",
     )
-}
+});
 
 impl Store {
     /// Delete terminal intents last changed before `older_than` ago, in
@@ -162,10 +162,10 @@ impl Store {
                 .bind(batch)
                 .fetch_one(&self.pool)
                 .await?;
-            let logged: i64 = sqlx::query_scalar(&if from_log {
-                PURGE_LOG.to_string()
+            let logged: i64 = sqlx::query_scalar(if from_log {
+                PURGE_LOG
             } else {
-                purge_tail()
+                PURGE_TAIL.as_str()
             })
             .bind(&states)
             .bind(ms)
@@ -227,7 +227,7 @@ impl Store {
 mod tests {
     #[test]
     fn the_tail_purge_reads_the_tail() {
-        let tail = super::purge_tail();
+        let tail = super::PURGE_TAIL.as_str();
         assert!(tail.contains("FROM outbox.log_outcomes_tail o JOIN outbox.intent_log_tail l"));
         assert_eq!(tail.matches("_tail").count(), 2, "{tail}");
     }

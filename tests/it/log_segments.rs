@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use crate::common::{config, run_once_within, Receiver, Reply, TestDb};
 use outbox_relay::store::operator::Known;
+use outbox_relay::store::segments::SegmentPass;
+use outbox_relay::store::Store;
 use serde_json::json;
 
 /// One step of a segment function, and what it answered.
@@ -56,6 +58,28 @@ async fn rotate(db: &TestDb) {
     assert_eq!(step(db, "rotate_log", 0).await, "made");
     assert_eq!(step(db, "rotate_log", 0).await, "opened");
     assert_eq!(step(db, "rotate_log", 0).await, "moved");
+}
+
+/// Retention passes (a new segment and retirement at once) until one drops
+/// a segment, for at most 20 s, their counts summed: a step that cannot
+/// take its lock at once (autovacuum on a new segment, say) answers busy,
+/// and the next pass goes on.
+pub(crate) async fn passes_until_a_drop(store: &Store) -> SegmentPass {
+    let mut sum = SegmentPass::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sum.dropped == 0 && std::time::Instant::now() < deadline {
+        let pass = store
+            .maintain_log_segments(Duration::ZERO, Some(Duration::ZERO))
+            .await
+            .expect("a retention pass");
+        sum.closed += pass.closed;
+        sum.copied += pass.copied;
+        sum.dropped += pass.dropped;
+        if sum.dropped == 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    sum
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -317,23 +341,8 @@ async fn the_retention_pass_rotates_closes_and_retires() {
         .unwrap();
     assert_eq!((pass.made, pass.opened, pass.closed), (2, 1, 0), "{pass:?}");
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    // a step that cannot take its lock at once (autovacuum on a new
-    // segment, say) answers busy, and the next pass goes on
-    let mut done = (0, 0, 0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while done != (1, 1, 1) && std::time::Instant::now() < deadline {
-        let pass = db
-            .store
-            .maintain_log_segments(Duration::ZERO, Some(Duration::ZERO))
-            .await
-            .unwrap();
-        done.0 += pass.closed;
-        done.1 += pass.copied;
-        done.2 += pass.dropped;
-        if pass.busy {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
+    let pass = passes_until_a_drop(&db.store).await;
+    let done = (pass.closed, pass.copied, pass.dropped);
     assert_eq!(done, (1, 1, 1), "closed, copied, dropped");
     assert_eq!(db.count("true").await, 0);
     let ledger: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.ledger")
