@@ -220,6 +220,7 @@ async fn claim_complete_rate_as(store: &Store, query: &ClaimQuery, n: i64) -> an
                 state: IntentState::Delivered,
                 run_after: None,
                 response: None,
+                log_batch: c.log_batch,
             })
             .collect();
         done += store.complete(OWNER, &batch).await?.accepted.len();

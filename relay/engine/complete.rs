@@ -502,6 +502,7 @@ mod tests {
             state: IntentState::Rejected,
             run_after: None,
             response: Some(serde_json::json!({"body": "\u{0}"})),
+            log_batch: None,
         };
         let s = safe_form(&c, "22P05");
         assert_eq!(

@@ -60,6 +60,7 @@ pub fn settle(
         state: next.state(),
         run_after,
         response,
+        log_batch: claim.log_batch,
     }
 }
 
@@ -98,6 +99,7 @@ mod tests {
             delivered_before: false,
             claimed_at: std::time::Instant::now(),
             wal_target: None,
+            log_batch: None,
             recovered_from: None,
             previous_attempt_at: None,
             traceparent: None,

@@ -9,7 +9,7 @@ pub(super) const CLAIMED_COLUMNS: &str =
     "i.id, i.key, i.kind, i.destination, i.payload::text AS payload, i.attempts, \
      i.attempts_base, i.fence, i.key_generation, i.created_at, \
      i.delivered_at IS NOT NULL AS delivered_before, i.recover_owner, i.recover_at, \
-     i.traceparent, i.tracestate, i.ordering_key";
+     i.traceparent, i.tracestate, i.ordering_key, NULL::bigint AS log_batch";
 
 /// Where the server's WAL stands and its timeline, with each claimed row
 /// (`relay.wait_for_standbys`); evaluated after the row was found visible,
@@ -54,8 +54,10 @@ pub(super) const NO_WAL_MARK: &str = "NULL::bigint AS wal_position, NULL::int AS
 pub struct ClaimQuery {
     /// (inner limit, statement), by limit ascending; the last is the cap.
     rungs: Vec<(i64, String)>,
-    /// The claim of intents from the log (see [`log_claim_sql`]).
+    /// The claim of intents from the log (see [`log_claim_sql`]), and the
+    /// same for a claim that sets nothing aside.
     log: String,
+    log_plain: String,
     /// What the statements are built from (see [`ClaimQuery::with_wal_mark`]).
     limits: Vec<i64>,
     unserved_kinds: Vec<String>,
@@ -113,7 +115,8 @@ impl ClaimQuery {
             format!("AND l.kind <> ALL({})", text_array_literal(unserved_kinds))
         };
         ClaimQuery {
-            log: log_claim_sql(&served, &known, mark),
+            log: log_claim_sql(&served, &known, mark, SetsAside::Yes),
+            log_plain: log_claim_sql(&served, &known, mark, SetsAside::No),
             rungs,
             limits: limits.to_vec(),
             unserved_kinds: unserved_kinds.to_vec(),
@@ -140,6 +143,12 @@ impl ClaimQuery {
     /// ms. Run in a transaction after [`LOG_CLAIM_LOCK`].
     pub fn log_sql(&self) -> &str {
         &self.log
+    }
+
+    /// The same claim when no destination's intents are set aside: $1 how
+    /// many, $2 owner, $3 lease in ms, and nothing more bound.
+    pub fn log_plain_sql(&self) -> &str {
+        &self.log_plain
     }
 
     /// The statement limited to the cap (what [`ClaimQuery::sql_for`] gives
@@ -194,6 +203,15 @@ fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
 pub const LOG_CLAIM_LOCK: &str =
     "SELECT pg_advisory_xact_lock(20291, 0), set_config('jit', 'off', true)";
 
+/// Whether a claim of the log sets a congested destination's intents aside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SetsAside {
+    /// $4 to $7 bound: the destinations, their turns and the look-ahead.
+    Yes,
+    /// Nothing bound past $3: every served intent the claim meets is taken.
+    No,
+}
+
 /// The claim of at most $1 intents from `outbox.intent_log` (see
 /// schema/0027_intent_log.sql): those after the cursor, in (xid, id) order,
 /// that no batch holds and that have no row and no outcome. The ones of a
@@ -204,37 +222,31 @@ pub const LOG_CLAIM_LOCK: &str =
 /// older than every transaction still running: one that commits later has a
 /// larger xid, so its intents come after the cursor.
 ///
-/// Set aside: the intents of a congested destination ($4, its names as
-/// `outbox.destination_of` gives them) get their row too, pending, each at
-/// its turn (the destination's first turn $5 ms from now, then one per $6
-/// ms), and are returned with `aside` (its index in $4) and no payload.
-/// The claim looks at up to $7 more intents than it claims for them: the
-/// intents it takes are those up to its $1-th claimed one, so the cursor
-/// still passes only intents taken.
-fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
+/// Set aside ([`SetsAside::Yes`]): the intents of a congested destination ($4,
+/// its names as `outbox.destination_of` gives them) get their row too,
+/// pending, each at its turn (the destination's first turn $5 ms from now,
+/// then one per $6 ms), and are returned with `aside` (its index in $4) and
+/// no payload. The claim looks at up to $7 more intents than it claims for
+/// them: the intents it takes are those up to its $1-th claimed one, so the
+/// cursor still passes only intents taken.
+///
+/// With nothing set aside ([`SetsAside::No`]) the claim takes every intent it
+/// reads, so it needs neither the running count nor the turns, nor a sort
+/// of its rows: they come back in the order the scan read them (the rows
+/// of a materialized CTE are read back in the order they were written).
+/// Those windows and the sort were an eighth of the Postgres work of a
+/// claim and its completion (docs/performance.md, "Instructions per
+/// intent").
+fn log_claim_sql(served: &str, known: &str, mark: &str, aside: SetsAside) -> String {
     let untaken = log_untaken!("l");
-    format!(
-        "WITH scan AS (
-             SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after,
-                    l.ordering_key, l.waiting, l.source, l.created_at, l.traceparent,
-                    l.tracestate, l.in_tail, (l.kind = ANY({known}) {served}) AS served,
-                    CASE WHEN cardinality($4::text[]) > 0
-                         THEN array_position($4::text[],
-                                             outbox.destination_of(l.kind, l.destination, l.payload))
-                    END AS aside
-               FROM outbox.intent_log_open l
-              WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
-                                      ORDER BY c.seq DESC LIMIT 1)
-                -- probes of each row taken in order (OFFSET 0 keeps each a
-                -- subplan): as anti joins, a generic plan that guessed a third
-                -- of the log after the cursor hashed every outcome ever
-                -- written and sorted the log, per claim
-                AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id OFFSET 0)
-                -- no outcome and no batch (see log_untaken!)
-                AND {untaken}
-              ORDER BY l.xid, l.id
-              LIMIT $1 + $7),
-         ranked AS (
+    let (aside_of, look_ahead, cand, run_after, updated_at, last_error, order) = match aside {
+        SetsAside::Yes => (
+            "CASE WHEN cardinality($4::text[]) > 0
+                  THEN array_position($4::text[],
+                                      outbox.destination_of(l.kind, l.destination, l.payload))
+             END",
+            " + $7",
+            "ranked AS (
              -- an intent of the tail (an id above the segments) gets its
              -- row, for the claims of rows: no batch holds one
              SELECT s.*, s.served AND s.aside IS NULL AND NOT s.in_tail AS eligible,
@@ -246,26 +258,59 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                     - (s.served AND s.aside IS NULL AND NOT s.in_tail)::int AS before,
                     row_number() OVER (PARTITION BY s.aside ORDER BY s.xid, s.id) AS turn
                FROM scan s),
-         cand AS (SELECT * FROM ranked r WHERE r.before < $1),
-         tracked AS (
-             INSERT INTO outbox.intent_rows (id, key, kind, destination, payload, run_after,
-                                             ordering_key, waiting, source, created_at,
-                                             updated_at, traceparent, tracestate, last_error)
-             SELECT c.id, c.key, c.kind, c.destination, c.payload,
-                    CASE WHEN c.aside IS NULL THEN c.run_after
+         cand AS (SELECT * FROM ranked r WHERE r.before < $1)",
+            "CASE WHEN c.aside IS NULL THEN c.run_after
                          ELSE greatest(c.run_after,
                                        now() + (($5::float8[])[c.aside]
                                                 + (c.turn - 1) * ($6::float8[])[c.aside])
                                                * interval '1 millisecond')
-                    END,
-                    c.ordering_key, c.waiting, c.source, c.created_at,
-                    -- written now: a row whose run_after moved past its
-                    -- enqueue says so (outbox.tally_rows reads it)
-                    CASE WHEN c.aside IS NULL THEN c.created_at ELSE now() END,
-                    c.traceparent, c.tracestate,
-                    CASE WHEN c.aside IS NOT NULL
+                    END",
+            // written now: a row whose run_after moved past its enqueue
+            // says so (outbox.tally_rows reads it)
+            "CASE WHEN c.aside IS NULL THEN c.created_at ELSE now() END",
+            "CASE WHEN c.aside IS NOT NULL
                          THEN 'deferred: its destination is congested (deliveries waited for '
-                              || 'room there); it takes its turn' END
+                              || 'room there); it takes its turn' END",
+            "ORDER BY c.xid, c.id",
+        ),
+        SetsAside::No => (
+            "NULL::int",
+            "",
+            // an intent of the tail (an id above the segments) gets its
+            // row, for the claims of rows: no batch holds one
+            "cand AS (SELECT s.*, s.served AND NOT s.in_tail AS eligible FROM scan s)",
+            "c.run_after",
+            "c.created_at",
+            "NULL::text",
+            "",
+        ),
+    };
+    format!(
+        "WITH scan AS (
+             SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after,
+                    l.ordering_key, l.waiting, l.source, l.created_at, l.traceparent,
+                    l.tracestate, l.in_tail, (l.kind = ANY({known}) {served}) AS served,
+                    {aside_of} AS aside
+               FROM outbox.intent_log_open l
+              WHERE (l.xid, l.id) > (SELECT c.xid, c.id FROM outbox.log_cursor c
+                                      ORDER BY c.seq DESC LIMIT 1)
+                -- probes of each row taken in order (OFFSET 0 keeps each a
+                -- subplan): as anti joins, a generic plan that guessed a third
+                -- of the log after the cursor hashed every outcome ever
+                -- written and sorted the log, per claim
+                AND NOT EXISTS (SELECT 1 FROM outbox.intent_rows t WHERE t.id = l.id OFFSET 0)
+                -- no outcome and no batch (see log_untaken!)
+                AND {untaken}
+              ORDER BY l.xid, l.id
+              LIMIT $1{look_ahead}),
+         {cand},
+         tracked AS (
+             INSERT INTO outbox.intent_rows (id, key, kind, destination, payload, run_after,
+                                             ordering_key, waiting, source, created_at,
+                                             updated_at, traceparent, tracestate, last_error)
+             SELECT c.id, c.key, c.kind, c.destination, c.payload, {run_after},
+                    c.ordering_key, c.waiting, c.source, c.created_at, {updated_at},
+                    c.traceparent, c.tracestate, {last_error}
                FROM cand c
               WHERE NOT c.eligible
              ON CONFLICT (id) DO NOTHING),
@@ -285,7 +330,8 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
              SELECT $2, now() + $3 * interval '1 millisecond', array_agg(c.id ORDER BY c.xid, c.id),
                     max(c.id), (SELECT tally FROM groups)
                FROM cand c WHERE c.eligible
-             HAVING count(*) > 0),
+             HAVING count(*) > 0
+             RETURNING batch),
          moved AS (
              INSERT INTO outbox.log_cursor (xid, id)
              SELECT c.xid, c.id FROM cand c
@@ -298,10 +344,11 @@ fn log_claim_sql(served: &str, known: &str, mark: &str) -> String {
                 0 AS attempts_base, 1::bigint AS fence, 0 AS key_generation, c.created_at,
                 false AS delivered_before, NULL::text AS recover_owner,
                 NULL::timestamptz AS recover_at, c.traceparent, c.tracestate, c.ordering_key,
-                c.aside, c.served AND c.in_tail AS to_rows, {mark}
+                c.aside, c.served AND c.in_tail AS to_rows,
+                CASE WHEN c.eligible THEN (SELECT b.batch FROM batch b) END AS log_batch, {mark}
            FROM cand c
           WHERE c.eligible OR c.aside IS NOT NULL OR (c.served AND c.in_tail)
-          ORDER BY c.xid, c.id"
+          {order}"
     )
 }
 
@@ -352,6 +399,21 @@ mod tests {
         assert_eq!(some.cap(), 1, "a cap below one would claim nothing");
         assert!(some.sql().contains("kind <> ALL(ARRAY['email']::text[])"));
         assert!(some.sql_for(5).contains("LIMIT 1\n"));
+    }
+
+    #[test]
+    fn the_plain_claim_of_the_log_binds_three_and_ranks_nothing() {
+        let q = ClaimQuery::new(100, &["email".to_string()]);
+        let plain = q.log_plain_sql();
+        for gone in ["$4", "$5", "$6", "$7", "OVER (", "ORDER BY c.xid, c.id\n"] {
+            assert!(!plain.contains(gone), "{gone} in the plain claim:\n{plain}");
+        }
+        assert!(plain.contains("l.kind <> ALL(ARRAY['email']::text[])"));
+        assert!(plain.contains("LIMIT $1)"));
+        let full = q.log_sql();
+        for kept in ["$7", "OVER (", "LIMIT $1 + $7)"] {
+            assert!(full.contains(kept), "{kept} missing:\n{full}");
+        }
     }
 
     #[test]

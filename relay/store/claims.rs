@@ -89,6 +89,10 @@ pub struct Claimed {
     /// intent's commit (the claim saw it). The standbys must have flushed
     /// it before the effect (`relay.wait_for_standbys`).
     pub wal_target: Option<WalMark>,
+    /// The batch of the claim of the log that took the intent (a claim at
+    /// its first attempt from `outbox.intent_log`): its completion names
+    /// the batch, which goes once every intent of it is done.
+    pub log_batch: Option<i64>,
     /// Set when the sweeper reclaimed an expired lease (or the intent is
     /// claimed again after its recovery was deferred): the previous attempt's
     /// outcome is unknown and must be reconciled, not guessed.
@@ -132,6 +136,8 @@ pub struct Completion {
     pub run_after: Option<DateTime<Utc>>,
     /// For a rejection: the provider's answer.
     pub response: Option<Value>,
+    /// The claim of the log's batch that held the intent ([`Claimed::log_batch`]).
+    pub log_batch: Option<i64>,
 }
 
 /// A completion the database accepted (its fence still held).
@@ -180,6 +186,7 @@ pub(super) fn claimed_from_row(
         created_at: row.try_get("created_at")?,
         delivered_before: row.try_get("delivered_before")?,
         claimed_at: std::time::Instant::now(),
+        log_batch: row.try_get("log_batch")?,
         wal_target: match (row.try_get("wal_timeline")?, row.try_get("wal_position")?) {
             (Some(timeline), Some(position)) => Some(WalMark { timeline, position }),
             _ => None,

@@ -29,15 +29,19 @@ const CURSOR_ROWS_KEPT: i64 = 1000;
 
 /// Records deliveries of log intents claimed from the log: $1 ids, $2
 /// started, $3 finished, $4 status, $5 provider reference, $6 replayed, $7
-/// owner. An intent that has an outcome already (moved into
+/// owner, $8 their claims' batches. An intent that has an outcome already (moved into
 /// `intent_rows` when its lease expired, an operator changed it, or this
 /// very batch written before a lost acknowledgement) or a row is not
 /// recorded here: its completion goes through the row, under its fence.
 ///
 /// The same statement deletes the batches these outcomes finish (see
-/// [`Store::drop_finished_batches`]): those among $1's whose every intent
-/// has its outcome, written before or by this statement (which its own
-/// snapshot does not show, so they are named), or has left the log.
+/// [`Store::drop_finished_batches`]): those of $8 whose every intent has
+/// its outcome, written before or by this statement (which its own
+/// snapshot does not show, so they are named), or has left the log. The
+/// batches are named by the claims that returned them, found by primary
+/// key: searched for by their ids in the GIN index instead, the search was
+/// a tenth of the completion's work (docs/performance.md, "Instructions
+/// per intent").
 const LOG_COMPLETE_SQL: &str = "WITH v AS (
          SELECT v.*, l.created_at
            FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int[], $5::text[],
@@ -58,7 +62,7 @@ const LOG_COMPLETE_SQL: &str = "WITH v AS (
      written AS (SELECT coalesce(array_agg(d.intent_id), '{}') AS ids FROM done d),
      finished AS (
          DELETE FROM outbox.log_batches b
-          WHERE b.ids && (SELECT w.ids FROM written w)
+          WHERE b.batch = ANY($8::bigint[])
             AND NOT EXISTS (
                 SELECT 1 FROM unnest(b.ids) AS x(id)
                  WHERE x.id <> ALL((SELECT w.ids FROM written w)::bigint[])
@@ -66,6 +70,18 @@ const LOG_COMPLETE_SQL: &str = "WITH v AS (
                                     WHERE o.intent_id = x.id OFFSET 0)
                    AND EXISTS (SELECT 1 FROM outbox.intent_log_batchable l WHERE l.id = x.id OFFSET 0)))
      SELECT d.intent_id, v.created_at FROM done d JOIN v ON v.id = d.intent_id";
+
+/// The claims' batches that hold these completions' intents, each once: a
+/// claim of the log has fence 1, and any later claim is of a row.
+fn log_batches<'a>(completions: impl Iterator<Item = &'a Completion>) -> Vec<i64> {
+    let mut batches: Vec<i64> = completions
+        .filter(|c| c.fence == 1)
+        .filter_map(|c| c.log_batch)
+        .collect();
+    batches.sort_unstable();
+    batches.dedup();
+    batches
+}
 
 /// Intents a claim looked at beyond what it claims, per claimable one, to
 /// set a congested destination's intents aside.
@@ -89,23 +105,27 @@ impl Store {
         if limit <= 0 {
             return Ok(claims);
         }
-        let more = if aside.is_empty() {
-            0
-        } else {
-            query.cap() * ASIDE_PER_CLAIM
-        };
         let mut tx = self.pool.begin().await?;
         sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
-        let rows = sqlx::query(query.log_sql())
-            .bind(limit)
-            .bind(owner)
-            .bind(lease_ms)
-            .bind(&aside.names)
-            .bind(&aside.first_ms)
-            .bind(&aside.turn_ms)
-            .bind(more)
-            .fetch_all(&mut *tx)
-            .await?;
+        let rows = if aside.is_empty() {
+            sqlx::query(query.log_plain_sql())
+                .bind(limit)
+                .bind(owner)
+                .bind(lease_ms)
+                .fetch_all(&mut *tx)
+                .await?
+        } else {
+            sqlx::query(query.log_sql())
+                .bind(limit)
+                .bind(owner)
+                .bind(lease_ms)
+                .bind(&aside.names)
+                .bind(&aside.first_ms)
+                .bind(&aside.turn_ms)
+                .bind(query.cap() * ASIDE_PER_CLAIM)
+                .fetch_all(&mut *tx)
+                .await?
+        };
         tx.commit().await?;
         for row in &rows {
             match row.try_get::<Option<i32>, _>("aside")? {
@@ -131,17 +151,15 @@ impl Store {
         let query = ClaimQuery::new(limit, &[]);
         let mut tx = self.pool.begin().await?;
         sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
-        let plan: Vec<String> =
-            sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS) {}", query.log_sql()))
-                .bind(limit)
-                .bind("explain")
-                .bind(60_000i64)
-                .bind(Vec::<String>::new())
-                .bind(Vec::<f64>::new())
-                .bind(Vec::<f64>::new())
-                .bind(0i64)
-                .fetch_all(&mut *tx)
-                .await?;
+        let plan: Vec<String> = sqlx::query_scalar(&format!(
+            "EXPLAIN (ANALYZE, BUFFERS) {}",
+            query.log_plain_sql()
+        ))
+        .bind(limit)
+        .bind("explain")
+        .bind(60_000i64)
+        .fetch_all(&mut *tx)
+        .await?;
         tx.rollback().await?;
         Ok(plan)
     }
@@ -173,6 +191,7 @@ impl Store {
                 .map(|r| storable::text(r, storable::MAX_REF_CHARS))))
             .bind(col!(|c| c.replayed))
             .bind(owner)
+            .bind(log_batches(batch.iter().copied()))
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -197,24 +216,20 @@ impl Store {
         &self,
         batch: &[&Completion],
     ) -> Result<(), sqlx::Error> {
-        let ids: Vec<i64> = batch
-            .iter()
-            .filter(|c| c.fence == 1)
-            .map(|c| c.id)
-            .collect();
-        if ids.is_empty() {
+        let batches = log_batches(batch.iter().copied());
+        if batches.is_empty() {
             return Ok(());
         }
         sqlx::query(
             "DELETE FROM outbox.log_batches b
-              WHERE b.ids && $1::bigint[]
+              WHERE b.batch = ANY($1::bigint[])
                 AND NOT EXISTS (
                     SELECT 1 FROM unnest(b.ids) AS x(id)
                      WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                         WHERE o.intent_id = x.id OFFSET 0)
                        AND EXISTS (SELECT 1 FROM outbox.intent_log_batchable l WHERE l.id = x.id OFFSET 0))",
         )
-        .bind(&ids)
+        .bind(&batches)
         .execute(&self.pool)
         .await?;
         Ok(())

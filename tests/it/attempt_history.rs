@@ -188,6 +188,7 @@ async fn a_completion_written_twice_keeps_one_first_attempt() {
         state: IntentState::Delivered,
         run_after: None,
         response: None,
+        log_batch: c.log_batch,
     };
     let batch = [completion];
     let once = db.store.complete("writer", &batch).await.unwrap();

@@ -197,26 +197,7 @@ async fn the_log_claim_is_never_compiled() {
 /// the cursor, hashed every outcome and sorted the log on every claim.
 #[tokio::test]
 async fn the_log_claim_reads_the_log_in_order_whatever_the_history() {
-    let db = TestDb::new().await;
-    for statement in [
-        "SELECT count(*) FROM (SELECT outbox.enqueue('log-' || g, 'webhook',
-                  jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', '{}'::jsonb))
-                FROM generate_series(1, 2000) g) e",
-        // later: each has its row at once
-        "SELECT count(*) FROM (SELECT outbox.enqueue('later-' || g, 'webhook',
-                  jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', '{}'::jsonb),
-                  p_run_after => now() + interval '1 hour')
-                FROM generate_series(1, 1000) g) e",
-        // the outcomes of intents delivered (and purged) before
-        "INSERT INTO outbox.log_outcomes (intent_id, outcome)
-         SELECT 1000000 + g, 'delivered' FROM generate_series(1, 30000) g",
-        "ANALYZE outbox.intent_log, outbox.intent_rows, outbox.log_outcomes",
-    ] {
-        sqlx::query(statement)
-            .execute(db.pool())
-            .await
-            .unwrap_or_else(|e| panic!("{statement}: {e}"));
-    }
+    let db = log_with_history().await;
     let query = outbox_relay::store::ClaimQuery::new(100, &[]);
     // with nothing set aside, and with a congested destination's intents
     // set aside (the claim then looks at more of the log)
@@ -245,6 +226,67 @@ async fn the_log_claim_reads_the_log_in_order_whatever_the_history() {
         for other in [
             "Hash Cond",
             "hashed SubPlan",
+            "Seq Scan on log_outcomes",
+            "Seq Scan on intent_rows",
+            "Seq Scan on intent_log",
+            "Bitmap Heap Scan on intent_log",
+        ] {
+            assert!(
+                !crate::common::plans::beside_the_tail(&plan).contains(other),
+                "{mode}: {other}:\n{plan}"
+            );
+        }
+    }
+}
+
+/// A database beside 2,000 intents waiting in the log, 1,000 with rows of
+/// their own and 30,000 outcomes, analyzed.
+async fn log_with_history() -> TestDb {
+    let db = TestDb::new().await;
+    for statement in [
+        "SELECT count(*) FROM (SELECT outbox.enqueue('log-' || g, 'webhook',
+                  jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', '{}'::jsonb))
+                FROM generate_series(1, 2000) g) e",
+        // later: each has its row at once
+        "SELECT count(*) FROM (SELECT outbox.enqueue('later-' || g, 'webhook',
+                  jsonb_build_object('url', 'http://127.0.0.1:9/', 'body', '{}'::jsonb),
+                  p_run_after => now() + interval '1 hour')
+                FROM generate_series(1, 1000) g) e",
+        // the outcomes of intents delivered (and purged) before
+        "INSERT INTO outbox.log_outcomes (intent_id, outcome)
+         SELECT 1000000 + g, 'delivered' FROM generate_series(1, 30000) g",
+        "ANALYZE outbox.intent_log, outbox.intent_rows, outbox.log_outcomes",
+    ] {
+        sqlx::query(statement)
+            .execute(db.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    db
+}
+
+/// The claim of the log that sets nothing aside (what a relay runs while
+/// no destination is congested), planned per call and as the cached
+/// generic plan, beside the same history: it too reads the log in order,
+/// probes each intent it meets, and hashes no table.
+#[tokio::test]
+async fn the_plain_log_claim_reads_the_log_in_order_whatever_the_history() {
+    let db = log_with_history().await;
+    let query = outbox_relay::store::ClaimQuery::new(100, &[]);
+    let prepare = format!(
+        "PREPARE log_claim_plain(bigint, text, bigint) AS {}",
+        query.log_plain_sql()
+    );
+    let execute = "EXECUTE log_claim_plain(100, 'explain', 60000)";
+    for (mode, plan) in common::plans::plans_both_ways(&db, &prepare, execute).await {
+        assert!(
+            plan.contains("Index Scan using intent_log_0_xid on intent_log_0 l"),
+            "{mode}: the claim must read the log in (xid, id) order:\n{plan}"
+        );
+        for other in [
+            "Hash Cond",
+            "hashed SubPlan",
+            "WindowAgg",
             "Seq Scan on log_outcomes",
             "Seq Scan on intent_rows",
             "Seq Scan on intent_log",
