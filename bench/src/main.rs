@@ -237,8 +237,8 @@ struct BenchArgs {
     keep: bool,
     /// Print the SQL of the relay's statement NAME (the name of its
     /// constant in lower case: tally_backlog, oldest_due, next_due,
-    /// purge_log, ...) as the relay runs it, and exit: what
-    /// `bench/pgbench/` measures.
+    /// purge_log, log_complete, ...; log_claim for the claim of the log)
+    /// as the relay runs it, and exit: what `bench/pgbench/` measures.
     #[arg(long, value_name = "NAME")]
     print_statement: Option<String>,
     #[arg(long)]
@@ -261,7 +261,12 @@ fn main() -> ExitCode {
         }
     };
     if let Some(name) = &cli.bench.print_statement {
-        return match outbox_relay::store::statement(name) {
+        let claim = (name == "log_claim").then(|| {
+            outbox_relay::store::ClaimQuery::new(100, &[])
+                .log_plain_sql()
+                .to_string()
+        });
+        return match claim.as_deref().or(outbox_relay::store::statement(name)) {
             Some(sql) => {
                 println!("{sql}");
                 ExitCode::SUCCESS
@@ -270,6 +275,7 @@ fn main() -> ExitCode {
                 let names: Vec<&str> = outbox_relay::store::STATEMENTS
                     .iter()
                     .map(|(n, _)| *n)
+                    .chain(["log_claim"])
                     .collect();
                 eprintln!(
                     "outbox-relay-bench: no statement named {name} (one of: {})",

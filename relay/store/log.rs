@@ -42,7 +42,7 @@ const CURSOR_ROWS_KEPT: i64 = 1000;
 /// key: searched for by their ids in the GIN index instead, the search was
 /// a tenth of the completion's work (docs/performance.md, "Instructions
 /// per intent").
-const LOG_COMPLETE_SQL: &str = "WITH v AS (
+pub(super) const LOG_COMPLETE_SQL: &str = "WITH v AS (
          SELECT v.*, l.created_at
            FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int[], $5::text[],
                        $6::bool[]) AS v(id, started_at, finished_at, status, provider_ref, replayed)

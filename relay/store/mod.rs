@@ -61,10 +61,12 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
-/// The periodic and retention statements by the name of their constant
-/// in lower case, as the relay runs them (macros expanded): the benches
-/// under `bench/pgbench/` measure them beside a backlog
-/// (`outbox-relay-bench --print-statement NAME`).
+/// The periodic and retention statements, and the completion of
+/// deliveries at the first attempt, by the name of their constant in lower
+/// case, as the relay runs them (macros expanded): the benches under
+/// `bench/pgbench/` measure them (`outbox-relay-bench --print-statement
+/// NAME`; `log_claim` gives the claim of the log of 100 that sets nothing
+/// aside).
 pub const STATEMENTS: &[(&str, &str)] = &[
     ("tally_backlog", tallies::TALLY_BACKLOG),
     ("tally_counts", tallies::TALLY_COUNTS),
@@ -74,6 +76,7 @@ pub const STATEMENTS: &[(&str, &str)] = &[
     ("stranded_noted", fleet::STRANDED_NOTED),
     ("purge_rows", retention::PURGE_ROWS),
     ("purge_log", retention::PURGE_LOG),
+    ("log_complete", log::LOG_COMPLETE_SQL),
 ];
 
 /// The statement of [`STATEMENTS`] named `name`.
