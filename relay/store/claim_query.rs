@@ -212,31 +212,6 @@ enum SetsAside {
     No,
 }
 
-/// The claim of at most $1 intents from `outbox.intent_log` (see
-/// schema/0027_intent_log.sql): those after the cursor, in (xid, id) order,
-/// that no batch holds and that have no row and no outcome. The ones of a
-/// kind this relay serves go into one new batch and are returned, claimed
-/// at their first attempt under fence 1; the others get their row, pending,
-/// for a relay that serves them (or for the rejection of a kind no relay
-/// knows). The cursor moves past the intents taken whose transaction is
-/// older than every transaction still running: one that commits later has a
-/// larger xid, so its intents come after the cursor.
-///
-/// Set aside ([`SetsAside::Yes`]): the intents of a congested destination ($4,
-/// its names as `outbox.destination_of` gives them) get their row too,
-/// pending, each at its turn (the destination's first turn $5 ms from now,
-/// then one per $6 ms), and are returned with `aside` (its index in $4) and
-/// no payload. The claim looks at up to $7 more intents than it claims for
-/// them: the intents it takes are those up to its $1-th claimed one, so the
-/// cursor still passes only intents taken.
-///
-/// With nothing set aside ([`SetsAside::No`]) the claim takes every intent it
-/// reads, so it needs neither the running count nor the turns, nor a sort
-/// of its rows: they come back in the order the scan read them (the rows
-/// of a materialized CTE are read back in the order they were written).
-/// Those windows and the sort were an eighth of the Postgres work of a
-/// claim and its completion (docs/performance.md, "Instructions per
-/// intent").
 /// The parts of [`log_claim_sql`] that differ with what it sets aside.
 struct Shape {
     /// The scan's `aside` column.
@@ -313,6 +288,31 @@ impl Shape {
     }
 }
 
+/// The claim of at most $1 intents from `outbox.intent_log` (see
+/// schema/0027_intent_log.sql): those after the cursor, in (xid, id) order,
+/// that no batch holds and that have no row and no outcome. The ones of a
+/// kind this relay serves go into one new batch and are returned, claimed
+/// at their first attempt under fence 1; the others get their row, pending,
+/// for a relay that serves them (or for the rejection of a kind no relay
+/// knows). The cursor moves past the intents taken whose transaction is
+/// older than every transaction still running: one that commits later has a
+/// larger xid, so its intents come after the cursor.
+///
+/// Set aside ([`SetsAside::Yes`]): the intents of a congested destination ($4,
+/// its names as `outbox.destination_of` gives them) get their row too,
+/// pending, each at its turn (the destination's first turn $5 ms from now,
+/// then one per $6 ms), and are returned with `aside` (its index in $4) and
+/// no payload. The claim looks at up to $7 more intents than it claims for
+/// them: the intents it takes are those up to its $1-th claimed one, so the
+/// cursor still passes only intents taken.
+///
+/// With nothing set aside ([`SetsAside::No`]) the claim takes every intent it
+/// reads, so it needs neither the running count nor the turns, nor a sort
+/// of its rows: they come back in the order the scan read them (the rows
+/// of a materialized CTE are read back in the order they were written).
+/// Those windows and the sort were an eighth of the Postgres work of a
+/// claim and its completion (docs/performance.md, "Instructions per
+/// intent").
 fn log_claim_sql(served: &str, known: &str, mark: &str, aside: SetsAside) -> String {
     let untaken = log_untaken!("l");
     let Shape {
