@@ -212,79 +212,66 @@ enum SetsAside {
     No,
 }
 
-/// The parts of [`log_claim_sql`] that differ with what it sets aside.
-struct Shape {
-    /// The scan's `aside` column.
-    aside_of: &'static str,
-    /// How many more than $1 the scan reads.
-    look_ahead: &'static str,
-    /// The CTE `cand`: the intents the claim takes.
-    cand: &'static str,
-    /// Of a row given to an intent not taken into the batch.
-    run_after: &'static str,
-    updated_at: &'static str,
-    last_error: &'static str,
-    /// Of the rows returned.
-    order: &'static str,
-}
+/// The parts of [`log_claim_sql`] that differ with what it sets aside: the
+/// scan's `aside` column, how many more than $1 it reads, the CTE `cand`
+/// (the intents taken), a row's run_after, updated_at and last_error for
+/// an intent not taken into the batch, and the order of the rows returned.
+type Shape = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+);
 
-impl Shape {
-    fn of(aside: SetsAside) -> Shape {
-        let (aside_of, look_ahead, cand, run_after, updated_at, last_error, order) = match aside {
-            SetsAside::Yes => (
-                "CASE WHEN cardinality($4::text[]) > 0
-                      THEN array_position($4::text[],
-                                          outbox.destination_of(l.kind, l.destination, l.payload))
-                 END",
-                " + $7",
-                "ranked AS (
-                 -- an intent of the tail (an id above the segments) gets its
-                 -- row, for the claims of rows: no batch holds one
-                 SELECT s.*, s.served AND s.aside IS NULL AND NOT s.in_tail AS eligible,
-                        -- those claimable before this one (a running count
-                        -- to this row, less itself: a frame ending before the
-                        -- row is counted again for every row)
-                        count(*) FILTER (WHERE s.served AND s.aside IS NULL AND NOT s.in_tail)
-                            OVER (ORDER BY s.xid, s.id ROWS UNBOUNDED PRECEDING)
-                        - (s.served AND s.aside IS NULL AND NOT s.in_tail)::int AS before,
-                        row_number() OVER (PARTITION BY s.aside ORDER BY s.xid, s.id) AS turn
-                   FROM scan s),
-             cand AS (SELECT * FROM ranked r WHERE r.before < $1)",
-                "CASE WHEN c.aside IS NULL THEN c.run_after
-                             ELSE greatest(c.run_after,
-                                           now() + (($5::float8[])[c.aside]
-                                                    + (c.turn - 1) * ($6::float8[])[c.aside])
-                                                   * interval '1 millisecond')
-                        END",
-                // written now: a row whose run_after moved past its enqueue
-                // says so (outbox.tally_rows reads it)
-                "CASE WHEN c.aside IS NULL THEN c.created_at ELSE now() END",
-                "CASE WHEN c.aside IS NOT NULL
-                             THEN 'deferred: its destination is congested (deliveries waited for '
-                                  || 'room there); it takes its turn' END",
-                "ORDER BY c.xid, c.id",
-            ),
-            SetsAside::No => (
-                "NULL::int",
-                "",
-                // an intent of the tail (an id above the segments) gets its
-                // row, for the claims of rows: no batch holds one
-                "cand AS (SELECT s.*, s.served AND NOT s.in_tail AS eligible FROM scan s)",
-                "c.run_after",
-                "c.created_at",
-                "NULL::text",
-                "",
-            ),
-        };
-        Shape {
-            aside_of,
-            look_ahead,
-            cand,
-            run_after,
-            updated_at,
-            last_error,
-            order,
-        }
+fn shape(aside: SetsAside) -> Shape {
+    match aside {
+        SetsAside::Yes => (
+            "CASE WHEN cardinality($4::text[]) > 0
+                  THEN array_position($4::text[],
+                                      outbox.destination_of(l.kind, l.destination, l.payload))
+             END",
+            " + $7",
+            "ranked AS (
+             -- an intent of the tail (an id above the segments) gets its
+             -- row, for the claims of rows: no batch holds one
+             SELECT s.*, s.served AND s.aside IS NULL AND NOT s.in_tail AS eligible,
+                    -- those claimable before this one (a running count
+                    -- to this row, less itself: a frame ending before the
+                    -- row is counted again for every row)
+                    count(*) FILTER (WHERE s.served AND s.aside IS NULL AND NOT s.in_tail)
+                        OVER (ORDER BY s.xid, s.id ROWS UNBOUNDED PRECEDING)
+                    - (s.served AND s.aside IS NULL AND NOT s.in_tail)::int AS before,
+                    row_number() OVER (PARTITION BY s.aside ORDER BY s.xid, s.id) AS turn
+               FROM scan s),
+         cand AS (SELECT * FROM ranked r WHERE r.before < $1)",
+            "CASE WHEN c.aside IS NULL THEN c.run_after
+                         ELSE greatest(c.run_after,
+                                       now() + (($5::float8[])[c.aside]
+                                                + (c.turn - 1) * ($6::float8[])[c.aside])
+                                               * interval '1 millisecond')
+                    END",
+            // written now: a row whose run_after moved past its enqueue
+            // says so (outbox.tally_rows reads it)
+            "CASE WHEN c.aside IS NULL THEN c.created_at ELSE now() END",
+            "CASE WHEN c.aside IS NOT NULL
+                         THEN 'deferred: its destination is congested (deliveries waited for '
+                              || 'room there); it takes its turn' END",
+            "ORDER BY c.xid, c.id",
+        ),
+        SetsAside::No => (
+            "NULL::int",
+            "",
+            // an intent of the tail (an id above the segments) gets its
+            // row, for the claims of rows: no batch holds one
+            "cand AS (SELECT s.*, s.served AND NOT s.in_tail AS eligible FROM scan s)",
+            "c.run_after",
+            "c.created_at",
+            "NULL::text",
+            "",
+        ),
     }
 }
 
@@ -315,15 +302,7 @@ impl Shape {
 /// intent").
 fn log_claim_sql(served: &str, known: &str, mark: &str, aside: SetsAside) -> String {
     let untaken = log_untaken!("l");
-    let Shape {
-        aside_of,
-        look_ahead,
-        cand,
-        run_after,
-        updated_at,
-        last_error,
-        order,
-    } = Shape::of(aside);
+    let (aside_of, look_ahead, cand, run_after, updated_at, last_error, order) = shape(aside);
     format!(
         "WITH scan AS (
              SELECT l.id, l.xid, l.key, l.kind, l.destination, l.payload, l.run_after,

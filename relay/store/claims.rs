@@ -396,6 +396,23 @@ impl Store {
         Ok(claims.claimed)
     }
 
+    /// Claim up to `n` intents that have rows.
+    async fn claim_rows(
+        &self,
+        query: &ClaimQuery,
+        owner: &str,
+        n: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        let rows = sqlx::query(query.sql_for(n))
+            .bind(n)
+            .bind(owner)
+            .bind(lease_ms)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| claimed_from_row(r, false)).collect()
+    }
+
     /// [`Store::claim_with`], setting the intents of congested
     /// destinations (`aside`) met in the log aside.
     pub async fn claim_setting_aside(
@@ -407,16 +424,7 @@ impl Store {
         aside: &Aside,
     ) -> Result<Claims, sqlx::Error> {
         let limit = limit.clamp(0, query.cap());
-        let rows = sqlx::query(query.sql_for(limit))
-            .bind(limit)
-            .bind(owner)
-            .bind(lease_ms)
-            .fetch_all(&self.pool)
-            .await?;
-        let mut claimed = rows
-            .iter()
-            .map(|r| claimed_from_row(r, false))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut claimed = self.claim_rows(query, owner, limit, lease_ms).await?;
         let rest = limit - claimed.len() as i64;
         let mut from_log = self
             .claim_from_log(query, owner, rest, lease_ms, aside)
@@ -425,15 +433,7 @@ impl Store {
         // the tail's intents, given their rows just now
         let room = limit - claimed.len() as i64;
         if from_log.to_rows > 0 && room > 0 {
-            let rows = sqlx::query(query.sql_for(room))
-                .bind(room)
-                .bind(owner)
-                .bind(lease_ms)
-                .fetch_all(&self.pool)
-                .await?;
-            for row in &rows {
-                claimed.push(claimed_from_row(row, false)?);
-            }
+            claimed.append(&mut self.claim_rows(query, owner, room, lease_ms).await?);
         }
         Ok(Claims {
             claimed,
