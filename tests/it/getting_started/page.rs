@@ -20,8 +20,9 @@
 //!   one and blank lines dropped. A line `...` stands for any number of
 //!   lines, and `...` within a line for any text. The background
 //!   `demo-receiver` prints when a request reaches it, which may be while a
-//!   later command runs: a block that shows no `receiver:` line is compared
-//!   without them.
+//!   later command runs, even in the middle of that command's line: such a
+//!   line is taken out whole (`unweave`), and a block that shows no
+//!   `receiver:` line is compared without them.
 
 /// When a block of a page runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,7 +175,7 @@ fn misplaced(name: &str, at: usize) -> ! {
 pub fn compare(shown: &str, real: &str) -> Result<(), String> {
     let pattern: Vec<String> = normal_lines(shown);
     let receiver = |l: &String| l.starts_with("receiver: ");
-    let mut actual: Vec<String> = normal_lines(real);
+    let mut actual: Vec<String> = normal_lines(&unweave(real));
     if !pattern.iter().any(receiver) {
         actual.retain(|l| !receiver(l));
     }
@@ -192,6 +193,36 @@ pub fn compare(shown: &str, real: &str) -> Result<(), String> {
         actual.join("\n"),
         pattern.get(placed).map_or("(the end: more was printed)", |s| s)
     ))
+}
+
+/// `text` with each request line of the background receiver that landed in
+/// the middle of another process's line moved onto a line of its own.
+/// The receiver writes a whole line at once, so such a line runs from
+/// `receiver: POST ` to the end of its line, and the line it interrupted
+/// goes on at the start of the next.
+pub fn unweave(text: &str) -> String {
+    const MARK: &str = "receiver: POST ";
+    let mut out = String::with_capacity(text.len());
+    let mut pending = String::new();
+    let mut moved = Vec::new();
+    for line in text.split_inclusive('\n') {
+        // a line of its own, unless a line before it was interrupted
+        match line.find(MARK).filter(|&at| at > 0 || !pending.is_empty()) {
+            Some(at) => {
+                pending.push_str(&line[..at]);
+                moved.push(line[at..].to_string());
+            }
+            None => {
+                out.extend(moved.drain(..));
+                out.push_str(&pending);
+                pending.clear();
+                out.push_str(line);
+            }
+        }
+    }
+    out.extend(moved);
+    out.push_str(&pending);
+    out
 }
 
 /// A text's lines with times and ids replaced, spaces made one, blank
@@ -433,6 +464,18 @@ fn shown_output_is_compared_but_for_times_ids_spacing_and_elisions() {
         real
     )
     .is_err());
+    // even in the middle of a command's line, which goes on after it
+    let woven = "{\"a\":receiver: POST /o webhook-id=msg_1 -> 200\n1}\nnext\n";
+    assert_eq!(
+        unweave(woven),
+        "receiver: POST /o webhook-id=msg_1 -> 200\n{\"a\":1}\nnext\n"
+    );
+    assert_eq!(compare("{\"a\":1}\nnext", woven), Ok(()));
+    let twice = "{receiver: POST /a -> 200\nreceiver: POST /b -> 200\n}\n";
+    assert_eq!(
+        unweave(twice),
+        "receiver: POST /a -> 200\nreceiver: POST /b -> 200\n{}\n"
+    );
     assert_eq!(
         normalise("at 2026-12-02 12:38:05.512Z, id 42, port 48080, ok:1:2, 3 attempts, 0s"),
         "at <time>, id 42, port 48080, ok:1:2, 3 attempts, <duration>"
