@@ -27,22 +27,12 @@ const BATCHES_PER_SWEEP: i64 = 200;
 /// tail readable for someone looking at where claims went.
 const CURSOR_ROWS_KEPT: i64 = 1000;
 
-/// Records deliveries of log intents claimed from the log: $1 ids, $2
-/// started, $3 finished, $4 status, $5 provider reference, $6 replayed, $7
-/// owner, $8 their claims' batches. An intent that has an outcome already (moved into
-/// `intent_rows` when its lease expired, an operator changed it, or this
-/// very batch written before a lost acknowledgement) or a row is not
-/// recorded here: its completion goes through the row, under its fence.
-///
-/// The same statement deletes the batches these outcomes finish (see
-/// [`Store::drop_finished_batches`]): those of $8 whose every intent has
-/// its outcome, written before or by this statement (which its own
-/// snapshot does not show, so they are named), or has left the log. The
-/// batches are named by the claims that returned them, found by primary
-/// key: searched for by their ids in the GIN index instead, the search was
-/// a tenth of the completion's work (docs/performance.md, "Instructions
-/// per intent").
-pub(super) const LOG_COMPLETE_SQL: &str = "WITH v AS (
+/// The statement of [`LOG_COMPLETE_SQL`], with the outcome insert's guard
+/// and conflict clause.
+macro_rules! log_complete_sql {
+    ($guard:literal, $conflict:literal) => {
+        concat!(
+            "WITH v AS (
          SELECT v.*, l.created_at
            FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int[], $5::text[],
                        $6::bool[]) AS v(id, started_at, finished_at, status, provider_ref, replayed)
@@ -57,7 +47,12 @@ pub(super) const LOG_COMPLETE_SQL: &str = "WITH v AS (
          SELECT v.id, 'delivered', $7, v.started_at, v.finished_at, v.status, v.provider_ref,
                 v.replayed
            FROM v
-         ON CONFLICT (intent_id) DO NOTHING
+          ",
+            $guard,
+            "
+         ",
+            $conflict,
+            "
          RETURNING o.intent_id),
      written AS (SELECT coalesce(array_agg(d.intent_id), '{}') AS ids FROM done d),
      finished AS (
@@ -69,7 +64,44 @@ pub(super) const LOG_COMPLETE_SQL: &str = "WITH v AS (
                    AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                     WHERE o.intent_id = x.id OFFSET 0)
                    AND EXISTS (SELECT 1 FROM outbox.intent_log_batchable l WHERE l.id = x.id OFFSET 0)))
-     SELECT d.intent_id, v.created_at FROM done d JOIN v ON v.id = d.intent_id";
+     SELECT d.intent_id, v.created_at FROM done d JOIN v ON v.id = d.intent_id"
+        )
+    };
+}
+
+/// Records deliveries of log intents claimed from the log: $1 ids, $2
+/// started, $3 finished, $4 status, $5 provider reference, $6 replayed, $7
+/// owner, $8 their claims' batches. An intent that has an outcome already
+/// (moved into `intent_rows` when its lease expired, an operator changed
+/// it, or this very batch written before a lost acknowledgement), a row, or
+/// no longer its log row (purged, which takes its outcome with it) is not
+/// recorded here: its completion goes through the row, under its fence.
+///
+/// The outcome is a plain insert guarded by a probe of the outcomes: an
+/// `INSERT ... ON CONFLICT` into the partitioned outcomes cost a tenth of
+/// the completion (docs/performance.md, "Instructions per intent"). An
+/// outcome that another transaction writes between the probe and the
+/// insert (`outbox.track`, the sweeper) makes the insert fail with 23505,
+/// and [`LOG_COMPLETE_CONTENDED_SQL`] runs instead.
+///
+/// The same statement deletes the batches these outcomes finish (see
+/// [`Store::drop_finished_batches`]): those of $8 whose every intent has
+/// its outcome, written before or by this statement (which its own
+/// snapshot does not show, so they are named), or has left the log. The
+/// batches are named by the claims that returned them, found by primary
+/// key: searched for by their ids in the GIN index instead, the search was
+/// a tenth of the completion's work.
+pub(super) const LOG_COMPLETE_SQL: &str = log_complete_sql!(
+    "WHERE NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open x
+                             WHERE x.intent_id = v.id OFFSET 0)",
+    ""
+);
+
+/// [`LOG_COMPLETE_SQL`] for when another transaction wrote an outcome of
+/// one of the intents meanwhile: the insert passes over an outcome there
+/// is, committed or not, instead of failing on it.
+pub(super) const LOG_COMPLETE_CONTENDED_SQL: &str =
+    log_complete_sql!("", "ON CONFLICT (intent_id) DO NOTHING");
 
 /// The claims' batches that hold these completions' intents, each once: a
 /// claim of the log has fence 1, and any later claim is of a row.
@@ -180,20 +212,27 @@ impl Store {
                 batch.iter().map($f).collect::<Vec<_>>()
             };
         }
-        let rows = sqlx::query(LOG_COMPLETE_SQL)
-            .bind(col!(|c| c.id))
-            .bind(col!(|c| c.started_at))
-            .bind(col!(|c| c.finished_at))
-            .bind(col!(|c| c.status))
-            .bind(col!(|c| c
-                .provider_ref
-                .as_deref()
-                .map(|r| storable::text(r, storable::MAX_REF_CHARS))))
-            .bind(col!(|c| c.replayed))
-            .bind(owner)
-            .bind(log_batches(batch.iter().copied()))
-            .fetch_all(&self.pool)
-            .await?;
+        let run = |sql| {
+            sqlx::query(sql)
+                .bind(col!(|c| c.id))
+                .bind(col!(|c| c.started_at))
+                .bind(col!(|c| c.finished_at))
+                .bind(col!(|c| c.status))
+                .bind(col!(|c| c
+                    .provider_ref
+                    .as_deref()
+                    .map(|r| storable::text(r, storable::MAX_REF_CHARS))))
+                .bind(col!(|c| c.replayed))
+                .bind(owner)
+                .bind(log_batches(batch.iter().copied()))
+                .fetch_all(&self.pool)
+        };
+        let rows = match run(LOG_COMPLETE_SQL).await {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505") => {
+                run(LOG_COMPLETE_CONTENDED_SQL).await?
+            }
+            rows => rows?,
+        };
         rows.iter()
             .map(|r| {
                 let created_at: Option<DateTime<Utc>> = r.try_get("created_at")?;

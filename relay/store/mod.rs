@@ -77,6 +77,7 @@ pub const STATEMENTS: &[(&str, &str)] = &[
     ("purge_rows", retention::PURGE_ROWS),
     ("purge_log", retention::PURGE_LOG),
     ("log_complete", log::LOG_COMPLETE_SQL),
+    ("log_complete_contended", log::LOG_COMPLETE_CONTENDED_SQL),
 ];
 
 /// The statement of [`STATEMENTS`] named `name`.

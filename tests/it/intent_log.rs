@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use chrono::Utc;
+use outbox_relay::store::{AttemptOutcome, Completion, IntentState};
 use serde_json::json;
 
 use crate::common::{self, config, engine, run_once_within, Receiver, Reply, TestDb};
@@ -388,4 +390,119 @@ async fn the_log_claim_takes_no_intent_twice_behind_an_open_transaction() {
         4
     );
     older.rollback().await.unwrap();
+}
+
+/// A delivery at the first attempt is recorded with a plain insert guarded
+/// by a probe of the outcomes. When `outbox.track` moves one of the batch's
+/// intents into its row between that probe and the insert, the insert
+/// meets the moved intent's outcome (23505): the completion runs again
+/// passing over it, records the others in the log, and the moved one
+/// through its row, and fails nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_recorded_while_track_moves_one_of_its_intents_records_each_once() {
+    let db = TestDb::new().await;
+    for n in 0..3 {
+        db.enqueue(
+            &format!("meanwhile:{n}"),
+            "webhook",
+            json!({"url": "http://127.0.0.1:9/", "body": {"n": n}}),
+        )
+        .await;
+    }
+    let claimed = db.store.claim("writer", 3, 60_000, &[]).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    assert!(claimed.iter().all(|c| c.log_batch.is_some()), "{claimed:?}");
+    let completions: Vec<Completion> = claimed.iter().map(delivered).collect();
+    let moved = claimed[0].id;
+
+    // track's move, not committed while the completion runs into it
+    let mut mover = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM outbox.track($1)")
+        .bind(vec![moved])
+        .execute(&mut *mover)
+        .await
+        .unwrap();
+    let store = db.store.clone();
+    let completing = tokio::spawn(async move { store.complete("writer", &completions).await });
+    let waits = common::wait_for(Duration::from_secs(15), || async {
+        count(
+            &db,
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO outbox.log_outcomes%'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    assert!(waits, "the completion's insert never waited for the move");
+    mover.commit().await.unwrap();
+    let written = completing
+        .await
+        .unwrap()
+        .expect("the completion fails nothing");
+
+    let mut accepted: Vec<i64> = written.accepted.iter().map(|a| a.id).collect();
+    accepted.sort();
+    let mut all: Vec<i64> = claimed.iter().map(|c| c.id).collect();
+    all.sort();
+    assert_eq!(accepted, all, "each delivery is accepted once");
+    let outcomes: Vec<(i64, String)> =
+        sqlx::query_as("SELECT intent_id, outcome FROM outbox.log_outcomes ORDER BY intent_id")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    let expected: Vec<(i64, String)> = all
+        .iter()
+        .map(|&id| {
+            (
+                id,
+                if id == moved { "moved" } else { "delivered" }.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(outcomes, expected);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM outbox.intent_rows").await,
+        1,
+        "only the moved intent has its row"
+    );
+    assert_eq!(
+        db.count("key LIKE 'meanwhile:%' AND state = 'delivered'")
+            .await,
+        3
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM outbox.attempt_history WHERE outcome = 'delivered'"
+        )
+        .await,
+        3,
+        "one attempt each"
+    );
+}
+
+/// The completion of a claim's first attempt, delivered now.
+fn delivered(c: &outbox_relay::store::Claimed) -> Completion {
+    Completion {
+        id: c.id,
+        kind: c.kind.clone(),
+        delivered_before: false,
+        operator_replay: false,
+        fence: c.fence,
+        attempt: c.attempt,
+        key_generation: c.key_generation,
+        started_at: Utc::now(),
+        finished_at: Utc::now(),
+        outcome: AttemptOutcome::Delivered,
+        status: Some(200),
+        provider_ref: Some(format!("msg_{}", c.id)),
+        error: None,
+        replayed: false,
+        uncounted: false,
+        state: IntentState::Delivered,
+        run_after: None,
+        response: None,
+        log_batch: c.log_batch,
+    }
 }
