@@ -428,7 +428,8 @@ async fn a_delivery_recorded_while_track_moves_one_of_its_intents_records_each_o
         count(
             &db,
             "SELECT count(*) FROM pg_stat_activity
-              WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO outbox.log_outcomes%'",
+              WHERE datname = current_database() AND wait_event_type = 'Lock'
+                AND query LIKE '%INSERT INTO outbox.log_outcomes%'",
         )
         .await
             == 1
