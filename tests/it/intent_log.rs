@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use outbox_relay::store::{AttemptOutcome, Completion, IntentState};
+use outbox_providers::{AmbiguityPolicy, Outcome};
+use outbox_relay::config::RetryPolicy;
+use outbox_relay::engine::settle::settle;
+use outbox_relay::store::Completion;
 use serde_json::json;
 
 use crate::common::{self, config, engine, run_once_within, Receiver, Reply, TestDb};
@@ -483,27 +486,15 @@ async fn a_delivery_recorded_while_track_moves_one_of_its_intents_records_each_o
     );
 }
 
-/// The completion of a claim's first attempt, delivered now.
+/// The completion of a claim's attempt delivered now, as the relay
+/// settles it.
 fn delivered(c: &outbox_relay::store::Claimed) -> Completion {
-    Completion {
-        id: c.id,
-        kind: c.kind.clone(),
-        delivered_before: false,
-        operator_replay: false,
-        fence: c.fence,
-        attempt: c.attempt,
-        key_generation: c.key_generation,
-        started_at: Utc::now(),
-        finished_at: Utc::now(),
-        outcome: AttemptOutcome::Delivered,
-        status: Some(200),
-        provider_ref: Some(format!("msg_{}", c.id)),
-        error: None,
+    let outcome = Outcome::Delivered {
+        reference: Some(format!("msg_{}", c.id)),
         replayed: false,
-        uncounted: false,
-        state: IntentState::Delivered,
-        run_after: None,
-        response: None,
-        log_batch: c.log_batch,
-    }
+        status: Some(200),
+    };
+    let now = Utc::now();
+    let policy = RetryPolicy::default();
+    settle(c, &outcome, &policy, AmbiguityPolicy::Park, now, now, 0.0)
 }
