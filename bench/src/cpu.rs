@@ -13,11 +13,12 @@
 //! while a peer runs, and the peer's reported window (wall-clock times)
 //! picks the readings around it.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::server::Server;
+use crate::server::{Processes, Server};
 
 /// CPU use over one drain.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -36,12 +37,17 @@ pub struct CpuUse {
     pub postgres_us_per_job: Option<f64>,
     /// WAL the server wrote over the window, per job.
     pub wal_bytes_per_job: Option<f64>,
+    /// The server's CPU per job by what its processes do: `backends` (the
+    /// clients' connections), `autovacuum`, `walwriter`, `checkpointer`,
+    /// `bgwriter`, `exited` (children that ended in the window, mostly
+    /// autovacuum workers) and `other`.
+    pub postgres_us_by_role: Option<BTreeMap<String, f64>>,
 }
 
 /// One reading: wall-clock seconds, the machine's busy and total ticks
 /// (all CPUs), how many CPUs they are summed over, and this process's
 /// ticks.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Reading {
     unix: f64,
     busy: u64,
@@ -50,6 +56,8 @@ pub(crate) struct Reading {
     own: u64,
     /// Nanoseconds the Postgres server's processes have used.
     postgres_ns: Option<u64>,
+    /// The same, process by process.
+    postgres: Option<Processes>,
 }
 
 /// Seconds since the epoch, as the peers report theirs.
@@ -101,13 +109,15 @@ pub(crate) fn read(server: Option<&Server>) -> Option<Reading> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let (busy, total) = machine_ticks(&stat)?;
     let own = process_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+    let postgres = server.and_then(Server::processes);
     Some(Reading {
         unix: unix_now(),
         busy,
         total,
         cpus: cpus(&stat)?,
         own,
-        postgres_ns: server.and_then(Server::cpu_ns),
+        postgres_ns: postgres.as_ref().map(Processes::total_ns),
+        postgres,
     })
 }
 
@@ -149,6 +159,16 @@ pub(crate) fn between(
             .and_then(|(to, from)| to.checked_sub(from))
             .map(|ns| ns as f64 / 1e3 / jobs as f64),
         wal_bytes_per_job: None,
+        postgres_us_by_role: from
+            .postgres
+            .as_ref()
+            .zip(to.postgres.as_ref())
+            .map(|(a, b)| {
+                a.by_role(b)
+                    .into_iter()
+                    .map(|(role, ns)| (role.to_string(), ns as f64 / 1e3 / jobs as f64))
+                    .collect()
+            }),
     })
 }
 
@@ -243,6 +263,7 @@ mod tests {
             cpus: 2.0,
             own: 10,
             postgres_ns: Some(1_000_000_000),
+            postgres: None,
         };
         // two seconds of two CPUs at 100 ticks per CPU-second: 400 ticks,
         // 300 of them busy
@@ -253,6 +274,7 @@ mod tests {
             cpus: 2.0,
             own: 60,
             postgres_ns: Some(1_250_000_000),
+            postgres: None,
         };
         let cpu = between(&from, &to, 1_000, Some(100)).unwrap();
         assert!((cpu.seconds - 2.0).abs() < 1e-9);

@@ -176,6 +176,25 @@ pub fn print(r: &DrainRounds) {
     }
     println!("(per intent drained: machine, all processes; relay, its process; Postgres, the server's processes; WAL, what the server wrote)");
     for (i, round) in r.rounds.iter().enumerate() {
+        let Some(roles) = round
+            .drain
+            .cpu
+            .as_ref()
+            .and_then(|c| c.postgres_us_by_role.as_ref())
+        else {
+            continue;
+        };
+        let parts: Vec<String> = roles
+            .iter()
+            .map(|(role, us)| format!("{role} {us:.1} µs"))
+            .collect();
+        println!(
+            "round {}: Postgres by process, per intent: {}",
+            i + 1,
+            parts.join(", ")
+        );
+    }
+    for (i, round) in r.rounds.iter().enumerate() {
         if round.statements.is_empty() {
             continue;
         }

@@ -13,6 +13,7 @@
 //! are absent. The WAL is `pg_current_wal_insert_lsn()`: bytes the whole
 //! server wrote, whoever wrote them.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,32 +64,101 @@ impl Server {
         server.cpu_ns().map(|_| server)
     }
 
-    /// Nanoseconds of CPU the server's processes have used: the postmaster
-    /// and its live children (schedstat), and the children it has reaped
-    /// (its cutime + cstime, in clock ticks).
+    /// Nanoseconds of CPU the server's processes have used.
     pub(crate) fn cpu_ns(&self) -> Option<u64> {
+        self.processes().map(|p| p.total_ns())
+    }
+
+    /// The CPU of the postmaster, of each live child by what it does, and
+    /// of the children it has reaped.
+    pub(crate) fn processes(&self) -> Option<Processes> {
         let pm = self.postmaster;
         let stat = std::fs::read_to_string(format!("/proc/{pm}/stat")).ok()?;
         let fields = stat_fields(&stat)?;
         // cutime and cstime are fields 16 and 17
         let reaped_ticks: u64 =
             fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?;
-        let mut ns = (reaped_ticks as f64 / USER_HZ * 1e9) as u64;
-        ns += schedstat_ns(&std::fs::read_to_string(format!("/proc/{pm}/schedstat")).ok()?)?;
+        let postmaster_ns =
+            schedstat_ns(&std::fs::read_to_string(format!("/proc/{pm}/schedstat")).ok()?)?;
         let children = std::fs::read_to_string(format!("/proc/{pm}/task/{pm}/children")).ok()?;
+        let mut live = Vec::new();
         for child in children.split_whitespace() {
             // a child that exited since the listing is in the reaped time
             // once the postmaster has waited for it
-            if let Some(n) = std::fs::read_to_string(format!("/proc/{child}/schedstat"))
+            let Some(ns) = std::fs::read_to_string(format!("/proc/{child}/schedstat"))
                 .ok()
                 .as_deref()
                 .and_then(schedstat_ns)
-            {
-                ns += n;
-            }
+            else {
+                continue;
+            };
+            let title = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            let pid = child.parse().unwrap_or(0);
+            live.push((pid, role_of(&String::from_utf8_lossy(&title)), ns));
         }
-        Some(ns)
+        Some(Processes {
+            postmaster_ns,
+            reaped_ns: (reaped_ticks as f64 / USER_HZ * 1e9) as u64,
+            live,
+        })
     }
+}
+
+/// One reading of the server's processes' CPU, in nanoseconds.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Processes {
+    postmaster_ns: u64,
+    /// Every child the postmaster has waited for (clock-tick resolution).
+    reaped_ns: u64,
+    /// Each live child: its pid, its [`role_of`] and its CPU so far.
+    live: Vec<(u32, &'static str, u64)>,
+}
+
+impl Processes {
+    pub(crate) fn total_ns(&self) -> u64 {
+        self.postmaster_ns + self.reaped_ns + self.live.iter().map(|c| c.2).sum::<u64>()
+    }
+
+    /// What each role spent from `self` to `to`. A child that exited in
+    /// between (an autovacuum worker, mostly) is counted as `exited`: the
+    /// reaped time that grew, less what those children had spent before.
+    pub(crate) fn by_role(&self, to: &Processes) -> BTreeMap<&'static str, u64> {
+        let before: HashMap<u32, u64> = self.live.iter().map(|c| (c.0, c.2)).collect();
+        let now: HashMap<u32, u64> = to.live.iter().map(|c| (c.0, c.2)).collect();
+        let mut roles = BTreeMap::new();
+        for &(pid, role, ns) in &to.live {
+            *roles.entry(role).or_insert(0) +=
+                ns.saturating_sub(before.get(&pid).copied().unwrap_or(0));
+        }
+        let gone: u64 = before
+            .iter()
+            .filter(|(pid, _)| !now.contains_key(pid))
+            .map(|(_, ns)| ns)
+            .sum();
+        *roles.entry("exited").or_insert(0) += to.reaped_ns.saturating_sub(self.reaped_ns + gone);
+        *roles.entry("other").or_insert(0) += to.postmaster_ns.saturating_sub(self.postmaster_ns);
+        roles
+    }
+}
+
+/// What a server process does, from the title Postgres gives it
+/// (`postgres: walwriter`, `postgres: 15/main: USER DB HOST(PORT) STATE`
+/// with a `cluster_name`, ...).
+fn role_of(title: &str) -> &'static str {
+    let parts: Vec<&str> = title.split(": ").skip(1).collect();
+    [
+        ("autovacuum", "autovacuum"),
+        ("walwriter", "walwriter"),
+        ("checkpointer", "checkpointer"),
+        ("background writer", "bgwriter"),
+        ("logical replication", "other"),
+        ("walsender", "other"),
+        ("archiver", "other"),
+        ("stats collector", "other"),
+    ]
+    .into_iter()
+    .find(|(prefix, _)| parts.iter().any(|p| p.starts_with(prefix)))
+    .map_or("backends", |(_, role)| role)
 }
 
 /// Bytes from 0/0 to where the server's WAL insert position stands.
@@ -155,5 +225,44 @@ mod tests {
         assert_eq!(stat_comm(stat), Some("postgres: bench"));
         assert_eq!(schedstat_ns("34509069 2006453 49\n"), Some(34_509_069));
         assert_eq!(schedstat_ns(""), None);
+    }
+
+    #[test]
+    fn tells_the_server_processes_apart_by_title() {
+        assert_eq!(role_of("postgres: walwriter   "), "walwriter");
+        assert_eq!(
+            role_of("postgres: 15/main: autovacuum worker bench"),
+            "autovacuum"
+        );
+        assert_eq!(role_of("postgres: 15/main: checkpointer"), "checkpointer");
+        assert_eq!(
+            role_of("postgres: postgres autovacuum_db 127.0.0.1(5312) idle"),
+            "backends"
+        );
+        assert_eq!(
+            role_of("postgres: 15/main: postgres bench [local] SELECT"),
+            "backends"
+        );
+    }
+
+    #[test]
+    fn a_child_that_exits_is_counted_from_the_reaped_time() {
+        let from = Processes {
+            postmaster_ns: 10,
+            reaped_ns: 1_000,
+            live: vec![(1, "backends", 500), (2, "autovacuum", 300)],
+        };
+        // 2 exits having run 450 in all; 3 starts and runs 40
+        let to = Processes {
+            postmaster_ns: 15,
+            reaped_ns: 1_450,
+            live: vec![(1, "backends", 800), (3, "walwriter", 40)],
+        };
+        let roles = from.by_role(&to);
+        assert_eq!(roles["backends"], 300);
+        assert_eq!(roles["walwriter"], 40);
+        assert_eq!(roles["exited"], 150);
+        assert_eq!(roles["other"], 5);
+        assert_eq!(roles.values().sum::<u64>(), to.total_ns() - from.total_ns());
     }
 }
