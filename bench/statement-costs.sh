@@ -16,6 +16,8 @@
 # 'pg_stat_statements'`): a private cluster (`tests/peers/pg-cluster.sh
 # start NAME`, the line added to its postgresql.conf, `pg-cluster.sh
 # restart DIR`), never a shared server, since the counters are reset.
+# Planning is counted only with `pg_stat_statements.track_planning = on`
+# there as well (zero otherwise).
 # Needs psql and jq.
 set -euo pipefail
 
@@ -65,12 +67,14 @@ for r in $(seq 1 "$ROUNDS"); do
 	psql "$DATABASE_URL" -At -F $'\t' -c "
 	  SELECT 'per intent', round(sum(shared_blks_hit + shared_blks_read) / $INTENTS.0, 1) || ' buffers',
 	         round((sum(total_exec_time) * 1000 / $INTENTS)::numeric, 1) || ' µs executing',
+	         round((sum(total_plan_time) * 1000 / $INTENTS)::numeric, 1) || ' µs planning',
 	         round(sum(wal_records) / $INTENTS.0, 2) || ' WAL records'
 	    FROM pg_stat_statements WHERE $OURS"
-	printf 'buffers\tµs\tcalls\trows/call\tstatement\n'
+	printf 'buffers\tµs\tplanning µs\tcalls\tplans\trows/call\tstatement\n'
 	psql "$DATABASE_URL" -At -F $'\t' -c "
 	  SELECT round((shared_blks_hit + shared_blks_read) / $INTENTS.0, 1),
-	         round((total_exec_time * 1000 / $INTENTS)::numeric, 1), calls,
+	         round((total_exec_time * 1000 / $INTENTS)::numeric, 1),
+	         round((total_plan_time * 1000 / $INTENTS)::numeric, 1), calls, plans,
 	         round(rows::numeric / greatest(calls, 1), 1),
 	         left(regexp_replace(query, '\s+', ' ', 'g'), 70)
 	    FROM pg_stat_statements WHERE $OURS

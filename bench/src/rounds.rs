@@ -23,6 +23,10 @@ pub struct StatementCost {
     /// The statement's first 200 characters, whitespace folded.
     pub statement: String,
     pub calls: i64,
+    /// How many times it was planned (counted only where the server sets
+    /// `pg_stat_statements.track_planning`): as many as its calls when
+    /// Postgres plans it afresh each time.
+    pub plans: i64,
     /// Rows it returned or changed, per call.
     pub rows_per_call: f64,
     /// Its execution time, microseconds per intent drained.
@@ -127,8 +131,8 @@ async fn reset_statements(store: &Store) -> bool {
 
 /// The ten statements of this database that took longest since the reset.
 async fn statement_costs(store: &Store, intents: usize) -> anyhow::Result<Vec<StatementCost>> {
-    let rows: Vec<(String, i64, i64, f64, f64)> = sqlx::query_as(
-        "SELECT regexp_replace(left(query, 200), '\\s+', ' ', 'g'), calls, rows,
+    let rows: Vec<(String, i64, i64, i64, f64, f64)> = sqlx::query_as(
+        "SELECT regexp_replace(left(query, 200), '\\s+', ' ', 'g'), calls, plans, rows,
                 total_exec_time, total_plan_time
            FROM pg_stat_statements
           WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -139,13 +143,16 @@ async fn statement_costs(store: &Store, intents: usize) -> anyhow::Result<Vec<St
     let per = |ms: f64| ms * 1e3 / intents as f64;
     Ok(rows
         .into_iter()
-        .map(|(statement, calls, rows, exec, plan)| StatementCost {
-            statement,
-            calls,
-            rows_per_call: rows as f64 / calls.max(1) as f64,
-            exec_us_per_intent: per(exec),
-            plan_us_per_intent: per(plan),
-        })
+        .map(
+            |(statement, calls, plans, rows, exec, plan)| StatementCost {
+                statement,
+                calls,
+                plans,
+                rows_per_call: rows as f64 / calls.max(1) as f64,
+                exec_us_per_intent: per(exec),
+                plan_us_per_intent: per(plan),
+            },
+        )
         .collect())
 }
 
@@ -204,10 +211,11 @@ pub fn print(r: &DrainRounds) {
         );
         for s in &round.statements {
             println!(
-                "  {:>6.1} µs exec {:>5.1} µs plan {:>7} calls {:>6.1} rows/call  {}",
+                "  {:>6.1} µs exec {:>5.1} µs plan {:>7} calls {:>7} plans {:>6.1} rows/call  {}",
                 s.exec_us_per_intent,
                 s.plan_us_per_intent,
                 s.calls,
+                s.plans,
                 s.rows_per_call,
                 s.statement.chars().take(90).collect::<String>()
             );
