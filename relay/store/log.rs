@@ -16,7 +16,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use super::claim_query::{ClaimQuery, GENERIC_PLAN_BEGIN, LOG_CLAIM_LOCK, LOG_PLAIN_CLAIM_BEGIN};
+use super::claim_query::{ClaimQuery, LOG_CLAIM_LOCK};
 use super::claims::{claimed_from_row, Accepted, Aside, Claims, Completion};
 use super::{storable, Store};
 
@@ -137,13 +137,8 @@ impl Store {
         if limit <= 0 {
             return Ok(claims);
         }
-        let mut tx = if aside.is_empty() {
-            self.pool.begin_with(LOG_PLAIN_CLAIM_BEGIN).await?
-        } else {
-            let mut tx = self.pool.begin().await?;
-            sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
-            tx
-        };
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
         let rows = if aside.is_empty() {
             sqlx::query(query.log_plain_sql())
                 .bind(limit)
@@ -186,7 +181,8 @@ impl Store {
     /// claimed.
     pub async fn explain_log_claim(&self, limit: i64) -> Result<Vec<String>, sqlx::Error> {
         let query = ClaimQuery::new(limit, &[]);
-        let mut tx = self.pool.begin_with(LOG_PLAIN_CLAIM_BEGIN).await?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
         let plan: Vec<String> = sqlx::query_scalar(&format!(
             "EXPLAIN (ANALYZE, BUFFERS) {}",
             query.log_plain_sql()
@@ -216,7 +212,7 @@ impl Store {
                 batch.iter().map($f).collect::<Vec<_>>()
             };
         }
-        let statement = |sql| {
+        let run = |sql| {
             sqlx::query(sql)
                 .bind(col!(|c| c.id))
                 .bind(col!(|c| c.started_at))
@@ -229,21 +225,13 @@ impl Store {
                 .bind(col!(|c| c.replayed))
                 .bind(owner)
                 .bind(log_batches(batch.iter().copied()))
+                .fetch_all(&self.pool)
         };
-        // on the connection's generic plan (GENERIC_PLAN_SETTINGS)
-        let mut tx = self.pool.begin_with(GENERIC_PLAN_BEGIN).await?;
-        let rows = match statement(LOG_COMPLETE_SQL).fetch_all(&mut *tx).await {
+        let rows = match run(LOG_COMPLETE_SQL).await {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505") => {
-                tx.rollback().await?;
-                statement(LOG_COMPLETE_CONTENDED_SQL)
-                    .fetch_all(&self.pool)
-                    .await?
+                run(LOG_COMPLETE_CONTENDED_SQL).await?
             }
-            rows => {
-                let rows = rows?;
-                tx.commit().await?;
-                rows
-            }
+            rows => rows?,
         };
         rows.iter()
             .map(|r| {

@@ -34,7 +34,6 @@ mod events;
 mod failover;
 mod first_steps;
 mod fleet;
-mod generic_plans;
 mod getting_started;
 mod guides;
 mod health;
