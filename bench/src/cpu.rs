@@ -54,9 +54,8 @@ pub(crate) struct Reading {
     total: u64,
     cpus: f64,
     own: u64,
-    /// Nanoseconds the Postgres server's processes have used.
-    postgres_ns: Option<u64>,
-    /// The same, process by process.
+    /// The CPU the Postgres server's processes have used, process by
+    /// process.
     postgres: Option<Processes>,
 }
 
@@ -116,7 +115,6 @@ pub(crate) fn read(server: Option<&Server>) -> Option<Reading> {
         total,
         cpus: cpus(&stat)?,
         own,
-        postgres_ns: postgres.as_ref().map(Processes::total_ns),
         postgres,
     })
 }
@@ -154,9 +152,10 @@ pub(crate) fn between(
         bench_us_per_job: us_per_job(to.own.checked_sub(from.own)?),
         relay_us_per_job: relay_ticks.map(us_per_job),
         postgres_us_per_job: to
-            .postgres_ns
-            .zip(from.postgres_ns)
-            .and_then(|(to, from)| to.checked_sub(from))
+            .postgres
+            .as_ref()
+            .zip(from.postgres.as_ref())
+            .and_then(|(to, from)| to.total_ns().checked_sub(from.total_ns()))
             .map(|ns| ns as f64 / 1e3 / jobs as f64),
         wal_bytes_per_job: None,
         postgres_us_by_role: from
@@ -262,8 +261,7 @@ mod tests {
             total: 10_000,
             cpus: 2.0,
             own: 10,
-            postgres_ns: Some(1_000_000_000),
-            postgres: None,
+            postgres: Some(Processes::postmaster_only(1_000_000_000)),
         };
         // two seconds of two CPUs at 100 ticks per CPU-second: 400 ticks,
         // 300 of them busy
@@ -273,8 +271,7 @@ mod tests {
             total: 10_400,
             cpus: 2.0,
             own: 60,
-            postgres_ns: Some(1_250_000_000),
-            postgres: None,
+            postgres: Some(Processes::postmaster_only(1_250_000_000)),
         };
         let cpu = between(&from, &to, 1_000, Some(100)).unwrap();
         assert!((cpu.seconds - 2.0).abs() < 1e-9);

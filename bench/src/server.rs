@@ -61,12 +61,7 @@ impl Server {
             return None;
         }
         let server = Server { postmaster };
-        server.cpu_ns().map(|_| server)
-    }
-
-    /// Nanoseconds of CPU the server's processes have used.
-    pub(crate) fn cpu_ns(&self) -> Option<u64> {
-        self.processes().map(|p| p.total_ns())
+        server.processes().map(|_| server)
     }
 
     /// The CPU of the postmaster, of each live child by what it does, and
@@ -115,6 +110,16 @@ pub(crate) struct Processes {
 }
 
 impl Processes {
+    /// A reading of a server whose postmaster alone has run `ns`.
+    #[cfg(test)]
+    pub(crate) fn postmaster_only(ns: u64) -> Processes {
+        Processes {
+            postmaster_ns: ns,
+            ..Processes::default()
+        }
+    }
+
+    /// Nanoseconds of CPU the server's processes have used.
     pub(crate) fn total_ns(&self) -> u64 {
         self.postmaster_ns + self.reaped_ns + self.live.iter().map(|c| c.2).sum::<u64>()
     }
