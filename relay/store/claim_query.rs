@@ -203,6 +203,43 @@ fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
 pub const LOG_CLAIM_LOCK: &str =
     "SELECT pg_advisory_xact_lock(20291, 0), set_config('jit', 'off', true)";
 
+/// The settings of [`GENERIC_PLAN_SETTINGS`], as a literal for `concat!`.
+macro_rules! generic_plan_settings {
+    () => {
+        "SET LOCAL jit = off; SET LOCAL plan_cache_mode = force_generic_plan; \
+         SET LOCAL enable_seqscan = off"
+    };
+}
+
+/// What the claim that sets nothing aside and the deliveries at the first
+/// attempt set for their transaction: they run on their connection's
+/// cached generic plan, and that plan probes by index whatever the tables
+/// held when it was made.
+///
+/// Left to choose, Postgres plans both afresh on every call: the generic
+/// plan of the claim guesses a tenth of the log for its bound limit, so it
+/// never looks cheaper than a plan made for the limit, and the completion
+/// fares no better. Planning was a third of what the two statements cost
+/// the server in a drain (about a millisecond per claim of 100 and half a
+/// millisecond per completion; docs/performance.md, "Planning per call"). A
+/// generic plan is made once per connection and kept until a table it
+/// reads is analyzed, so it must not depend on what the tables hold when
+/// it is made: beside the empty outcomes of a new segment the planner
+/// would read them whole on every probe. Sequential scans are off for
+/// these statements, so every probe is by index, and so is JIT
+/// compilation (see [`LOG_CLAIM_LOCK`]).
+pub const GENERIC_PLAN_SETTINGS: &str = generic_plan_settings!();
+
+/// How the claim that sets nothing aside begins its transaction, in one
+/// round trip: [`LOG_CLAIM_LOCK`]'s lock, then [`GENERIC_PLAN_SETTINGS`].
+pub const LOG_PLAIN_CLAIM_BEGIN: &str = concat!(
+    "BEGIN; SELECT pg_advisory_xact_lock(20291, 0); ",
+    generic_plan_settings!()
+);
+
+/// How the deliveries at the first attempt begin their transaction.
+pub const GENERIC_PLAN_BEGIN: &str = concat!("BEGIN; ", generic_plan_settings!());
+
 /// Whether a claim of the log sets a congested destination's intents aside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SetsAside {

@@ -16,7 +16,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use super::claim_query::{ClaimQuery, LOG_CLAIM_LOCK};
+use super::claim_query::{ClaimQuery, GENERIC_PLAN_BEGIN, LOG_CLAIM_LOCK, LOG_PLAIN_CLAIM_BEGIN};
 use super::claims::{claimed_from_row, Accepted, Aside, Claims, Completion};
 use super::{storable, Store};
 
@@ -54,13 +54,14 @@ macro_rules! log_complete_sql {
             $conflict,
             "
          RETURNING o.intent_id),
-     written AS (SELECT coalesce(array_agg(d.intent_id), '{}') AS ids FROM done d),
      finished AS (
          DELETE FROM outbox.log_batches b
           WHERE b.batch = ANY($8::bigint[])
             AND NOT EXISTS (
                 SELECT 1 FROM unnest(b.ids) AS x(id)
-                 WHERE x.id <> ALL((SELECT w.ids FROM written w)::bigint[])
+                 -- a hashed subplan: as `<> ALL` of an array, the generic plan
+                 -- compared every id of the batches with every outcome written
+                 WHERE x.id NOT IN (SELECT d.intent_id FROM done d)
                    AND NOT EXISTS (SELECT 1 FROM outbox.log_outcomes_open o
                                     WHERE o.intent_id = x.id OFFSET 0)
                    AND EXISTS (SELECT 1 FROM outbox.intent_log_batchable l WHERE l.id = x.id OFFSET 0)))
@@ -137,8 +138,13 @@ impl Store {
         if limit <= 0 {
             return Ok(claims);
         }
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
+        let mut tx = if aside.is_empty() {
+            self.pool.begin_with(LOG_PLAIN_CLAIM_BEGIN).await?
+        } else {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
+            tx
+        };
         let rows = if aside.is_empty() {
             sqlx::query(query.log_plain_sql())
                 .bind(limit)
@@ -181,8 +187,7 @@ impl Store {
     /// claimed.
     pub async fn explain_log_claim(&self, limit: i64) -> Result<Vec<String>, sqlx::Error> {
         let query = ClaimQuery::new(limit, &[]);
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
+        let mut tx = self.pool.begin_with(LOG_PLAIN_CLAIM_BEGIN).await?;
         let plan: Vec<String> = sqlx::query_scalar(&format!(
             "EXPLAIN (ANALYZE, BUFFERS) {}",
             query.log_plain_sql()
@@ -212,7 +217,7 @@ impl Store {
                 batch.iter().map($f).collect::<Vec<_>>()
             };
         }
-        let run = |sql| {
+        let statement = |sql| {
             sqlx::query(sql)
                 .bind(col!(|c| c.id))
                 .bind(col!(|c| c.started_at))
@@ -225,13 +230,21 @@ impl Store {
                 .bind(col!(|c| c.replayed))
                 .bind(owner)
                 .bind(log_batches(batch.iter().copied()))
-                .fetch_all(&self.pool)
         };
-        let rows = match run(LOG_COMPLETE_SQL).await {
+        // on the connection's generic plan (GENERIC_PLAN_SETTINGS)
+        let mut tx = self.pool.begin_with(GENERIC_PLAN_BEGIN).await?;
+        let rows = match statement(LOG_COMPLETE_SQL).fetch_all(&mut *tx).await {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505") => {
-                run(LOG_COMPLETE_CONTENDED_SQL).await?
+                tx.rollback().await?;
+                statement(LOG_COMPLETE_CONTENDED_SQL)
+                    .fetch_all(&self.pool)
+                    .await?
             }
-            rows => rows?,
+            rows => {
+                let rows = rows?;
+                tx.commit().await?;
+                rows
+            }
         };
         rows.iter()
             .map(|r| {

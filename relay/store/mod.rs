@@ -88,7 +88,7 @@ pub fn statement(name: &str) -> Option<&'static str> {
         .map(|(_, sql)| *sql)
 }
 
-pub use claim_query::ClaimQuery;
+pub use claim_query::{ClaimQuery, GENERIC_PLAN_SETTINGS};
 pub use claims::{Aside, Claims};
 pub use claims::{Claimed, Completion, WalMark, Written};
 pub use enqueue::{enqueue, enqueue_many, EnqueueError, Enqueued, NewIntent};

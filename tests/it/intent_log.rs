@@ -488,7 +488,7 @@ async fn a_delivery_recorded_while_track_moves_one_of_its_intents_records_each_o
 
 /// The completion of a claim's attempt delivered now, as the relay
 /// settles it.
-fn delivered(c: &outbox_relay::store::Claimed) -> Completion {
+pub(crate) fn delivered(c: &outbox_relay::store::Claimed) -> Completion {
     let outcome = Outcome::Delivered {
         reference: Some(format!("msg_{}", c.id)),
         replayed: false,

@@ -34,6 +34,7 @@ mod events;
 mod failover;
 mod first_steps;
 mod fleet;
+mod generic_plans;
 mod getting_started;
 mod guides;
 mod health;
