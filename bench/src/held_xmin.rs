@@ -448,11 +448,14 @@ async fn table_stats(store: &Store) -> anyhow::Result<Vec<TableStats>> {
         .execute(&mut *conn)
         .await?;
     let rows: Vec<TableRow> = sqlx::query_as(&format!(
-        "SELECT relname::text, n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd,
-                pg_total_relation_size(relid), {}
-           FROM pg_stat_user_tables WHERE schemaname = 'outbox' ORDER BY relname",
+        "SELECT s.relname::text, s.n_live_tup, s.n_dead_tup, s.n_tup_upd, s.n_tup_hot_upd,
+                pg_total_relation_size(s.relid), {}
+           FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+          WHERE s.schemaname = 'outbox' ORDER BY s.relname",
+        // a partitioned table has no heap of its own (its partitions are
+        // listed with theirs), and pgstattuple refuses it
         if counted {
-            "(pgstattuple(relid::regclass)).dead_tuple_count"
+            "CASE WHEN c.relkind <> 'p' THEN (pgstattuple(s.relid::regclass)).dead_tuple_count END"
         } else {
             "NULL::bigint"
         }
