@@ -140,7 +140,7 @@ impl ClaimQuery {
     }
 
     /// The claim of at most $1 intents from the log: $2 owner, $3 lease in
-    /// ms. Run in a transaction after [`LOG_CLAIM_LOCK`].
+    /// ms. Run in a transaction begun with [`LOG_CLAIM_BEGIN`].
     pub fn log_sql(&self) -> &str {
         &self.log
     }
@@ -190,18 +190,27 @@ fn claim_sql(limit: i64, kinds: &str, known: &str, mark: &str) -> String {
     )
 }
 
-/// Taken by every claim from the log for its transaction, and by
-/// `outbox.track` (the same key): claims of the log take turns, and an
+/// The lock every claim from the log takes for its transaction, and
+/// `outbox.track` too (the same key): claims of the log take turns, and an
 /// intent no batch holds stays so while it is copied into `intent_rows`.
-///
-/// It also turns JIT compilation off for the transaction. Beside a large
+macro_rules! log_claim_lock {
+    () => {
+        "SELECT pg_advisory_xact_lock(20291, 0)"
+    };
+}
+
+/// How a claim of the log that sets intents aside begins its transaction,
+/// in one round trip: its lock, with JIT compilation off. Beside a large
 /// log the planner prices the claim far above `jit_above_cost` and
 /// `jit_optimize_above_cost` (it cannot tell how few intents after the
 /// cursor pass its probes), and with the server's defaults compiling the
 /// claim took 1.2 s of the server's CPU on every call, for a claim that
 /// then ran in a millisecond.
-pub const LOG_CLAIM_LOCK: &str =
-    "SELECT pg_advisory_xact_lock(20291, 0), set_config('jit', 'off', true)";
+pub const LOG_CLAIM_BEGIN: &str = concat!(
+    "BEGIN; ",
+    log_claim_lock!(),
+    ", set_config('jit', 'off', true)"
+);
 
 /// The settings of [`GENERIC_PLAN_SETTINGS`], as a literal for `concat!`.
 macro_rules! generic_plan_settings {
@@ -227,15 +236,14 @@ macro_rules! generic_plan_settings {
 /// it is made: beside the empty outcomes of a new segment the planner
 /// would read them whole on every probe. Sequential scans are off for
 /// these statements, so every probe is by index, and so is JIT
-/// compilation (see [`LOG_CLAIM_LOCK`]).
+/// compilation (see [`LOG_CLAIM_BEGIN`]).
 pub const GENERIC_PLAN_SETTINGS: &str = generic_plan_settings!();
 
 /// How the claim that sets nothing aside begins its transaction, in one
-/// round trip: [`LOG_CLAIM_LOCK`]'s lock, then [`GENERIC_PLAN_SETTINGS`].
-pub const LOG_PLAIN_CLAIM_BEGIN: &str = concat!(
-    "BEGIN; SELECT pg_advisory_xact_lock(20291, 0); ",
-    generic_plan_settings!()
-);
+/// round trip: the lock of every claim of the log, then
+/// [`GENERIC_PLAN_SETTINGS`].
+pub const LOG_PLAIN_CLAIM_BEGIN: &str =
+    concat!("BEGIN; ", log_claim_lock!(), "; ", generic_plan_settings!());
 
 /// How the deliveries at the first attempt begin their transaction.
 pub const GENERIC_PLAN_BEGIN: &str = concat!("BEGIN; ", generic_plan_settings!());

@@ -16,7 +16,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
-use super::claim_query::{ClaimQuery, GENERIC_PLAN_BEGIN, LOG_CLAIM_LOCK, LOG_PLAIN_CLAIM_BEGIN};
+use super::claim_query::{ClaimQuery, GENERIC_PLAN_BEGIN, LOG_CLAIM_BEGIN, LOG_PLAIN_CLAIM_BEGIN};
 use super::claims::{claimed_from_row, Accepted, Aside, Claims, Completion};
 use super::{storable, Store};
 
@@ -138,13 +138,14 @@ impl Store {
         if limit <= 0 {
             return Ok(claims);
         }
-        let mut tx = if aside.is_empty() {
-            self.pool.begin_with(LOG_PLAIN_CLAIM_BEGIN).await?
-        } else {
-            let mut tx = self.pool.begin().await?;
-            sqlx::query(LOG_CLAIM_LOCK).execute(&mut *tx).await?;
-            tx
-        };
+        let mut tx = self
+            .pool
+            .begin_with(if aside.is_empty() {
+                LOG_PLAIN_CLAIM_BEGIN
+            } else {
+                LOG_CLAIM_BEGIN
+            })
+            .await?;
         let rows = if aside.is_empty() {
             sqlx::query(query.log_plain_sql())
                 .bind(limit)
