@@ -5,17 +5,14 @@
 
 use std::time::Duration;
 
+mod common;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_held_xmin_run_reports_every_outbox_table() {
-    let server = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let out = tokio::time::timeout(
         Duration::from_secs(240),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay-bench"))
+        common::bench(&common::server())
             .args(["--held-xmin", "3", "--held-xmin-rate", "50", "--json"])
-            .env_remove("OUTBOX_RELAY_CONFIG")
-            .env("RUST_LOG", "warn")
-            .env("DATABASE_URL", server)
             .kill_on_drop(true)
             .output(),
     )

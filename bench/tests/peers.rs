@@ -5,11 +5,7 @@
 
 use serde_json::Value;
 
-/// The server the bench creates its scratch databases on.
-fn admin_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
+mod common;
 
 struct Out {
     code: i32,
@@ -27,17 +23,13 @@ impl Out {
 /// Run `outbox-relay-bench ARGS` against `server` with the test environment of the relay's
 /// CLI tests (loopback webhooks allowed, metrics on a free port) and `env`.
 async fn bench_env(server: &str, args: &[&str], env: &[(&str, &str)]) -> Out {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay-bench"));
+    let mut cmd = common::bench(server);
     cmd.args(args)
-        .env_remove("DATABASE_URL")
-        .env_remove("OUTBOX_RELAY_CONFIG")
         .env(
             "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
             "[\"127.0.0.0/8\"]",
         )
-        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"")
-        .env("RUST_LOG", "warn")
-        .env("DATABASE_URL", server);
+        .env("OUTBOX_RELAY__RELAY__METRICS_ADDR", "\"127.0.0.1:0\"");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -109,7 +101,7 @@ print(json.dumps({{"peer": "fake", "version": "test", "knobs": {{"slow": slow}},
     std::fs::write(dir.join("broken-peer.py"), peer("1")).unwrap();
     std::fs::write(dir.join("greedy-peer.py"), peer("1")).unwrap();
     let peers_dir = dir.to_str().unwrap();
-    let server = admin_url();
+    let server = common::server();
     let bench = |peers: &'static str| {
         let server = server.clone();
         async move {

@@ -5,13 +5,13 @@
 
 use serde_json::Value;
 
+mod common;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_soak_writes_its_samples_its_plot_and_its_verdict() {
-    let server = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("soak-{}", std::process::id()));
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay-bench"))
+    let out = common::bench(&common::server())
         .args([
             "--soak",
             "12s",
@@ -25,9 +25,6 @@ async fn a_short_soak_writes_its_samples_its_plot_and_its_verdict() {
         .arg(&out_dir)
         // a NATS server nobody runs: the soak says so and sends webhooks
         .args(["--nats-url", "nats://127.0.0.1:1"])
-        .env_remove("OUTBOX_RELAY_CONFIG")
-        .env("RUST_LOG", "warn")
-        .env("DATABASE_URL", server)
         .output()
         .await
         .expect("run outbox-relay-bench");

@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_that_records_nothing_fails_at_the_stall_not_the_deadline() {
-    let server = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let setup = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("refuse-outcomes.sql");
     std::fs::write(
         &setup,
@@ -20,14 +20,11 @@ async fn a_drain_that_records_nothing_fails_at_the_stall_not_the_deadline() {
     let started = Instant::now();
     let out = tokio::time::timeout(
         Duration::from_secs(300),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay-bench"))
+        common::bench(&common::server())
             .args(["--intents", "50", "--drain-rounds", "1", "--in-flight", "8"])
             .arg("--setup-sql")
             .arg(&setup)
-            .env_remove("OUTBOX_RELAY_CONFIG")
             .env("BENCH_STALL_SECONDS", "3")
-            .env("RUST_LOG", "warn")
-            .env("DATABASE_URL", server)
             .kill_on_drop(true)
             .output(),
     )

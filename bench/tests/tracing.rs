@@ -4,11 +4,11 @@
 
 use serde_json::Value;
 
+mod common;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tracing_on_exports_a_span_of_every_attempt_and_off_none() {
-    let server = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay-bench"))
+    let out = common::bench(&common::server())
         .args([
             "--intents",
             "40",
@@ -24,7 +24,6 @@ async fn tracing_on_exports_a_span_of_every_attempt_and_off_none() {
             "--tracing",
             "1",
         ])
-        .env_remove("OUTBOX_RELAY_CONFIG")
         .env(
             "OUTBOX_RELAY__WEBHOOK__ALLOWED_NETWORKS",
             "[\"127.0.0.0/8\"]",
@@ -32,8 +31,6 @@ async fn tracing_on_exports_a_span_of_every_attempt_and_off_none() {
         // the purge of the bench's 100k history rows without pauses
         .env("OUTBOX_RELAY__RETENTION__BATCH_PAUSE", "\"0s\"")
         .env("OUTBOX_RELAY__RETENTION__BATCH_SIZE", "20000")
-        .env("RUST_LOG", "warn")
-        .env("DATABASE_URL", server)
         .output()
         .await
         .expect("run outbox-relay-bench");
