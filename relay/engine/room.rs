@@ -25,7 +25,7 @@
 //! the other destinations' intents behind them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,14 @@ const KEEP: usize = 4096;
 
 /// How long a destination stays congested after its last deferral.
 pub const CONGESTION_MEMORY: Duration = Duration::from_secs(10);
+
+/// A delivery that finds as many waiting as may wait still waits while
+/// the destination hands out room at least once per this long: behind a
+/// fast receiver's queue room comes within milliseconds (a deferral would
+/// cost a write, and a claim again, for an intent the receiver takes at
+/// once), while at a slow one it is deferred after this long and its
+/// claim is not held from the other destinations.
+pub const OVER_BOUND_PATIENCE: Duration = Duration::from_millis(100);
 
 /// The soonest a deferred delivery is tried again.
 pub const NO_ROOM_RETRY: Duration = Duration::from_millis(500);
@@ -68,6 +76,8 @@ pub struct Rooms {
 struct Room {
     slots: Arc<Semaphore>,
     waiting: AtomicUsize,
+    /// Room handed out so far: whether the queue moves.
+    handed: AtomicU64,
     /// One turn per `1 / limit` seconds, for the deliveries it defers.
     turn: Duration,
     congestion: Mutex<Option<Congestion>>,
@@ -131,6 +141,38 @@ impl Room {
         }
     }
 
+    /// Wait for room over the bound: in the room's queue, for at most
+    /// `patience`, and only while room is handed out at least once per
+    /// [`OVER_BOUND_PATIENCE`]. `Err(true)` when the patience ran out,
+    /// `Err(false)` when the queue stood still first.
+    async fn wait_while_moving(&self, patience: Duration) -> Result<OwnedSemaphorePermit, bool> {
+        let deadline = tokio::time::Instant::now() + patience;
+        // one acquire for the whole wait: its place in the queue is kept
+        let acquire = self.slots.clone().acquire_owned();
+        tokio::pin!(acquire);
+        let mut seen = self.handed.load(Ordering::Relaxed);
+        loop {
+            let tick = (tokio::time::Instant::now() + OVER_BOUND_PATIENCE).min(deadline);
+            tokio::select! {
+                permit = &mut acquire => {
+                    let permit = permit.map_err(|_| false)?;
+                    self.handed.fetch_add(1, Ordering::Relaxed);
+                    return Ok(permit);
+                }
+                _ = tokio::time::sleep_until(tick) => {
+                    let now = self.handed.load(Ordering::Relaxed);
+                    if tick >= deadline {
+                        return Err(true);
+                    }
+                    if now == seen {
+                        return Err(false);
+                    }
+                    seen = now;
+                }
+            }
+        }
+    }
+
     fn congested(&self) -> bool {
         self.congestion()
             .as_ref()
@@ -183,6 +225,7 @@ impl Rooms {
     ) -> Result<OwnedSemaphorePermit, NoRoom> {
         let room = self.room(limit);
         if let Ok(permit) = room.slots.clone().try_acquire_owned() {
+            room.handed.fetch_add(1, Ordering::Relaxed);
             return Ok(permit);
         }
         let busy = |waited: &str| {
@@ -192,20 +235,27 @@ impl Rooms {
             )
         };
         let may_wait = limit.limit.max(self.min_waiting).max(1);
-        if room.waiting.fetch_add(1, Ordering::SeqCst) >= may_wait {
-            room.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(NoRoom {
-                reason: busy(&if may_wait == limit.limit {
-                    " and as many waiting".to_string()
-                } else {
-                    format!(" and {may_wait} waiting")
-                }),
-                retry_after: self.defer(&room, false, name),
+        let over = room.waiting.fetch_add(1, Ordering::SeqCst) >= may_wait;
+        let _waiting = Waiting(&room.waiting);
+        if over {
+            return room.wait_while_moving(patience).await.map_err(|whole| {
+                NoRoom {
+                    reason: busy(&if may_wait == limit.limit {
+                        " and as many waiting".to_string()
+                    } else {
+                        format!(" and {may_wait} waiting")
+                    }),
+                    // as below: a wait as long as the patience makes the
+                    // destination congested
+                    retry_after: self.defer(&room, whole && patience >= PATIENCE, name),
+                }
             });
         }
-        let _waiting = Waiting(&room.waiting);
         match tokio::time::timeout(patience, room.slots.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => Ok(permit),
+            Ok(Ok(permit)) => {
+                room.handed.fetch_add(1, Ordering::Relaxed);
+                Ok(permit)
+            }
             _ => Err(NoRoom {
                 reason: busy(&format!(" for {patience:?}")),
                 // a wait cut short by the lease says nothing of the room
@@ -296,6 +346,7 @@ impl Rooms {
                 Arc::new(Room {
                     slots: Arc::new(Semaphore::new(limit.limit.max(1))),
                     waiting: AtomicUsize::new(0),
+                    handed: AtomicU64::new(0),
                     turn: Duration::from_secs(1) / limit.limit.clamp(1, u32::MAX as usize) as u32,
                     congestion: Mutex::new(None),
                 })
@@ -382,6 +433,43 @@ mod tests {
         for w in waiters {
             w.abort();
         }
+    }
+
+    #[tokio::test]
+    async fn over_the_bound_a_delivery_waits_while_the_queue_moves() {
+        let rooms = Arc::new(Rooms::default());
+        let a = limit("http://fast:80", 1);
+        let held = rooms.enter(&a, PATIENCE, || None).await.unwrap();
+        let enter = |rooms: Arc<Rooms>, a: InFlightLimit| {
+            tokio::spawn(async move { rooms.enter(&a, Duration::from_secs(30), || None).await })
+        };
+        let waiter = enter(rooms.clone(), a.clone());
+        while rooms.room(&a).waiting.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+        // as many wait as may: this one is over the bound
+        let over = enter(rooms.clone(), a.clone());
+        while rooms.room(&a).waiting.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        let started = std::time::Instant::now();
+        // room is handed on within each OVER_BOUND_PATIENCE, twice
+        tokio::time::sleep(OVER_BOUND_PATIENCE / 2).await;
+        drop(held);
+        let second = waiter
+            .await
+            .unwrap()
+            .expect("the waiter within the bound gets room");
+        tokio::time::sleep(OVER_BOUND_PATIENCE * 3 / 4).await;
+        drop(second);
+        assert!(
+            over.await.unwrap().is_ok(),
+            "the delivery over the bound got room while the queue moved"
+        );
+        assert!(
+            started.elapsed() > OVER_BOUND_PATIENCE,
+            "it waited past one tick"
+        );
     }
 
     #[tokio::test]

@@ -159,3 +159,38 @@ async fn a_retry_is_claimed_when_it_comes_due_not_at_the_next_poll() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_to_one_fast_receiver_is_drained_without_a_deferral() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start(|_, _| Reply::status(200)).await;
+    // the bench's drain: claims of 100 run three batches ahead of 16
+    // deliveries in flight, so far more than one claim's worth waits for
+    // room at the receiver while it answers at once
+    let mut cfg = config();
+    cfg.relay.concurrency = 16;
+    cfg.relay.batch_size = 100;
+    cfg.webhook.max_in_flight_per_host = 16;
+    const N: i32 = 3000;
+    let url = rx.url("/backlog");
+    for part in 0..N / 1000 {
+        commit_batch(&db.store, &format!("backlog-{part}:"), &url, 1000, true).await;
+    }
+    let relay = engine(db.store.clone(), &cfg);
+    let store = db.store.clone();
+    run_until(relay, Duration::from_secs(120), || {
+        let store = store.clone();
+        async move { delivered(&store).await == i64::from(N) }
+    })
+    .await;
+
+    // claimed once, attempted once: none was deferred to a later claim
+    let reclaimed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.intents WHERE fence <> 1 OR attempts <> 1")
+            .fetch_one(db.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(reclaimed, 0, "intents claimed or attempted more than once");
+    assert_eq!(rx.requests().len(), N as usize);
+    assert!(rx.max_in_flight() <= 16, "{} in flight", rx.max_in_flight());
+}
