@@ -7,12 +7,14 @@
 //! claims at once. Over the bound, a delivery queues here for a moment (a
 //! fast receiver frees its room within milliseconds) instead of being
 //! deferred to a later claim. A slow receiver's queue holds no delivery
-//! slot and is bounded twice: at most as many deliveries wait as may be in
-//! flight, or one claim's worth where that is more (the next one is
-//! deferred at once, so a slow destination's backlog cannot take the
-//! relay's claims from the others), and a wait lasts at most
-//! [`PATIENCE`]. A deferral spends no attempt, as when the provider itself
-//! defers.
+//! slot and is bounded twice: as many deliveries may wait as may be in
+//! flight, or one claim's worth where that is more, and one more only
+//! while room there is handed on at least every [`OVER_BOUND_PATIENCE`]
+//! (the claim loop runs up to three claims ahead of the slots, which a
+//! fast receiver takes within milliseconds; at a slow one the next is
+//! deferred soon, so its backlog cannot take the relay's claims from the
+//! others); and a wait lasts at most [`PATIENCE`]. A deferral spends no
+//! attempt, as when the provider itself defers.
 //!
 //! A destination where a delivery waited the whole patience for room is
 //! *congested*: it cannot take more than its limit per patience, so its
