@@ -204,9 +204,10 @@ impl Rooms {
     /// relay lets one claim's worth (`batch_size`) wait, so that a claim of
     /// many intents for one receiver is not mostly deferred the moment it
     /// arrives (each deferral is a write, and a claim again, for an intent
-    /// the receiver would have taken within milliseconds). A slow
-    /// destination still holds at most its limit and one claim's worth of
-    /// the relay's claims, each for at most the patience.
+    /// the receiver would have taken within milliseconds). A destination
+    /// whose queue stands still holds at most its limit and one claim's
+    /// worth of the relay's claims, each for at most the patience; more
+    /// wait only while its queue moves ([`OVER_BOUND_PATIENCE`]).
     pub fn with_min_waiting(n: usize) -> Rooms {
         Rooms {
             min_waiting: n,
