@@ -156,6 +156,7 @@ impl Room {
         loop {
             let tick = (tokio::time::Instant::now() + OVER_BOUND_PATIENCE).min(deadline);
             tokio::select! {
+                biased;
                 permit = &mut acquire => {
                     let permit = permit.map_err(|_| false)?;
                     self.handed.fetch_add(1, Ordering::Relaxed);
@@ -438,7 +439,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn over_the_bound_a_delivery_waits_while_the_queue_moves() {
         let rooms = Arc::new(Rooms::default());
         let a = limit("http://fast:80", 1);
@@ -455,7 +456,7 @@ mod tests {
         while rooms.room(&a).waiting.load(Ordering::SeqCst) < 2 {
             tokio::task::yield_now().await;
         }
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         // room is handed on within each OVER_BOUND_PATIENCE, twice
         tokio::time::sleep(OVER_BOUND_PATIENCE / 2).await;
         drop(held);
