@@ -143,30 +143,36 @@ impl Room {
         }
     }
 
-    /// Wait for room over the bound: in the room's queue, for at most
-    /// `patience`, and only while room is handed out at least once per
-    /// [`OVER_BOUND_PATIENCE`]. `Err(true)` when the patience ran out,
-    /// `Err(false)` when the queue stood still first.
-    async fn wait_while_moving(&self, patience: Duration) -> Result<OwnedSemaphorePermit, bool> {
+    /// Wait in the room's queue for at most `patience` and, with `stall`,
+    /// only while room is handed out at least once per `stall` (over the
+    /// bound, [`OVER_BOUND_PATIENCE`]). `Err(true)` when the patience ran
+    /// out, `Err(false)` when the queue stood still first.
+    async fn wait(
+        &self,
+        patience: Duration,
+        stall: Option<Duration>,
+    ) -> Result<OwnedSemaphorePermit, bool> {
         let deadline = tokio::time::Instant::now() + patience;
         // one acquire for the whole wait: its place in the queue is kept
         let acquire = self.slots.clone().acquire_owned();
         tokio::pin!(acquire);
         let mut seen = self.handed.load(Ordering::Relaxed);
         loop {
-            let tick = (tokio::time::Instant::now() + OVER_BOUND_PATIENCE).min(deadline);
+            let tick = stall.map_or(deadline, |s| {
+                (tokio::time::Instant::now() + s).min(deadline)
+            });
             tokio::select! {
                 biased;
                 permit = &mut acquire => {
-                    let permit = permit.map_err(|_| false)?;
+                    let permit = permit.map_err(|_| true)?;
                     self.handed.fetch_add(1, Ordering::Relaxed);
                     return Ok(permit);
                 }
                 _ = tokio::time::sleep_until(tick) => {
-                    let now = self.handed.load(Ordering::Relaxed);
                     if tick >= deadline {
                         return Err(true);
                     }
+                    let now = self.handed.load(Ordering::Relaxed);
                     if now == seen {
                         return Err(false);
                     }
@@ -241,31 +247,20 @@ impl Rooms {
         let may_wait = limit.limit.max(self.min_waiting).max(1);
         let over = room.waiting.fetch_add(1, Ordering::SeqCst) >= may_wait;
         let _waiting = Waiting(&room.waiting);
-        if over {
-            return room.wait_while_moving(patience).await.map_err(|whole| {
-                NoRoom {
-                    reason: busy(&if may_wait == limit.limit {
-                        " and as many waiting".to_string()
-                    } else {
-                        format!(" and {may_wait} waiting")
-                    }),
-                    // as below: a wait as long as the patience makes the
-                    // destination congested
-                    retry_after: self.defer(&room, whole && patience >= PATIENCE, name),
-                }
-            });
-        }
-        match tokio::time::timeout(patience, room.slots.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => {
-                room.handed.fetch_add(1, Ordering::Relaxed);
-                Ok(permit)
-            }
-            _ => Err(NoRoom {
-                reason: busy(&format!(" for {patience:?}")),
-                // a wait cut short by the lease says nothing of the room
-                retry_after: self.defer(&room, patience >= PATIENCE, name),
+        let stall = over.then_some(OVER_BOUND_PATIENCE);
+        room.wait(patience, stall).await.map_err(|whole| NoRoom {
+            reason: busy(&if !over {
+                format!(" for {patience:?}")
+            } else if may_wait == limit.limit {
+                " and as many waiting".to_string()
+            } else {
+                format!(" and {may_wait} waiting")
             }),
-        }
+            // a wait as long as the patience makes the destination
+            // congested; one cut short by the lease, or by a queue that
+            // stood still, says nothing of the room
+            retry_after: self.defer(&room, whole && patience >= PATIENCE, name),
+        })
     }
 
     /// A deferral at `room` (see [`Room::defer`]): its delay.
