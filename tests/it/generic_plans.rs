@@ -4,24 +4,16 @@
 //! call, and probing by index whatever the tables held when it was made.
 
 use outbox_relay::store::{Completion, Store, GENERIC_PLAN_SETTINGS};
-use serde_json::json;
 
 use crate::common::TestDb;
-use crate::intent_log::delivered;
+use crate::intent_log::{delivered, enqueue_unanswered};
 
 /// Claims of five and their completions, eight times over a store of two
 /// connections: every call runs its connection's generic plan, made once.
 #[tokio::test]
 async fn the_claim_and_the_first_deliveries_are_planned_once_per_connection() {
     let db = TestDb::new().await;
-    for n in 0..40 {
-        db.enqueue(
-            &format!("planned:{n}"),
-            "webhook",
-            json!({"url": "http://127.0.0.1:9/", "body": {"n": n}}),
-        )
-        .await;
-    }
+    enqueue_unanswered(&db, "planned", 40).await;
     let store = Store::connect(&db.url, 1).await.unwrap();
     for _ in 0..8 {
         let claimed = store.claim("planner", 5, 60_000, &[]).await.unwrap();

@@ -313,14 +313,7 @@ async fn the_log_claim_takes_no_intent_twice_behind_an_open_transaction() {
         .execute(&mut *older)
         .await
         .unwrap();
-    for n in 0..12 {
-        db.enqueue(
-            &format!("held:{n}"),
-            "webhook",
-            json!({"url": "http://127.0.0.1:9/", "body": {"n": n}}),
-        )
-        .await;
-    }
+    enqueue_unanswered(&db, "held", 12).await;
     let ids = |claims: &[outbox_relay::store::Claimed]| {
         let mut ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
         ids.sort();
@@ -404,14 +397,7 @@ async fn the_log_claim_takes_no_intent_twice_behind_an_open_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_recorded_while_track_moves_one_of_its_intents_records_each_once() {
     let db = TestDb::new().await;
-    for n in 0..3 {
-        db.enqueue(
-            &format!("meanwhile:{n}"),
-            "webhook",
-            json!({"url": "http://127.0.0.1:9/", "body": {"n": n}}),
-        )
-        .await;
-    }
+    enqueue_unanswered(&db, "meanwhile", 3).await;
     let claimed = db.store.claim("writer", 3, 60_000, &[]).await.unwrap();
     assert_eq!(claimed.len(), 3);
     assert!(claimed.iter().all(|c| c.log_batch.is_some()), "{claimed:?}");
@@ -484,6 +470,19 @@ async fn a_delivery_recorded_while_track_moves_one_of_its_intents_records_each_o
         3,
         "one attempt each"
     );
+}
+
+/// Enqueue `n` webhooks to an address nothing answers, keyed
+/// `{prefix}:0` and on: intents for the statements alone.
+pub(crate) async fn enqueue_unanswered(db: &TestDb, prefix: &str, n: i64) {
+    for n in 0..n {
+        db.enqueue(
+            &format!("{prefix}:{n}"),
+            "webhook",
+            json!({"url": "http://127.0.0.1:9/", "body": {"n": n}}),
+        )
+        .await;
+    }
 }
 
 /// The completion of a claim's attempt delivered now, as the relay
