@@ -25,6 +25,7 @@ pub mod email;
 pub mod guard;
 pub mod kafka;
 pub mod keys;
+pub mod memo;
 pub mod nats;
 pub mod outcome;
 pub mod redact;

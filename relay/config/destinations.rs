@@ -21,8 +21,17 @@ pub fn named() -> Vec<&'static str> {
 /// default port, a domain without its trailing dot, an IPv4 address in
 /// its dotted form however it was written (`0x7f.1`, `2130706433`,
 /// `[::ffff:127.0.0.1]`): one destination has one name. The SQL's
-/// `outbox.url_origin` (schema 0022) gives the same name.
+/// `outbox.url_origin` (schema 0022) gives the same name. Each text is
+/// read once per thread ([`outbox_providers::memo`]).
 pub fn origin(url: &str) -> Option<String> {
+    outbox_providers::memo::cached(&ORIGINS, url, origin_of)
+}
+
+thread_local! {
+    static ORIGINS: outbox_providers::memo::Texts<Option<String>> = Default::default();
+}
+
+fn origin_of(url: &str) -> Option<String> {
     let mut url = url::Url::parse(url).ok()?;
     if !matches!(url.scheme(), "http" | "https") {
         return None;

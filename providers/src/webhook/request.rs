@@ -199,8 +199,17 @@ pub fn raw_body(payload_text: &str) -> Option<Vec<u8>> {
     Some(p.body.get().as_bytes().to_vec())
 }
 
-/// http(s) only, a host, no credentials in the URL.
+thread_local! {
+    static URLS: crate::memo::Texts<Result<reqwest::Url, String>> = Default::default();
+}
+
+/// http(s) only, a host, no credentials in the URL. Each text is parsed
+/// once per thread ([`crate::memo`]).
 pub fn parse_url(text: &str) -> Result<reqwest::Url, String> {
+    crate::memo::cached(&URLS, text, checked_url)
+}
+
+fn checked_url(text: &str) -> Result<reqwest::Url, String> {
     // The URL standard drops tabs and line breaks anywhere in the text, so
     // "http://h/a\r\nX: y" would quietly become a request for "/aX:%20y".
     if text.chars().any(char::is_control) {
