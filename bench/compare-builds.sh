@@ -28,12 +28,10 @@ ROUNDS=${3:-3}
 INTENTS=${4:-20000}
 shift $(($# < 4 ? $# : 4))
 BENCH_ARGS=("$@")
-for bin in "$A" "$B"; do
-	[ -x "$bin" ] || {
-		echo "compare-builds: $bin is not an executable" >&2
-		exit 2
-	}
-done
+CHECKS_NAME="compare-builds"
+# shellcheck source=bench/lib/checks.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/checks.sh"
+needs_executables "$A" "$B"
 command -v jq >/dev/null || {
 	echo "compare-builds: needs jq (Debian: apt-get install jq)" >&2
 	exit 2

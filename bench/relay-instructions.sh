@@ -30,18 +30,11 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 	echo "usage: $0 BENCH [BENCH...]" >&2
 	exit 2
 }
-for tool in valgrind psql python3; do
-	command -v "$tool" >/dev/null || {
-		echo "relay-instructions: needs $tool" >&2
-		exit 2
-	}
-done
-for b in "$@"; do
-	[ -x "$b" ] || {
-		echo "relay-instructions: $b is not an executable" >&2
-		exit 2
-	}
-done
+CHECKS_NAME="relay-instructions"
+# shellcheck source=bench/lib/checks.sh
+. "$REPO_ROOT/bench/lib/checks.sh"
+needs_tools valgrind psql python3
+needs_executables "$@"
 SMALL=${SMALL:-1000}
 LARGE=${LARGE:-3000}
 [ "$LARGE" -gt "$SMALL" ] || {

@@ -30,16 +30,11 @@ ROUNDS=${2:-1}
 INTENTS=${3:-50000}
 shift $(($# < 3 ? $# : 3))
 BENCH_ARGS=("$@")
-[ -x "$BENCH" ] || {
-	echo "statement-costs: $BENCH is not an executable" >&2
-	exit 2
-}
-for tool in psql jq; do
-	command -v "$tool" >/dev/null || {
-		echo "statement-costs: needs $tool" >&2
-		exit 2
-	}
-done
+CHECKS_NAME="statement-costs"
+# shellcheck source=bench/lib/checks.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/checks.sh"
+needs_executables "$BENCH"
+needs_tools psql jq
 : "${DATABASE_URL:?set DATABASE_URL to a private cluster that loads pg_stat_statements}"
 loaded=$(psql "$DATABASE_URL" -Atc "SHOW shared_preload_libraries")
 case $loaded in

@@ -30,18 +30,11 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 	echo "usage: $0 BENCH [BENCH...]" >&2
 	exit 2
 }
-for tool in valgrind pgbench psql perl; do
-	command -v "$tool" >/dev/null || {
-		echo "claim-cycle: needs $tool" >&2
-		exit 2
-	}
-done
-for b in "$@"; do
-	[ -x "$b" ] || {
-		echo "claim-cycle: $b is not an executable" >&2
-		exit 2
-	}
-done
+CHECKS_NAME="claim-cycle"
+# shellcheck source=bench/lib/checks.sh
+. "$REPO_ROOT/bench/lib/checks.sh"
+needs_tools valgrind pgbench psql perl
+needs_executables "$@"
 LOG_PREFIX="claim-cycle"
 export PGOPTIONS="-c client_min_messages=warning"
 # shellcheck source=deploy/lib/scratch-pg.sh
