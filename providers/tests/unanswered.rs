@@ -175,6 +175,26 @@ async fn webhook_nothing_sent_is_transient_and_a_request_without_an_answer_is_am
     assert_eq!(class(&out), "ambiguous", "{out:?}");
 }
 
+/// The connect timeout covers the TLS handshake: a peer that takes the
+/// connection and never answers the ClientHello has been sent nothing.
+#[tokio::test]
+async fn webhook_a_tls_handshake_without_an_answer_is_transient() {
+    let p = webhook(Duration::from_secs(10));
+    let silent =
+        json!({"url": format!("https://127.0.0.1:{}/", start(Peer::Silent).await), "body": 1});
+    let began = Instant::now();
+    let out = p.deliver(&delivery("webhook", &silent, None)).await;
+    let took = began.elapsed();
+    assert_eq!(class(&out), "transient", "{out:?}");
+    let reason = out.reason().unwrap();
+    assert!(reason.contains("nothing was sent"), "{reason}");
+    assert!(reason.contains("connect timed out after 500ms"), "{reason}");
+    assert!(
+        took >= Duration::from_millis(490) && took < Duration::from_secs(5),
+        "answered after {took:?}, not at the connect timeout"
+    );
+}
+
 #[tokio::test]
 async fn webhook_timeout_is_cut_to_the_attempts_deadline() {
     let p = webhook(Duration::from_secs(30));

@@ -1,10 +1,10 @@
 //! Mapping HTTP answers and transport errors to outcomes.
 
-use std::error::Error as _;
 use std::time::Duration;
 
 use serde_json::json;
 
+use super::client::{Answer, SendError};
 use super::WebhookConfig;
 use crate::Outcome;
 
@@ -41,34 +41,29 @@ pub fn retry_after(value: &str, now: std::time::SystemTime, max: Duration) -> Op
     Some(wait.min(max))
 }
 
-pub async fn response(mut resp: reqwest::Response, id: String, config: &WebhookConfig) -> Outcome {
-    let status = resp.status().as_u16();
+/// The outcome of an answer: its status, with `Retry-After`, the replay
+/// header and an excerpt of a refusal's body.
+pub fn response(answer: Answer, id: String, config: &WebhookConfig) -> Outcome {
+    let Answer {
+        status,
+        headers,
+        excerpt,
+    } = answer;
     let replayed = ["idempotent-replayed", "idempotency-replayed"]
         .iter()
         .any(|h| {
-            resp.headers()
+            headers
                 .get(*h)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.eq_ignore_ascii_case("true"))
         });
-    let wait = resp
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
+    let wait = headers
+        .get(http::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| retry_after(v, std::time::SystemTime::now(), config.max_retry_after));
     let class = status_class(status);
-    // Read a bounded excerpt of the body; a 2xx stays delivered even if the
-    // body cannot be read, because the receiver has answered.
-    let mut excerpt = Vec::new();
-    while excerpt.len() < config.max_response_bytes {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => {
-                let room = config.max_response_bytes - excerpt.len();
-                excerpt.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            }
-            _ => break,
-        }
-    }
+    // a 2xx stays delivered even when its body could not be read whole:
+    // the receiver has answered
     let excerpt = String::from_utf8_lossy(&excerpt).into_owned();
     match class {
         StatusClass::Delivered => Outcome::Delivered {
@@ -110,7 +105,7 @@ pub enum Stage {
 }
 
 /// The destination guard's refusal, when that is what stopped the request.
-fn refusal(err: &reqwest::Error) -> Option<&super::resolve::Refused> {
+fn refusal(err: &SendError) -> Option<&super::resolve::Refused> {
     let mut source = err.source();
     while let Some(e) = source {
         if let Some(refused) = e.downcast_ref::<super::resolve::Refused>() {
@@ -123,14 +118,14 @@ fn refusal(err: &reqwest::Error) -> Option<&super::resolve::Refused> {
 
 /// Place a transport error on either side of "may have reached the
 /// receiver".
-pub fn stage(err: &reqwest::Error) -> Stage {
+pub fn stage(err: &SendError) -> Stage {
     if refusal(err).is_some() {
         Stage::Refused
-    } else if err.is_connect() || err.is_builder() {
+    } else if err.is_connect() {
         Stage::NotSent
     } else {
         Stage::MaybeSent {
-            timed_out: err.is_timeout(),
+            timed_out: matches!(err, SendError::TimedOut),
         }
     }
 }
@@ -140,7 +135,7 @@ pub fn stage(err: &reqwest::Error) -> Stage {
 /// a broken connection after the request may have been sent is ambiguous:
 /// a timeout is an absence of information, not a failure, and the kind's
 /// `on_ambiguous` policy settles it.
-pub fn error(err: &reqwest::Error, target: &str, timeout: Duration) -> Outcome {
+pub fn error(err: &SendError, target: &str, timeout: Duration) -> Outcome {
     match refusal(err) {
         Some(refused) => Outcome::invalid(refused.to_string()),
         None => failure(stage(err), target, &chain(err), timeout),
@@ -172,9 +167,11 @@ pub fn failure(stage: Stage, target: &str, detail: &str, timeout: Duration) -> O
     }
 }
 
-/// The error's causes, without the URL (which may carry tokens in its query).
-fn chain(err: &reqwest::Error) -> String {
-    let mut parts = Vec::new();
+/// The error's causes, without the client's own wrapper when it has a
+/// cause ("client error (Connect)" says less than what it wraps). The URL,
+/// which may carry tokens in its query, is in none of them.
+fn chain(err: &SendError) -> String {
+    let mut parts: Vec<String> = Vec::new();
     let mut source = err.source();
     while let Some(e) = source {
         let text = e.to_string();
@@ -182,6 +179,9 @@ fn chain(err: &reqwest::Error) -> String {
             parts.push(text);
         }
         source = e.source();
+    }
+    if parts.len() > 1 {
+        parts.remove(0);
     }
     if parts.is_empty() {
         "request failed".to_string()

@@ -45,7 +45,7 @@ impl HostLimits {
 /// `scheme://host:port` of a URL, with the default port filled in and a
 /// DNS name's trailing dot dropped (`a.example.` is `a.example`; the parser
 /// has already lowered its case).
-pub fn origin(url: &reqwest::Url) -> String {
+pub fn origin(url: &url::Url) -> String {
     format!(
         "{}://{}:{}",
         url.scheme(),
@@ -60,7 +60,7 @@ mod tests {
 
     #[test]
     fn one_origin_however_its_name_is_spelled() {
-        let o = |u: &str| origin(&reqwest::Url::parse(u).unwrap());
+        let o = |u: &str| origin(&url::Url::parse(u).unwrap());
         assert_eq!(o("http://A.Example./x"), "http://a.example:80");
         assert_eq!(o("http://a.example:80/y"), "http://a.example:80");
         assert_eq!(o("https://a.example/"), "https://a.example:443");
@@ -75,7 +75,7 @@ mod tests {
         assert!(limits.try_acquire("http://b:80").is_some());
         drop(a1);
         assert!(limits.try_acquire("http://a:80").is_some());
-        let u = reqwest::Url::parse("https://example.com/x").unwrap();
+        let u = url::Url::parse("https://example.com/x").unwrap();
         assert_eq!(origin(&u), "https://example.com:443");
     }
 }

@@ -5,6 +5,7 @@
 //! receiver that dedupes on it sees one message however often we retry.
 
 mod classify;
+mod client;
 mod hosts;
 pub mod request;
 mod resolve;
@@ -15,8 +16,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use http::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
 use ipnet::IpNet;
-use reqwest::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 
 use crate::span::SpanKind;
 use crate::{keys, AmbiguityPolicy, Delivery, Outcome, Provider, Secret, SpanShape};
@@ -77,7 +78,7 @@ impl Default for WebhookConfig {
 }
 
 pub struct WebhookProvider {
-    client: reqwest::Client,
+    client: client::Client,
     keys: Vec<SigningKey>,
     hosts: hosts::HostLimits,
     config: WebhookConfig,
@@ -102,20 +103,13 @@ impl WebhookConfig {
 impl WebhookProvider {
     pub fn new(config: WebhookConfig) -> Result<Self, crate::Error> {
         let keys = config.keys()?;
-        let client = reqwest::Client::builder()
-            // Only the addresses the guard approved are ever connected to.
-            .dns_resolver(Arc::new(resolve::GuardedResolver::new(
-                config.allowed_networks.clone(),
-            )))
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(config.connect_timeout)
-            .timeout(config.timeout)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| crate::Error::Setup(format!("webhook HTTP client: {e}")))?;
+        let client = client::Client::new(client::Settings {
+            connect_timeout: config.connect_timeout,
+            // only the addresses the guard approves are ever connected to
+            allowed_networks: config.allowed_networks.clone(),
+            idle_timeout: Duration::from_secs(60),
+            max_idle_per_origin: 256,
+        })?;
         Ok(WebhookProvider {
             client,
             keys,
@@ -166,36 +160,23 @@ impl WebhookProvider {
             };
         };
         let id = keys::webhook_id(d.key, d.key_generation);
-        let timestamp = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|t| t.as_secs() as i64)
-            .unwrap_or(0);
         if let Some(trace) = d.trace {
             set_trace_headers(&mut headers, trace);
         }
-        let mut builder = self
-            .client
-            .post(url.clone())
-            .headers(headers)
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(
-                USER_AGENT,
-                HeaderValue::from_static(concat!("outbox-relay/", env!("CARGO_PKG_VERSION"))),
-            )
-            .header("webhook-id", &id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("idempotency-key", &id);
-        if !keys.is_empty() {
-            builder = builder.header(
-                "webhook-signature",
-                sign::signature_header(keys, &id, timestamp, &req.body),
-            );
-        }
+        let request = match signed_post(&url, headers, &id, keys, req.body) {
+            Ok(request) => request,
+            Err(reason) => return Outcome::invalid(reason),
+        };
         // one timer for the attempt: the request's own, cut to the attempt's
         // deadline, so the relay's backstop never races it
         let timeout = d.time_left(self.config.timeout);
-        match builder.body(req.body).timeout(timeout).send().await {
-            Ok(resp) => classify::response(resp, id, &self.config).await,
+        let deadline = tokio::time::Instant::now() + timeout;
+        match self
+            .client
+            .send(request, deadline, self.config.max_response_bytes)
+            .await
+        {
+            Ok(answer) => classify::response(answer, id, &self.config),
             Err(err) => classify::error(&err, &crate::redact::redacted_url(&url), timeout),
         }
     }
@@ -205,14 +186,7 @@ impl WebhookProvider {
     async fn subscription(
         &self,
         id: &str,
-    ) -> Result<
-        (
-            reqwest::Url,
-            reqwest::header::HeaderMap,
-            Option<Vec<SigningKey>>,
-        ),
-        Outcome,
-    > {
+    ) -> Result<(url::Url, http::header::HeaderMap, Option<Vec<SigningKey>>), Outcome> {
         use subscription::Refusal;
         let Some(directory) = &self.config.subscriptions else {
             return Err(Outcome::Misconfigured {
@@ -316,9 +290,50 @@ impl Provider for WebhookProvider {
     }
 }
 
+/// The POST of `body` to `url`: the caller's headers, the relay's own, and
+/// the Standard Webhooks id, timestamp and signature (when there are keys).
+fn signed_post(
+    url: &url::Url,
+    mut headers: http::HeaderMap,
+    id: &str,
+    keys: &[SigningKey],
+    body: Vec<u8>,
+) -> Result<http::Request<http_body_util::Full<bytes::Bytes>>, String> {
+    let uri = http::Uri::try_from(url.as_str())
+        .map_err(|e| format!("webhook url cannot be sent as an HTTP request target: {e}"))?;
+    let timestamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|t| t.as_secs() as i64)
+        .unwrap_or(0);
+    let id_value = HeaderValue::from_str(id)
+        .map_err(|_| format!("webhook id {id:?} is not a header value"))?;
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        USER_AGENT,
+        HeaderValue::from_static(concat!("outbox-relay/", env!("CARGO_PKG_VERSION"))),
+    );
+    headers
+        .entry(ACCEPT)
+        .or_insert(HeaderValue::from_static("*/*"));
+    headers.insert("webhook-id", id_value.clone());
+    headers.insert("webhook-timestamp", HeaderValue::from(timestamp));
+    headers.insert("idempotency-key", id_value);
+    if !keys.is_empty() {
+        let signature = sign::signature_header(keys, id, timestamp, &body);
+        let value = HeaderValue::from_str(&signature)
+            .map_err(|_| "webhook signature is not a header value".to_string())?;
+        headers.insert("webhook-signature", value);
+    }
+    let mut request = http::Request::new(http_body_util::Full::new(bytes::Bytes::from(body)));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers;
+    Ok(request)
+}
+
 /// The attempt's `traceparent` and `tracestate`, in place of any the
 /// payload's headers give.
-fn set_trace_headers(headers: &mut reqwest::header::HeaderMap, trace: crate::TraceHeaders<'_>) {
+fn set_trace_headers(headers: &mut http::header::HeaderMap, trace: crate::TraceHeaders<'_>) {
     headers.remove("traceparent");
     headers.remove("tracestate");
     if let Ok(v) = HeaderValue::from_str(trace.traceparent) {

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 /// Headers the relay sets itself; a payload may not override them.
@@ -37,7 +37,7 @@ pub struct WebhookRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum To {
     /// The payload's `url`, or the configured endpoint its destination names.
-    Url(reqwest::Url),
+    Url(url::Url),
     /// A subscription, by id: its URL, headers and signing secrets are the
     /// subscription's at the time of sending ([`super::subscription`]).
     Subscription(String),
@@ -141,7 +141,7 @@ fn url_of(
     obj: &serde_json::Map<String, Value>,
     destination: Option<&str>,
     endpoints: &HashMap<String, String>,
-) -> Result<reqwest::Url, String> {
+) -> Result<url::Url, String> {
     let url_text = match (obj.get("url"), destination) {
         (Some(_), Some(name)) => {
             return Err(format!(
@@ -176,7 +176,7 @@ pub fn target_url(
     payload: &Value,
     destination: Option<&str>,
     endpoints: &HashMap<String, String>,
-) -> Option<reqwest::Url> {
+) -> Option<url::Url> {
     url_of(payload.as_object()?, destination, endpoints).ok()
 }
 
@@ -200,23 +200,22 @@ pub fn raw_body(payload_text: &str) -> Option<Vec<u8>> {
 }
 
 thread_local! {
-    static URLS: crate::memo::Texts<Result<reqwest::Url, String>> = Default::default();
+    static URLS: crate::memo::Texts<Result<url::Url, String>> = Default::default();
 }
 
 /// http(s) only, a host, no credentials in the URL. Each text is parsed
 /// once per thread ([`crate::memo`]).
-pub fn parse_url(text: &str) -> Result<reqwest::Url, String> {
+pub fn parse_url(text: &str) -> Result<url::Url, String> {
     crate::memo::cached(&URLS, text, checked_url)
 }
 
-fn checked_url(text: &str) -> Result<reqwest::Url, String> {
+fn checked_url(text: &str) -> Result<url::Url, String> {
     // The URL standard drops tabs and line breaks anywhere in the text, so
     // "http://h/a\r\nX: y" would quietly become a request for "/aX:%20y".
     if text.chars().any(char::is_control) {
         return Err("webhook url contains control characters (CR, LF, tab, ...)".into());
     }
-    let url =
-        reqwest::Url::parse(text).map_err(|e| format!("webhook url is not a valid URL: {e}"))?;
+    let url = url::Url::parse(text).map_err(|e| format!("webhook url is not a valid URL: {e}"))?;
     match url.scheme() {
         "http" | "https" => {}
         other => {

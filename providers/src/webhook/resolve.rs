@@ -2,10 +2,14 @@
 //! HTTP client can connect to nothing else (no DNS-rebinding window between
 //! a check and the connect).
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use hyper_util::client::legacy::connect::dns::Name;
 use ipnet::IpNet;
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 use crate::guard;
 
@@ -24,20 +28,41 @@ impl std::fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
+type Resolving = Pin<
+    Box<
+        dyn Future<
+                Output = Result<
+                    std::vec::IntoIter<SocketAddr>,
+                    Box<dyn std::error::Error + Send + Sync>,
+                >,
+            > + Send,
+    >,
+>;
+
+/// The system's resolver, with every answer the guard refuses taken out.
+#[derive(Clone)]
 pub struct GuardedResolver {
-    allowed: std::sync::Arc<Vec<IpNet>>,
+    allowed: Arc<Vec<IpNet>>,
 }
 
 impl GuardedResolver {
     pub fn new(allowed: Vec<IpNet>) -> Self {
         GuardedResolver {
-            allowed: std::sync::Arc::new(allowed),
+            allowed: Arc::new(allowed),
         }
     }
 }
 
-impl Resolve for GuardedResolver {
-    fn resolve(&self, name: Name) -> Resolving {
+impl tower_service::Service<Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = Resolving;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Resolving {
         let allowed = self.allowed.clone();
         Box::pin(async move {
             let host = name.as_str().to_string();
@@ -58,13 +83,13 @@ impl Resolve for GuardedResolver {
                 let reason = last_refusal.unwrap_or_else(|| "it resolved to no address".into());
                 return Err(Box::new(Refused { host, reason }) as Box<_>);
             }
-            Ok(Box::new(approved.into_iter()) as Addrs)
+            Ok(approved.into_iter())
         })
     }
 }
 
 /// The IP address of a URL whose host is an IP literal.
-pub fn literal_ip(url: &reqwest::Url) -> Option<IpAddr> {
+pub fn literal_ip(url: &url::Url) -> Option<IpAddr> {
     match url.host()? {
         url::Host::Ipv4(v4) => Some(IpAddr::V4(v4)),
         url::Host::Ipv6(v6) => Some(IpAddr::V6(v6)),
@@ -86,12 +111,12 @@ mod tests {
             ("http://[::ffff:7f00:1]/", "::ffff:127.0.0.1"),
             ("http://[::1]:8080/x", "::1"),
         ] {
-            let u = reqwest::Url::parse(url).unwrap();
+            let u = url::Url::parse(url).unwrap();
             assert_eq!(literal_ip(&u), Some(ip.parse().unwrap()), "{url}");
             assert!(guard::check(literal_ip(&u).unwrap(), &[]).is_err(), "{url}");
         }
         assert_eq!(
-            literal_ip(&reqwest::Url::parse("http://example.com/").unwrap()),
+            literal_ip(&url::Url::parse("http://example.com/").unwrap()),
             None
         );
     }
