@@ -42,6 +42,7 @@ mod expansion;
 pub mod fleet;
 pub mod listener;
 mod log;
+pub mod migrations;
 pub mod operator;
 pub mod recovery;
 pub mod replay;
@@ -289,7 +290,8 @@ impl Store {
     /// alone, also when it has newer ones (an older binary after an upgrade
     /// was rolled back): migrations are forward-only and additive. Between
     /// schema 0037 and 0038 it copies the keys of the intents enqueued
-    /// before, in short transactions, while the enqueues go on.
+    /// before, in short transactions, while the enqueues go on. A migration
+    /// that gave up on its locks is run again for up to ten minutes.
     pub async fn migrate(&self) -> anyhow::Result<Migrated> {
         let before = self.applied_migrations().await.unwrap_or_default();
         let pending: Vec<(i64, String)> = up_migrations()
@@ -316,10 +318,7 @@ impl Store {
                     .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?;
                 // another migrate may have applied this one and more since
                 earlier.set_ignore_missing(true);
-                earlier
-                    .run(&self.pool)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?;
+                migrations::apply(&self.pool, &earlier, LOCK_PATIENCE).await?;
                 match step {
                     Step::CopyKeys => self
                         .copy_intent_keys()
@@ -328,10 +327,7 @@ impl Store {
                     Step::AwaitRunningStatements => self.await_running_statements().await?,
                 }
             }
-            MIGRATOR
-                .run(&self.pool)
-                .await
-                .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))?;
+            migrations::apply(&self.pool, &MIGRATOR, LOCK_PATIENCE).await?;
         }
         Ok(Migrated {
             applied: pending,
@@ -468,6 +464,10 @@ enum Step {
     CopyKeys,
     AwaitRunningStatements,
 }
+
+/// How long `migrate` keeps trying a migration that gave up on its locks
+/// ([`migrations::apply`]).
+const LOCK_PATIENCE: Duration = Duration::from_secs(600);
 
 /// Keys copied per transaction (a few milliseconds each).
 const KEYS_PER_COPY: i32 = 10_000;

@@ -48,6 +48,7 @@ mod lifecycle;
 mod log_segments;
 mod lookup;
 mod metrics;
+mod migrate_retry;
 mod nats;
 mod ordering;
 mod outage;
