@@ -157,11 +157,86 @@ pub struct Written {
     pub gone: Vec<i64>,
 }
 
+/// Where a claim's columns are in its result: looked up by name once per
+/// result, not once per row and column (the lookup hashes the name).
+pub(super) struct ClaimColumns {
+    payload: usize,
+    id: usize,
+    key: usize,
+    kind: usize,
+    destination: usize,
+    attempts: usize,
+    attempts_base: usize,
+    fence: usize,
+    key_generation: usize,
+    created_at: usize,
+    delivered_before: usize,
+    log_batch: usize,
+    wal_timeline: usize,
+    wal_position: usize,
+    traceparent: usize,
+    tracestate: usize,
+    ordering_key: usize,
+    recovered_from: usize,
+    previous_attempt_at: usize,
+}
+
+impl ClaimColumns {
+    /// The columns of `row`'s result. A fresh claim of an intent whose
+    /// recovery was deferred (see Store::keep_recovery) is a recovered
+    /// claim still: its owner and time are the recovery's.
+    pub(super) fn of(row: &sqlx::postgres::PgRow, recovered: bool) -> Result<Self, sqlx::Error> {
+        use sqlx::Column;
+        let at = |name: &str| row.try_column(name).map(|c| c.ordinal());
+        Ok(ClaimColumns {
+            payload: at("payload")?,
+            id: at("id")?,
+            key: at("key")?,
+            kind: at("kind")?,
+            destination: at("destination")?,
+            attempts: at("attempts")?,
+            attempts_base: at("attempts_base")?,
+            fence: at("fence")?,
+            key_generation: at("key_generation")?,
+            created_at: at("created_at")?,
+            delivered_before: at("delivered_before")?,
+            log_batch: at("log_batch")?,
+            wal_timeline: at("wal_timeline")?,
+            wal_position: at("wal_position")?,
+            traceparent: at("traceparent")?,
+            tracestate: at("tracestate")?,
+            ordering_key: at("ordering_key")?,
+            recovered_from: at(if recovered {
+                "previous_owner"
+            } else {
+                "recover_owner"
+            })?,
+            previous_attempt_at: at(if recovered {
+                "previous_at"
+            } else {
+                "recover_at"
+            })?,
+        })
+    }
+}
+
+/// The claims of a claim's result.
+pub(super) fn claimed_from_rows(
+    rows: &[sqlx::postgres::PgRow],
+    recovered: bool,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let columns = ClaimColumns::of(first, recovered)?;
+    rows.iter().map(|r| claimed_from_row(r, &columns)).collect()
+}
+
 pub(super) fn claimed_from_row(
     row: &sqlx::postgres::PgRow,
-    recovered: bool,
+    c: &ClaimColumns,
 ) -> Result<Claimed, sqlx::Error> {
-    let payload_text: String = row.try_get("payload")?;
+    let payload_text: String = row.try_get(c.payload)?;
     let (payload, payload_error) = match serde_json::from_str::<Value>(&payload_text) {
         Ok(v) => (v, None),
         Err(source) => (
@@ -172,40 +247,30 @@ pub(super) fn claimed_from_row(
         ),
     };
     Ok(Claimed {
-        id: row.try_get("id")?,
-        key: row.try_get("key")?,
-        kind: row.try_get("kind")?,
-        destination: row.try_get("destination")?,
+        id: row.try_get(c.id)?,
+        key: row.try_get(c.key)?,
+        kind: row.try_get(c.kind)?,
+        destination: row.try_get(c.destination)?,
         payload,
         payload_text,
         payload_error,
-        attempt: row.try_get("attempts")?,
-        attempts_base: row.try_get("attempts_base")?,
-        fence: row.try_get("fence")?,
-        key_generation: row.try_get("key_generation")?,
-        created_at: row.try_get("created_at")?,
-        delivered_before: row.try_get("delivered_before")?,
+        attempt: row.try_get(c.attempts)?,
+        attempts_base: row.try_get(c.attempts_base)?,
+        fence: row.try_get(c.fence)?,
+        key_generation: row.try_get(c.key_generation)?,
+        created_at: row.try_get(c.created_at)?,
+        delivered_before: row.try_get(c.delivered_before)?,
         claimed_at: std::time::Instant::now(),
-        log_batch: row.try_get("log_batch")?,
-        wal_target: match (row.try_get("wal_timeline")?, row.try_get("wal_position")?) {
+        log_batch: row.try_get(c.log_batch)?,
+        wal_target: match (row.try_get(c.wal_timeline)?, row.try_get(c.wal_position)?) {
             (Some(timeline), Some(position)) => Some(WalMark { timeline, position }),
             _ => None,
         },
-        traceparent: row.try_get("traceparent")?,
-        tracestate: row.try_get("tracestate")?,
-        ordering_key: row.try_get("ordering_key")?,
-        // a fresh claim of an intent whose recovery was deferred (see
-        // Store::keep_recovery) is a recovered claim still
-        recovered_from: if recovered {
-            row.try_get("previous_owner")?
-        } else {
-            row.try_get("recover_owner")?
-        },
-        previous_attempt_at: if recovered {
-            row.try_get("previous_at")?
-        } else {
-            row.try_get("recover_at")?
-        },
+        traceparent: row.try_get(c.traceparent)?,
+        tracestate: row.try_get(c.tracestate)?,
+        ordering_key: row.try_get(c.ordering_key)?,
+        recovered_from: row.try_get(c.recovered_from)?,
+        previous_attempt_at: row.try_get(c.previous_attempt_at)?,
     })
 }
 
@@ -410,7 +475,7 @@ impl Store {
             .bind(lease_ms)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(|r| claimed_from_row(r, false)).collect()
+        claimed_from_rows(&rows, false)
     }
 
     /// [`Store::claim_with`], setting the intents of congested
@@ -476,7 +541,7 @@ impl Store {
             .bind(unserved_kinds)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(|r| claimed_from_row(r, true)).collect()
+        claimed_from_rows(&rows, true)
     }
 
     /// Record a batch of attempts and move each intent to its next state, in

@@ -14,10 +14,10 @@
 //! holds the intents no claim has taken and those in a claim's batch.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
+use sqlx::{Column, Row};
 
 use super::claim_query::{ClaimQuery, GENERIC_PLAN_BEGIN, LOG_CLAIM_BEGIN, LOG_PLAIN_CLAIM_BEGIN};
-use super::claims::{claimed_from_row, Accepted, Aside, Claims, Completion};
+use super::claims::{claimed_from_row, Accepted, Aside, ClaimColumns, Claims, Completion};
 use super::{storable, Store};
 
 /// Expired batches the sweeper settles in one transaction.
@@ -166,8 +166,18 @@ impl Store {
                 .await?
         };
         tx.commit().await?;
+        // the columns by position, found once: by name, each read hashes it
+        let mut columns = None;
         for row in &rows {
-            match row.try_get::<Option<i32>, _>("aside")? {
+            let (c, aside, to_rows) = match &columns {
+                Some(found) => found,
+                None => columns.insert((
+                    ClaimColumns::of(row, false)?,
+                    row.try_column("aside")?.ordinal(),
+                    row.try_column("to_rows")?.ordinal(),
+                )),
+            };
+            match row.try_get::<Option<i32>, _>(*aside)? {
                 Some(i) => {
                     if let Some(n) = claims.set_aside.get_mut((i - 1).max(0) as usize) {
                         *n += 1;
@@ -175,8 +185,8 @@ impl Store {
                 }
                 // an intent of the log's tail, given its row for the
                 // claims of rows
-                None if row.try_get::<bool, _>("to_rows")? => claims.to_rows += 1,
-                None => claims.claimed.push(claimed_from_row(row, false)?),
+                None if row.try_get::<bool, _>(*to_rows)? => claims.to_rows += 1,
+                None => claims.claimed.push(claimed_from_row(row, c)?),
             }
         }
         Ok(claims)
