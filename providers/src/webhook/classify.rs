@@ -106,7 +106,7 @@ pub enum Stage {
 
 /// The destination guard's refusal, when that is what stopped the request.
 fn refusal(err: &SendError) -> Option<&super::resolve::Refused> {
-    let mut source = err.source();
+    let mut source = err.client_error();
     while let Some(e) = source {
         if let Some(refused) = e.downcast_ref::<super::resolve::Refused>() {
             return Some(refused);
@@ -172,7 +172,7 @@ pub fn failure(stage: Stage, target: &str, detail: &str, timeout: Duration) -> O
 /// which may carry tokens in its query, is in none of them.
 fn chain(err: &SendError) -> String {
     let mut parts: Vec<String> = Vec::new();
-    let mut source = err.source();
+    let mut source = err.client_error();
     while let Some(e) = source {
         let text = e.to_string();
         if parts.last() != Some(&text) {

@@ -65,8 +65,8 @@ impl SendError {
         matches!(self, SendError::Client(e) if e.is_connect())
     }
 
-    /// The error's causes, outermost first.
-    pub fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+    /// The client's error, whose `source` chain holds what happened.
+    pub fn client_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SendError::TimedOut => None,
             SendError::Client(e) => Some(e),
