@@ -15,7 +15,9 @@ use tokio::net::{TcpListener, TcpStream};
 /// A receiver on `addr` that reads each request's head and body, writes
 /// `answer`, and keeps the connection open without another byte.
 async fn receiver(addr: &str, answer: &'static [u8]) -> String {
-    let listener = TcpListener::bind(addr).await.unwrap();
+    let listener = TcpListener::bind(addr)
+        .await
+        .unwrap_or_else(|e| panic!("a receiver on {addr} (loopback, IPv4 or IPv6): {e}"));
     let local = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((conn, _)) = listener.accept().await {
