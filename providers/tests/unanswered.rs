@@ -8,13 +8,16 @@
 
 use std::time::{Duration, Instant};
 
+use common::delivery;
 use outbox_providers::charge::{ChargeConfig, ChargeProvider};
 use outbox_providers::email::{EmailConfig, EmailProvider, SmtpTarget};
 use outbox_providers::webhook::{WebhookConfig, WebhookProvider};
-use outbox_providers::{AmbiguityPolicy, Delivery, Outcome, Provider, Secret};
-use serde_json::{json, Value};
+use outbox_providers::{AmbiguityPolicy, Outcome, Provider, Secret};
+use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+
+mod common;
 
 /// What a scripted peer does with each connection.
 #[derive(Clone, Copy)]
@@ -93,23 +96,6 @@ async fn serve(mut conn: TcpStream, peer: Peer) {
                 let _ = write.write_all(reply).await;
             }
         }
-    }
-}
-
-fn delivery<'a>(kind: &'a str, payload: &'a Value, deadline: Option<Instant>) -> Delivery<'a> {
-    Delivery {
-        intent_id: 1,
-        key: "unanswered:1",
-        kind,
-        destination: None,
-        ordering_key: None,
-        payload,
-        payload_text: None,
-        attempt: 1,
-        key_generation: 0,
-        previous_attempt_at: None,
-        deadline,
-        trace: None,
     }
 }
 

@@ -6,11 +6,14 @@
 
 use std::time::{Duration, Instant};
 
+use common::delivery;
 use outbox_providers::webhook::{WebhookConfig, WebhookProvider};
-use outbox_providers::{Delivery, Outcome, Provider};
+use outbox_providers::{Outcome, Provider};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+mod common;
 
 /// A receiver on `addr` that reads each request's head and body, writes
 /// `answer`, and keeps the connection open without another byte.
@@ -70,21 +73,7 @@ fn provider(timeout: Duration, allowed: &str, max_response_bytes: usize) -> Webh
 }
 
 async fn deliver(p: &WebhookProvider, payload: &Value) -> Outcome {
-    p.deliver(&Delivery {
-        intent_id: 1,
-        key: "answers:1",
-        kind: "webhook",
-        destination: None,
-        ordering_key: None,
-        payload,
-        payload_text: None,
-        attempt: 1,
-        key_generation: 0,
-        previous_attempt_at: None,
-        deadline: None,
-        trace: None,
-    })
-    .await
+    p.deliver(&delivery("webhook", payload, None)).await
 }
 
 #[tokio::test]

@@ -11,14 +11,17 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::delivery;
 use outbox_providers::webhook::{WebhookConfig, WebhookProvider};
-use outbox_providers::{Delivery, Provider};
+use outbox_providers::Provider;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+
+mod common;
 
 /// A self-signed certificate for 127.0.0.1 and its key, as PEM files.
 fn self_signed() -> (PathBuf, PathBuf) {
@@ -94,22 +97,7 @@ async fn a_receiver_whose_certificate_is_not_trusted_is_sent_nothing() {
     })
     .unwrap();
     let payload = json!({"url": format!("https://127.0.0.1:{port}/hook"), "body": {"n": 1}});
-    let out = provider
-        .deliver(&Delivery {
-            intent_id: 1,
-            key: "tls:1",
-            kind: "webhook",
-            destination: None,
-            ordering_key: None,
-            payload: &payload,
-            payload_text: None,
-            attempt: 1,
-            key_generation: 0,
-            previous_attempt_at: None,
-            deadline: None,
-            trace: None,
-        })
-        .await;
+    let out = provider.deliver(&delivery("webhook", &payload, None)).await;
     assert_eq!(out.class(), "transient", "{out:?}");
     let reason = out.reason().unwrap();
     assert!(reason.contains("nothing was sent"), "{reason}");
