@@ -166,18 +166,15 @@ impl Store {
                 .await?
         };
         tx.commit().await?;
+        let Some(first) = rows.first() else {
+            return Ok(claims);
+        };
         // the columns by position, found once: by name, each read hashes it
-        let mut columns = None;
+        let c = ClaimColumns::of(first, false)?;
+        let aside = first.try_column("aside")?.ordinal();
+        let to_rows = first.try_column("to_rows")?.ordinal();
         for row in &rows {
-            let (c, aside, to_rows) = match &columns {
-                Some(found) => found,
-                None => columns.insert((
-                    ClaimColumns::of(row, false)?,
-                    row.try_column("aside")?.ordinal(),
-                    row.try_column("to_rows")?.ordinal(),
-                )),
-            };
-            match row.try_get::<Option<i32>, _>(*aside)? {
+            match row.try_get::<Option<i32>, _>(aside)? {
                 Some(i) => {
                     if let Some(n) = claims.set_aside.get_mut((i - 1).max(0) as usize) {
                         *n += 1;
@@ -185,8 +182,8 @@ impl Store {
                 }
                 // an intent of the log's tail, given its row for the
                 // claims of rows
-                None if row.try_get::<bool, _>(*to_rows)? => claims.to_rows += 1,
-                None => claims.claimed.push(claimed_from_row(row, c)?),
+                None if row.try_get::<bool, _>(to_rows)? => claims.to_rows += 1,
+                None => claims.claimed.push(claimed_from_row(row, &c)?),
             }
         }
         Ok(claims)
