@@ -40,6 +40,16 @@ fn gives_up_until(n: i64) -> String {
     )
 }
 
+/// An unmigrated database with the sequence `tries` the migrations count in.
+async fn counting_db() -> TestDb {
+    let db = TestDb::unmigrated().await;
+    sqlx::query("CREATE SEQUENCE tries")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    db
+}
+
 async fn tries(db: &TestDb) -> i64 {
     sqlx::query_scalar("SELECT last_value FROM tries")
         .fetch_one(db.pool())
@@ -49,11 +59,7 @@ async fn tries(db: &TestDb) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migration_that_gave_up_on_its_locks_is_run_again() {
-    let db = TestDb::unmigrated().await;
-    sqlx::query("CREATE SEQUENCE tries")
-        .execute(db.pool())
-        .await
-        .unwrap();
+    let db = counting_db().await;
     let m = migrator("third", &gives_up_until(3)).await;
     let began = Instant::now();
     migrations::apply(db.pool(), &m, Duration::from_secs(60))
@@ -90,11 +96,7 @@ async fn a_migration_that_gave_up_on_its_locks_is_run_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_locks_are_waited_for_and_only_for_so_long() {
-    let db = TestDb::unmigrated().await;
-    sqlx::query("CREATE SEQUENCE tries")
-        .execute(db.pool())
-        .await
-        .unwrap();
+    let db = counting_db().await;
     // another failure: at once, with the database's message
     let broken = migrator(
         "broken",
