@@ -1050,6 +1050,7 @@ CREATE FUNCTION outbox.fold_tallies() RETURNS boolean
     SET search_path TO 'pg_catalog', 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET jit TO 'off'
+    SET enable_sort TO 'off'
     AS $_$
 DECLARE
     v_last pg_snapshot;
