@@ -16,12 +16,21 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
+use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
 use ipnet::IpNet;
 
 use crate::span::SpanKind;
 use crate::{keys, AmbiguityPolicy, Delivery, Outcome, Provider, Secret, SpanShape};
 use sign::SigningKey;
+
+// The names the relay sets on every request, checked at compile time: a
+// name given as a `&str` is parsed again on every insert.
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// Webhook settings, already validated by the relay's config loader.
 #[derive(Debug, Clone)]
@@ -315,14 +324,14 @@ fn signed_post(
     headers
         .entry(ACCEPT)
         .or_insert(HeaderValue::from_static("*/*"));
-    headers.insert("webhook-id", id_value.clone());
-    headers.insert("webhook-timestamp", HeaderValue::from(timestamp));
-    headers.insert("idempotency-key", id_value);
+    headers.insert(WEBHOOK_ID, id_value.clone());
+    headers.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(timestamp));
+    headers.insert(IDEMPOTENCY_KEY, id_value);
     if !keys.is_empty() {
         let signature = sign::signature_header(keys, id, timestamp, &body);
         let value = HeaderValue::from_str(&signature)
             .map_err(|_| "webhook signature is not a header value".to_string())?;
-        headers.insert("webhook-signature", value);
+        headers.insert(WEBHOOK_SIGNATURE, value);
     }
     let mut request = http::Request::new(http_body_util::Full::new(bytes::Bytes::from(body)));
     *request.method_mut() = http::Method::POST;
@@ -334,12 +343,12 @@ fn signed_post(
 /// The attempt's `traceparent` and `tracestate`, in place of any the
 /// payload's headers give.
 fn set_trace_headers(headers: &mut http::header::HeaderMap, trace: crate::TraceHeaders<'_>) {
-    headers.remove("traceparent");
-    headers.remove("tracestate");
+    headers.remove(TRACEPARENT);
+    headers.remove(TRACESTATE);
     if let Ok(v) = HeaderValue::from_str(trace.traceparent) {
-        headers.insert("traceparent", v);
+        headers.insert(TRACEPARENT, v);
     }
     if let Some(v) = trace.tracestate.and_then(|t| HeaderValue::from_str(t).ok()) {
-        headers.insert("tracestate", v);
+        headers.insert(TRACESTATE, v);
     }
 }
