@@ -72,6 +72,10 @@ pub struct Delivery<'a> {
     /// relay has it: a webhook body is sent as exactly this text, so no
     /// number loses digits on its way through a double.
     pub payload_text: Option<&'a str>,
+    /// The payload's `body` as stored, when the relay read it apart from
+    /// the rest: `payload` then holds `null` for it (see
+    /// [`Delivery::raw_body`]).
+    pub body: Option<&'a str>,
     /// 1 for the first attempt.
     pub attempt: i32,
     /// Bumped only when an operator explicitly asks for a new effect; part of
@@ -94,11 +98,15 @@ pub struct Delivery<'a> {
 }
 
 impl Delivery<'_> {
-    /// The payload's `body` as its stored text spells it
-    /// ([`webhook::request::raw_body`]), when the relay handed over that
-    /// text: what the webhook, NATS and AMQP kinds send.
+    /// The payload's `body` as its stored text spells it, when the relay
+    /// handed over that text: [`Delivery::body`], or else found in
+    /// [`Delivery::payload_text`] ([`webhook::request::raw_body`]). What the
+    /// webhook, NATS, AMQP and Kafka kinds send.
     pub fn raw_body(&self) -> Option<Vec<u8>> {
-        self.payload_text.and_then(webhook::request::raw_body)
+        match self.body {
+            Some(body) => Some(body.as_bytes().to_vec()),
+            None => self.payload_text.and_then(webhook::request::raw_body),
+        }
     }
 
     /// What a provider call may take now: `limit` (the provider's own

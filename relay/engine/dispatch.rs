@@ -369,6 +369,7 @@ fn delivery_of(claim: &Claimed, deadline: Option<std::time::Instant>) -> Deliver
         ordering_key: claim.ordering_key.as_deref(),
         payload: &claim.payload,
         payload_text: Some(&claim.payload_text),
+        body: claim.body_text(),
         attempt: claim.attempt,
         key_generation: claim.key_generation,
         previous_attempt_at: claim.previous_attempt_at.map(std::time::SystemTime::from),

@@ -90,6 +90,7 @@ mod tests {
             destination: None,
             payload: serde_json::json!({}),
             payload_text: "{}".into(),
+            body: None,
             payload_error: None,
             attempt,
             attempts_base: base,

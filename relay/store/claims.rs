@@ -61,10 +61,15 @@ pub struct Claimed {
     pub key: String,
     pub kind: String,
     pub destination: Option<String>,
+    /// The payload read from its text, except a top-level `body`, which
+    /// stands as `null` here and is [`Claimed::body_text`]: every kind
+    /// with a body sends it as stored and reads nothing inside it.
     pub payload: Value,
     /// The payload as stored: Postgres' canonical jsonb text (a webhook body
     /// is sent as its slice of this text, digits intact).
     pub payload_text: String,
+    /// Where the payload's `body` is in `payload_text`, when it has one.
+    pub body: Option<std::ops::Range<usize>>,
     /// Set when the stored payload cannot be read (nested deeper than the
     /// JSON parser allows, a number beyond a double: shapes outbox.enqueue
     /// refuses since 0004, but a row written otherwise may have them). The
@@ -106,6 +111,13 @@ pub struct Claimed {
     /// The intent's ordering key: a Kafka record's key when its payload
     /// names none, so that one key's intents share a partition.
     pub ordering_key: Option<String>,
+}
+
+impl Claimed {
+    /// The payload's `body` as stored, when it has one.
+    pub fn body_text(&self) -> Option<&str> {
+        self.body.clone().and_then(|r| self.payload_text.get(r))
+    }
 }
 
 /// The recorded result of one attempt and the intent's next state.
@@ -237,10 +249,11 @@ pub(super) fn claimed_from_row(
     c: &ClaimColumns,
 ) -> Result<Claimed, sqlx::Error> {
     let payload_text: String = row.try_get(c.payload)?;
-    let (payload, payload_error) = match serde_json::from_str::<Value>(&payload_text) {
-        Ok(v) => (v, None),
+    let (payload, body, payload_error) = match super::claimed_payload::read(&payload_text) {
+        Ok(read) => (read.value, read.body, None),
         Err(source) => (
             Value::Null,
+            None,
             Some(format!(
                 "the stored payload cannot be read as JSON: {source}"
             )),
@@ -253,6 +266,7 @@ pub(super) fn claimed_from_row(
         destination: row.try_get(c.destination)?,
         payload,
         payload_text,
+        body,
         payload_error,
         attempt: row.try_get(c.attempts)?,
         attempts_base: row.try_get(c.attempts_base)?,

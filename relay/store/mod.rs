@@ -34,6 +34,7 @@ macro_rules! log_untaken {
 }
 
 pub mod claim_query;
+mod claimed_payload;
 pub mod claims;
 pub mod console;
 pub mod destinations;

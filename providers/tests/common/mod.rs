@@ -16,6 +16,7 @@ pub fn delivery<'a>(kind: &'a str, payload: &'a Value, deadline: Option<Instant>
         ordering_key: None,
         payload,
         payload_text: None,
+        body: None,
         attempt: 1,
         key_generation: 0,
         previous_attempt_at: None,
