@@ -8,9 +8,10 @@
 #
 # BENCH is an outbox-relay-bench binary; each round runs one drain of
 # INTENTS webhooks (default 50000) with `--drain-rounds 1 --in-flight 64`
-# and BENCH_ARGS, then prints the round's totals and its five costliest
-# statements (the enqueue, the bench's own TRUNCATE and the scratch
-# database's creation left out). Buffers touched do not depend on how busy
+# (IN_FLIGHT=16 for the bench's default instead) and BENCH_ARGS, then
+# prints the round's totals and its five costliest statements (the
+# enqueue, the bench's own TRUNCATE and the scratch database's creation
+# left out). Buffers touched do not depend on how busy
 # the machine is, where times do: they are the figure to compare two builds
 # by. The server must load the extension (`shared_preload_libraries =
 # 'pg_stat_statements'`): a private cluster (`tests/peers/pg-cluster.sh
@@ -55,7 +56,7 @@ OURS="query NOT LIKE '%outbox.enqueue%' AND query NOT LIKE 'TRUNCATE%'
 for r in $(seq 1 "$ROUNDS"); do
 	# the bench resets the counters as its round starts (the enqueue is left
 	# out by OURS)
-	RUST_LOG=error "$BENCH" --intents "$INTENTS" --drain-rounds 1 --in-flight 64 --json \
+	RUST_LOG=error "$BENCH" --intents "$INTENTS" --drain-rounds 1 --in-flight "${IN_FLIGHT:-64}" --json \
 		"${BENCH_ARGS[@]}" >"$OUT/round.json"
 	jq -r --arg r "$r" '.rounds[0] | "round \($r): \(.drain_per_s | round) intents/s, Postgres \(.cpu.postgres_us_per_job * 10 | round / 10) µs and \(.cpu.wal_bytes_per_job | round) B of WAL per intent"' \
 		"$OUT/round.json"
