@@ -17,7 +17,8 @@ use chrono::{DateTime, Utc};
 use sqlx::{Column, Row};
 
 use super::claim_query::{ClaimQuery, GENERIC_PLAN_BEGIN, LOG_CLAIM_BEGIN, LOG_PLAIN_CLAIM_BEGIN};
-use super::claims::{claimed_from_row, Accepted, Aside, ClaimColumns, Claims, Completion};
+use super::claimed::{claimed_from_row, ClaimColumns};
+use super::claims::{Accepted, Aside, Claims, Completion};
 use super::{storable, Store};
 
 /// Expired batches the sweeper settles in one transaction.

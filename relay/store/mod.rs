@@ -34,6 +34,7 @@ macro_rules! log_untaken {
 }
 
 pub mod claim_query;
+mod claimed;
 mod claimed_payload;
 pub mod claims;
 pub mod console;
@@ -91,8 +92,9 @@ pub fn statement(name: &str) -> Option<&'static str> {
 }
 
 pub use claim_query::{ClaimQuery, GENERIC_PLAN_SETTINGS};
+pub use claimed::{Claimed, WalMark};
 pub use claims::{Aside, Claims};
-pub use claims::{Claimed, Completion, WalMark, Written};
+pub use claims::{Completion, Written};
 pub use enqueue::{enqueue, enqueue_many, EnqueueError, Enqueued, NewIntent};
 
 /// The migrations in `schema/`, embedded in the binary.
