@@ -23,8 +23,9 @@ pub struct Claimed {
     /// Where the payload's `body` is in `payload_text`, when it has one.
     pub body: Option<std::ops::Range<usize>>,
     /// Set when the stored payload cannot be read (nested deeper than the
-    /// JSON parser allows, a number beyond a double: shapes outbox.enqueue
-    /// refuses since 0004, but a row written otherwise may have them). The
+    /// JSON parser allows, a number beyond a double outside its `body`:
+    /// shapes outbox.enqueue refuses since 0004, but a row written
+    /// otherwise may have them; a body is sent as stored). The
     /// claim still succeeds, with a `Null` payload, so one such row cannot
     /// fail the claim of its whole batch; the intent is rejected with this.
     pub payload_error: Option<String>,
