@@ -16,13 +16,10 @@ pub fn derive_key(parent: &str, step: &str) -> String {
     hasher.update(b":");
     hasher.update(parent.as_bytes());
     hasher.update(step.as_bytes());
-    // into a buffer of its size: `hex::encode` builds its string a char
-    // at a time, a third of this function's work
-    let mut text = [0u8; 64];
-    hex::encode_to_slice(hasher.finalize(), &mut text).expect("64 digits for 32 bytes");
-    std::str::from_utf8(&text)
-        .expect("hex digits are ASCII")
-        .to_owned()
+    // the digest's own hex (written through a buffer in one piece):
+    // `hex::encode` builds its string a char at a time, a third of this
+    // function's work
+    format!("{:x}", hasher.finalize())
 }
 
 /// The key a provider sends for `step` of the intent `key`. Generation 0 (the
