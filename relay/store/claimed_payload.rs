@@ -40,16 +40,18 @@ pub fn read(text: &str) -> Result<Read, serde_json::Error> {
             body: None,
         });
     };
-    if depth(body.get()) >= BODY_DEPTH_READ_IN_FULL {
+    // nesting d takes 2d brackets: a shorter body is not scanned
+    let text_of_body = body.get();
+    if text_of_body.len() >= 2 * BODY_DEPTH_READ_IN_FULL
+        && depth(text_of_body) >= BODY_DEPTH_READ_IN_FULL
+    {
         return whole(text);
     }
     // the slice is borrowed from `text`: its place there is its offset
-    let start = body.get().as_ptr() as usize - text.as_ptr() as usize;
-    let mut members = top.members;
-    members.insert("body".to_string(), Value::Null);
+    let start = text_of_body.as_ptr() as usize - text.as_ptr() as usize;
     Ok(Read {
-        value: Value::Object(members),
-        body: Some(start..start + body.get().len()),
+        value: Value::Object(top.members),
+        body: Some(start..start + text_of_body.len()),
     })
 }
 
@@ -87,7 +89,8 @@ fn depth(json: &str) -> usize {
     deepest
 }
 
-/// A payload object's members, `body` aside as its text.
+/// A payload object's members, `body` among them as `null` and aside as
+/// its text.
 struct TopLevel<'a> {
     members: Map<String, Value>,
     body: Option<&'a RawValue>,
@@ -114,6 +117,7 @@ impl<'de> Visitor<'de> for TopLevelVisitor {
         while let Some(key) = map.next_key::<String>()? {
             if key == "body" {
                 body = Some(map.next_value::<&RawValue>()?);
+                members.insert(key, Value::Null);
             } else {
                 members.insert(key, map.next_value()?);
             }
