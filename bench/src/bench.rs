@@ -64,6 +64,8 @@ pub struct BenchArgs {
     pub peers: Vec<String>,
     /// Where run-peer.sh and the peer scripts are.
     pub peers_dir: std::path::PathBuf,
+    /// Relay drains before the first peer and after each one.
+    pub relay_runs_between: usize,
     /// The broker kinds to drain, and where their brokers are.
     pub brokers: Option<crate::brokers::Brokers>,
     /// Rounds of the drain with tracing off and on, each (0 skips).
@@ -346,20 +348,25 @@ async fn measure(
         scale_out.push(run);
     }
 
-    // one relay process before the first peer and after each, so that
-    // each peer is compared with the relay runs on either side of it
+    // relay drains before the first peer and after each, so that each peer
+    // is compared with the median of the relay drains on either side of it
     let mut relay_runs = Vec::new();
     let mut peers = Vec::new();
     if !sweeps.is_empty() {
         seen.set_delay(Duration::ZERO);
-        relay_runs.push(relay_run(store, args, db_url, &url, &seen, &payload).await?);
+        let between = args.relay_runs_between;
+        for _ in 0..between {
+            relay_runs.push(relay_run(store, args, db_url, &url, &seen, &payload).await?);
+        }
         for (peer, settings) in sweeps {
             let mut run = peer_sweep(store, args, server_url, &url, peer, settings, &seen).await?;
-            relay_runs.push(relay_run(store, args, db_url, &url, &seen, &payload).await?);
-            let around = &relay_runs[relay_runs.len() - 2..];
-            let relay = around.iter().map(|r| r.drain_per_s).sum::<f64>() / 2.0;
+            for _ in 0..between {
+                relay_runs.push(relay_run(store, args, db_url, &url, &seen, &payload).await?);
+            }
+            let around = &relay_runs[relay_runs.len() - 2 * between..];
+            let relay = median(around.iter().map(|r| r.drain_per_s));
             run.relay_speedup = relay / run.drain_per_s;
-            let relay_enqueue = around.iter().map(|r| r.enqueue_many_per_s).sum::<f64>() / 2.0;
+            let relay_enqueue = median(around.iter().map(|r| r.enqueue_many_per_s));
             run.relay_enqueue_ratio = relay_enqueue / run.enqueue_per_s;
             peers.push(run);
         }
@@ -400,6 +407,7 @@ async fn measure(
         peak_rss_mb: peak_rss_mb(),
         scale_receiver_delay_ms: args.scale_receiver_delay.as_millis() as u64,
         scale_out,
+        relay_runs_between: args.relay_runs_between,
         relay_runs,
         peers,
         tracing,
@@ -441,4 +449,16 @@ async fn latency_split(store: &Store) -> anyhow::Result<LatencySplit> {
         to_record_p50_ms: row.4,
         to_record_p99_ms: row.5,
     })
+}
+
+/// The median of some figures (the mean of the middle two when they are
+/// even in number).
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }

@@ -127,6 +127,12 @@ struct BenchArgs {
     /// Empty to skip.
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
+    /// Relay drains run before the first peer and after each: every peer
+    /// is compared with the median of the runs just before and just after
+    /// it, so that one slow or fast stretch of a shared machine does not
+    /// set the ratio.
+    #[arg(long, default_value_t = 3)]
+    relay_runs_between: usize,
     /// Where the peer scripts are (run-peer.sh).
     #[arg(long, default_value = "tests/peers/queue-bench")]
     peers_dir: std::path::PathBuf,
@@ -402,6 +408,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             .collect(),
         peers: a.peers.iter().filter(|p| !p.is_empty()).cloned().collect(),
         peers_dir: a.peers_dir.clone(),
+        relay_runs_between: a.relay_runs_between.clamp(1, 20),
         brokers: (!a.brokers.is_empty()).then(|| brokers::Brokers {
             kinds: a
                 .brokers

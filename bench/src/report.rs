@@ -75,8 +75,8 @@ pub struct PeerRun {
     pub drain_per_s: f64,
     /// The peer's settings at that drain, named as its own API names them.
     pub knobs: serde_json::Value,
-    /// outbox-relay's drain (one `run` process, the mean of the runs just
-    /// before and just after this peer's) over this peer's best.
+    /// outbox-relay's drain (one `run` process, the median of the runs
+    /// just before and just after this peer's) over this peer's best.
     pub relay_speedup: f64,
     /// Requests the receiver saw during the best drain.
     pub requests: u64,
@@ -88,7 +88,7 @@ pub struct PeerRun {
     pub enqueue_per_s: f64,
     /// The bulk API it used (e.g. `addJobs`, `insert`).
     pub enqueue_api: String,
-    /// outbox-relay's `enqueue_many` (the mean of its runs either side of
+    /// outbox-relay's `enqueue_many` (the median of its runs either side of
     /// this peer's, 1,000 per statement) over this peer's bulk enqueue.
     pub relay_enqueue_ratio: f64,
     /// Every setting tried, in order.
@@ -213,9 +213,12 @@ pub struct Report {
     pub scale_out: Vec<ScaleOut>,
     pub history: Vec<HistoryPoint>,
     pub blocked_backlog: Option<BlockedBacklog>,
+    /// How many relay drains run before the first peer and after each.
+    pub relay_runs_between: usize,
     /// One `outbox-relay run` process draining the workload the peers
-    /// drain, receiver answering at once: before the first peer, and after
-    /// each (empty when no peer was asked for).
+    /// drain, receiver answering at once: `relay_runs_between` before the
+    /// first peer, and as many after each (empty when no peer was asked
+    /// for).
     pub relay_runs: Vec<RelayRun>,
     pub peers: Vec<PeerRun>,
     /// `--tracing`: the drain with tracing off and on.
@@ -506,10 +509,10 @@ fn print_peers(r: &Report) {
             busy,
         );
     };
-    for (i, p) in r.peers.iter().enumerate() {
-        if let Some(run) = r.relay_runs.get(i) {
-            relay_row(run);
-        }
+    let between = r.relay_runs_between.max(1);
+    let mut runs = r.relay_runs.chunks(between);
+    for p in &r.peers {
+        runs.next().into_iter().flatten().for_each(&relay_row);
         let [per_job, postgres, wal, busy] = cpu_cells(p.cpu.as_ref());
         println!(
             "{:<34} {:>10.0} {:>10} {:>11} {:>9.2}x {:>11.0} {:>9.2}x {:>11} {:>11} {:>9} {:>6}",
@@ -526,10 +529,11 @@ fn print_peers(r: &Report) {
             busy,
         );
     }
-    if let Some(run) = r.relay_runs.last() {
-        relay_row(run);
-    }
-    println!("(each peer against the mean of the relay runs just before and after it; relay enqueue is outbox.enqueue_many)");
+    runs.next().into_iter().flatten().for_each(&relay_row);
+    println!(
+        "(each peer against the median of the {} relay runs just before and after it; relay enqueue is outbox.enqueue_many)",
+        2 * between
+    );
     println!("(CPU/job: the CPU time of every process on the machine during the drain over its jobs; Postgres: of that, the server's");
     println!(" processes'; WAL/job: the WAL the server wrote during the drain over its jobs; busy: of all CPUs)");
     let parts: Vec<String> = r
