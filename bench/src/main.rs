@@ -131,8 +131,8 @@ struct BenchArgs {
     /// is compared with the median of the runs just before and just after
     /// it, so that one slow or fast stretch of a shared machine does not
     /// set the ratio.
-    #[arg(long, default_value_t = 3)]
-    relay_runs_between: usize,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=20))]
+    relay_runs_between: u16,
     /// Where the peer scripts are (run-peer.sh).
     #[arg(long, default_value = "tests/peers/queue-bench")]
     peers_dir: std::path::PathBuf,
@@ -408,7 +408,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             .collect(),
         peers: a.peers.iter().filter(|p| !p.is_empty()).cloned().collect(),
         peers_dir: a.peers_dir.clone(),
-        relay_runs_between: a.relay_runs_between.clamp(1, 20),
+        relay_runs_between: usize::from(a.relay_runs_between),
         brokers: (!a.brokers.is_empty()).then(|| brokers::Brokers {
             kinds: a
                 .brokers

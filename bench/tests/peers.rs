@@ -325,5 +325,14 @@ print(json.dumps({{"peer": "fake", "version": "test", "knobs": {{"slow": slow}},
         "{}",
         out.stderr
     );
+
+    // no relay drain to compare a peer with is refused as the arguments are read
+    let out = bench_env(&server, &["--relay-runs-between", "0"], &[]).await;
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("--relay-runs-between"),
+        "{}",
+        out.stderr
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
