@@ -72,9 +72,8 @@ pub struct Delivery<'a> {
     /// relay has it: a webhook body is sent as exactly this text, so no
     /// number loses digits on its way through a double.
     pub payload_text: Option<&'a str>,
-    /// The payload's `body` as stored, when the relay read it apart from
-    /// the rest: `payload` then holds `null` for it (see
-    /// [`Delivery::raw_body`]).
+    /// The payload's `body` as stored, found as the relay read the payload
+    /// (`payload` may hold `null` for it; see [`Delivery::raw_body`]).
     pub body: Option<&'a str>,
     /// 1 for the first attempt.
     pub attempt: i32,

@@ -14,8 +14,9 @@ pub struct Claimed {
     pub kind: String,
     pub destination: Option<String>,
     /// The payload read from its text, except a top-level `body`, which
-    /// stands as `null` here and is [`Claimed::body_text`]: every kind
-    /// with a body sends it as stored and reads nothing inside it.
+    /// stands as `null` here (unless it nests 100 deep or more) and is
+    /// [`Claimed::body_text`]: every kind with a body sends it as stored
+    /// and reads nothing inside it.
     pub payload: Value,
     /// The payload as stored: Postgres' canonical jsonb text (a webhook body
     /// is sent as its slice of this text, digits intact).

@@ -20,7 +20,8 @@ use serde_json::{Map, Value};
 const BODY_DEPTH_READ_IN_FULL: usize = 100;
 
 /// The payload read from `text`: its value (with `body`, if the payload
-/// is an object that has one, as `null`) and where the body's text is.
+/// is an object that has one, as `null`, unless the body nests so deep
+/// that the whole payload is read) and where the body's text is.
 #[derive(Debug)]
 pub struct Read {
     pub value: Value,
@@ -40,18 +41,22 @@ pub fn read(text: &str) -> Result<Read, serde_json::Error> {
             body: None,
         });
     };
-    // nesting d takes 2d brackets: a shorter body is not scanned
+    // the slice is borrowed from `text`: its place there is its offset
     let text_of_body = body.get();
+    let start = text_of_body.as_ptr() as usize - text.as_ptr() as usize;
+    let body = Some(start..start + text_of_body.len());
+    // nesting d takes 2d brackets: a shorter body is not scanned
     if text_of_body.len() >= 2 * BODY_DEPTH_READ_IN_FULL
         && depth(text_of_body) >= BODY_DEPTH_READ_IN_FULL
     {
-        return whole(text);
+        return Ok(Read {
+            body,
+            ..whole(text)?
+        });
     }
-    // the slice is borrowed from `text`: its place there is its offset
-    let start = text_of_body.as_ptr() as usize - text.as_ptr() as usize;
     Ok(Read {
         value: Value::Object(top.members),
-        body: Some(start..start + text_of_body.len()),
+        body,
     })
 }
 
@@ -182,6 +187,15 @@ mod tests {
         assert!(err.contains("number out of range"), "{err}");
         assert!(read(r#"{"url": "x", "body": }"#).is_err());
         assert!(read(r#"{"url": "x"} trailing"#).is_err());
+    }
+
+    #[test]
+    fn a_body_read_whole_for_its_depth_is_still_found_as_text() {
+        let body = format!("{}1{}", "[".repeat(110), "]".repeat(110));
+        let text = format!(r#"{{"url": "http://h/", "body": {body}}}"#);
+        let r = read(&text).unwrap();
+        assert_eq!(body_of(&text, &r), Some(body.as_str()));
+        assert_eq!(r.value, serde_json::from_str::<Value>(&text).unwrap());
     }
 
     #[test]
